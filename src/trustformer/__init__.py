@@ -1,0 +1,3 @@
+"""Trustformer: privacy-preserving, communication-efficient federated training of Transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,343 @@
+"""Typed run configuration: presets, TOML files and command-line overrides, validated at load.
+
+Precedence (lowest to highest): preset < ``--config FILE`` < command-line options.
+Every option lives in exactly one place: the dataclass field defaults below are the ``small``
+preset; the other presets list only what they change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Mapping, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid; the message names the key and the value."""
+
+
+STRATEGIES = ("fedavg", "local", "centralized", "trustformer")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "libreoffice"  # libreoffice | tsv | wmt19
+    path: str = ""  # the TSV file when source = "tsv"
+    cache_dir: str = ""  # default: $TRUSTFORMER_CACHE or ~/.cache/trustformer
+    tokenizer: str = "sentencepiece"  # sentencepiece | hf
+    tokenizer_name: str = ""  # hf: a hub name (e.g. xlm-roberta-base) or a local tokenizer.json
+    vocab_size: int = 4000
+    client_size: int = 2000  # pairs per client; 0 = split the remainder equally
+    test_size: int = 500  # shared held-out test set
+    public_size: int = 4000  # tokenizer-only split, owned by no client
+    max_words: int = 30  # drop pairs longer than this (words, either side); 0 = keep all
+
+    def validate(self) -> None:
+        _choice("data.source", self.source, ("libreoffice", "tsv", "wmt19"))
+        _choice("data.tokenizer", self.tokenizer, ("sentencepiece", "hf"))
+        if self.source == "tsv" and not self.path:
+            raise ConfigError("data.path is required when data.source = 'tsv' (use --data FILE.tsv)")
+        if self.tokenizer == "hf" and not self.tokenizer_name:
+            raise ConfigError("data.tokenizer_name is required when data.tokenizer = 'hf'")
+        _at_least("data.vocab_size", self.vocab_size, 16)
+        _at_least("data.client_size", self.client_size, 0)
+        _at_least("data.test_size", self.test_size, 1)
+        _at_least("data.public_size", self.public_size, 1)
+        _at_least("data.max_words", self.max_words, 0)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 128
+    n_heads: int = 4
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    d_ff: int = 256
+    max_len: int = 40
+    dropout: float = 0.1
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
+            _at_least(f"model.{name}", getattr(self, name), 1)
+        _at_least("model.max_len", self.max_len, 4)
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}"
+            )
+        _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    batch_size: int = 32
+    local_epochs: int = 1  # local passes over the shard per round
+    label_smoothing: float = 0.0
+
+    def validate(self) -> None:
+        _positive("train.lr", self.lr)
+        _at_least("train.weight_decay", self.weight_decay, 0.0)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas = {list(self.betas)!r} must be two numbers in [0, 1)")
+        _at_least("train.batch_size", self.batch_size, 1)
+        _at_least("train.local_epochs", self.local_epochs, 1)
+        _in_range("train.label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    strategy: str = "fedavg"
+    rounds: int = 5
+    clients: int = 3
+    agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
+    beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, rows)
+    weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
+    min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
+    kmeans_max_iter: int = 50
+    kmeans_tol: float = 1e-4
+
+    def validate(self) -> None:
+        _choice("federation.strategy", self.strategy, STRATEGIES)
+        _at_least("federation.rounds", self.rounds, 1)
+        _at_least("federation.clients", self.clients, 1)
+        _at_least("federation.agg_every", self.agg_every, 1)
+        _in_range("federation.beta", self.beta, 0.0, 1.0, lo_open=True)
+        _choice("federation.weighting", self.weighting, ("uniform", "data_size"))
+        _in_range("federation.min_clients", self.min_clients, 0, self.clients)
+        _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
+        _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    bleu_size: int = 200  # test sentences decoded for BLEU/chrF (0 = the whole test set)
+    beam_size: int = 1  # 1 = greedy decoding
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        _at_least("eval.bleu_size", self.bleu_size, 0)
+        _at_least("eval.beam_size", self.beam_size, 1)
+        _at_least("eval.batch_size", self.batch_size, 1)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    threads: int = 0  # torch threads; 0 = all cores
+    store: str = "memory"  # client state store: memory | disk (under <out>/client-state)
+    progress: bool = True
+
+    def validate(self) -> None:
+        _at_least("runtime.threads", self.threads, 0)
+        _choice("runtime.store", self.store, ("memory", "disk"))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    out: str = ""  # default: runs/<strategy>-<preset>-seed<seed>
+    preset: str = "small"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def validate(self) -> "RunConfig":
+        _choice("preset", self.preset, tuple(PRESETS))
+        _at_least("seed", self.seed, 0)
+        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime):
+            section.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return build_config(json.loads(text))
+
+
+# Presets change only what differs from the defaults above (the `small` demo).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "data": {"vocab_size": 300, "client_size": 60, "test_size": 40, "public_size": 1500,
+                 "max_words": 12},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
+                  "d_ff": 64, "max_len": 24},
+        "train": {"batch_size": 16},
+        "federation": {"rounds": 2},
+        "eval": {"bleu_size": 20},
+    },
+    "small": {},
+    "paper": {  # Table II of the Trustformer paper (GPU-sized)
+        "data": {"source": "wmt19", "tokenizer": "hf", "tokenizer_name": "xlm-roberta-base",
+                 "client_size": 20000, "test_size": 1000, "public_size": 20000, "max_words": 0},
+        "model": {"d_model": 256, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6,
+                  "d_ff": 512, "max_len": 50},
+        "train": {"batch_size": 20, "betas": [0.9, 0.999]},
+        "federation": {"rounds": 10},
+        "eval": {"bleu_size": 1000},
+    },
+}
+
+
+def load_config(
+    preset: str = "small",
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """Resolve preset < TOML file < overrides (dotted keys, e.g. ``federation.rounds``)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}")
+    merged: dict[str, Any] = {"preset": preset}
+    _deep_update(merged, PRESETS[preset])
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            file_values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        if "preset" in file_values and file_values["preset"] != preset:
+            # a file may name its own preset; it is applied first, then the file on top
+            merged = {"preset": file_values["preset"]}
+            if file_values["preset"] not in PRESETS:
+                raise ConfigError(f"preset = {file_values['preset']!r} is not one of {', '.join(PRESETS)}")
+            _deep_update(merged, PRESETS[file_values["preset"]])
+        _deep_update(merged, file_values)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        target = merged
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{dotted}: {part} is not a section")
+        target[leaf] = value
+    return build_config(merged)
+
+
+def build_config(values: Mapping[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from plain (TOML/JSON) values; unknown keys are errors."""
+    return _build(RunConfig, values, prefix="").validate()
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse a ``--set key=value`` option; the value is read as TOML (numbers, booleans, lists), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.lr=3e-4")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a table, got {values!r}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!s} (valid keys here: {', '.join(sorted(known))})"
+        )
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        key = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        if is_dataclass(hint):
+            kwargs[f.name] = _build(hint, values[f.name], prefix=f"{key}.")
+        else:
+            kwargs[f.name] = _coerce(key, values[f.name], hint)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    origin = get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r} must be a list")
+        item_types = get_args(hint)
+        if len(value) != len(item_types):
+            raise ConfigError(f"{key} = {list(value)!r} must have {len(item_types)} items")
+        return tuple(_coerce(key, v, t) for v, t in zip(value, item_types))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r} must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r} must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} = {value!r} must be a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} = {value!r} must be finite")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} must be a string")
+        return value
+    raise TypeError(f"unsupported config type {hint!r} for {key}")  # pragma: no cover
+
+
+def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(allowed)}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"{key} = {value!r} must be >= {low}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key} = {value!r} must be > 0")
+
+
+def _in_range(key: str, value: float, lo: float, hi: float, *, lo_open=False, hi_open=False) -> None:
+    too_low = value <= lo if lo_open else value < lo
+    too_high = value >= hi if hi_open else value > hi
+    if too_low or too_high:
+        left, right = ("(" if lo_open else "["), (")" if hi_open else "]")
+        raise ConfigError(f"{key} = {value!r} must be in {left}{lo}, {hi}{right}")

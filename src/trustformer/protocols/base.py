@@ -1,0 +1,68 @@
+"""The interface every federated protocol implements, and what a protocol's client hooks see.
+
+A protocol is three functions (no inheritance needed): what a client sends after local training,
+how the server combines what it received, and how a client applies what comes back. The round
+loop, the wire format, validation, measurements and state persistence are shared (``trustformer.app``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..config import RunConfig
+from ..wire import TensorSpec
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClientSession:
+    """A client's view during one message: its config, identity, model and persistent protocol state."""
+
+    cfg: RunConfig
+    client: int
+    round: int
+    model: torch.nn.Module
+    num_examples: int
+    initial_tensors: Callable[[], "Tensors"]  # the identical initial model's trainable tensors
+    protocol_state: Tensors = field(default_factory=dict)
+
+
+class FederatedProtocol(Protocol):
+    name: str
+    exchanges: bool  # False: clients never exchange anything (local, centralized)
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+        """What a client sends after local training, and the seconds of each phase it ran."""
+        ...
+
+    def payload_spec(self, session: ClientSession) -> TensorSpec:
+        """The names/shapes/dtypes a client expects back from the server."""
+        ...
+
+    def aggregate(
+        self, payloads: Sequence[Tensors], num_examples: Sequence[int]
+    ) -> tuple[Tensors, dict[str, float]]:
+        """Server: combine the round's valid payloads; also returns the seconds of each phase."""
+        ...
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+        """Client: update the model from the server's aggregate; returns the seconds of each phase."""
+        ...
+
+
+def trainable_tensors(model: torch.nn.Module) -> Tensors:
+    """Detached copies of a model's trainable tensors by name (shared tensors once)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def assign_tensors(model: torch.nn.Module, tensors: Tensors) -> None:
+    """Overwrite a model's trainable tensors in place (names and shapes must match)."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value.to(params[name].dtype))

@@ -1,0 +1,83 @@
+"""The wire format: named tensors <-> Flower ``ArrayRecord`` (numpy ``.npy`` bytes, never pickle).
+
+Everything a protocol exchanges goes through these functions, so the bytes counted are the bytes
+of Flower's own protobuf serialization of the message content, and everything received is checked
+for the expected names, shapes, dtypes and finite values before use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.common.serde import recorddict_to_proto
+
+
+class PayloadError(ValueError):
+    """A received payload does not have the expected names, shapes or dtypes, or holds NaN/Inf."""
+
+
+TensorSpec = dict[str, tuple[tuple[int, ...], str]]
+
+
+def to_array_record(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """Serialize named tensors (moved to CPU, contiguous) into an ArrayRecord, keeping their order."""
+    record = ArrayRecord()
+    for name, tensor in tensors.items():
+        record[name] = Array(np.ascontiguousarray(tensor.detach().cpu().numpy()))
+    return record
+
+
+def from_array_record(
+    record: ArrayRecord, expected: TensorSpec | None = None, *, what: str = "payload"
+) -> dict[str, torch.Tensor]:
+    """Decode an ArrayRecord into tensors; with ``expected``, reject anything that does not match it.
+
+    Every array must be finite: NaN or Inf anywhere is a :class:`PayloadError`.
+    """
+    if expected is not None:
+        missing = [n for n in expected if n not in record]
+        extra = [n for n in record if n not in expected]
+        if missing or extra:
+            raise PayloadError(f"{what}: missing arrays {missing[:5]}, unexpected arrays {extra[:5]}")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in record:
+        array = record[name].numpy()
+        if expected is not None:
+            shape, dtype = expected[name]
+            if tuple(array.shape) != tuple(shape) or str(array.dtype) != dtype:
+                raise PayloadError(
+                    f"{what}: array {name!r} has shape {tuple(array.shape)} dtype {array.dtype}, "
+                    f"expected shape {tuple(shape)} dtype {dtype}"
+                )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise PayloadError(f"{what}: array {name!r} contains NaN or Inf")
+        tensors[name] = torch.from_numpy(array.copy())
+    return tensors
+
+
+def spec_of(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> TensorSpec:
+    """The (shape, numpy dtype name) of every named tensor: what a receiver expects."""
+    out: TensorSpec = {}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            out[name] = (tuple(t.shape), str(torch.empty(0, dtype=t.dtype).numpy().dtype))
+        else:
+            out[name] = (tuple(t.shape), str(t.dtype))
+    return out
+
+
+def record_spec(record: ArrayRecord) -> TensorSpec:
+    """The spec of an ArrayRecord's arrays, read from their metadata (no decoding)."""
+    return {name: (tuple(record[name].shape), _dtype_name(record[name].dtype)) for name in record}
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Length in bytes of Flower's protobuf serialization of a message's content."""
+    return len(recorddict_to_proto(content).SerializeToString())
+
+
+def _dtype_name(dtype: str) -> str:
+    return str(np.dtype(dtype)) if dtype else dtype

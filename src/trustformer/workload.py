@@ -1,0 +1,185 @@
+"""The learning task every protocol runs: data shards, tokenizer, model, local training, evaluation.
+
+A client builds its view of the task from the run configuration alone (the corpus, the split and the
+tokenizer are deterministic for a seed), so the in-process runtime and separate client processes
+see exactly the same data. Built once per process and configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .config import RunConfig
+from .data.batching import encode_pairs, make_batches
+from .data.corpus import Pair, default_cache_dir, load_libreoffice_corpus, load_tsv, load_wmt19
+from .data.split import Splits, split_corpus
+from .data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
+from .evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
+from .models.transformer import Seq2SeqTransformer, TransformerConfig, build_optimizer
+
+log = logging.getLogger(__name__)
+
+ALL_SHARDS = -1  # partition id of the centralized client, which holds the union of all shards
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shared, deterministic part of a run: splits, tokenizer and encoded test set."""
+
+    splits: Splits
+    tokenizer: Tokenizer
+    test_encoded: list[tuple[list[int], list[int]]]
+    model_config: TransformerConfig
+
+    def shard(self, partition: int) -> list[Pair]:
+        """A client's private training pairs (``ALL_SHARDS``: the union, for centralized training)."""
+        if partition == ALL_SHARDS:
+            return [pair for shard in self.splits.clients for pair in shard]
+        if not 0 <= partition < len(self.splits.clients):
+            raise ValueError(f"partition {partition} out of range 0..{len(self.splits.clients) - 1}")
+        return self.splits.clients[partition]
+
+
+def cache_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
+
+
+def load_corpus(cfg: RunConfig) -> list[Pair]:
+    """The configured parallel corpus (Russian source, English target)."""
+    if cfg.data.source == "tsv":
+        return load_tsv(cfg.data.path)
+    if cfg.data.source == "wmt19":
+        return load_wmt19("train")
+    return load_libreoffice_corpus(cache_dir(cfg), progress=lambda m: log.info("corpus: %s", m))
+
+
+def load_workload(cfg: RunConfig) -> Workload:
+    """Build (or fetch from this process's cache) the workload of a configuration."""
+    return _load_workload_cached(_workload_key(cfg))
+
+
+def _workload_key(cfg: RunConfig) -> str:
+    d = cfg.data
+    return RunConfig(
+        seed=cfg.seed, data=d, model=cfg.model,
+        federation=type(cfg.federation)(clients=cfg.federation.clients),
+    ).to_json()
+
+
+@lru_cache(maxsize=4)
+def _load_workload_cached(key: str) -> Workload:
+    cfg = RunConfig.from_json(key)
+    d = cfg.data
+    started = time.perf_counter()
+    pairs = load_corpus(cfg)
+    splits = split_corpus(
+        pairs,
+        n_clients=cfg.federation.clients,
+        client_size=d.client_size or None,
+        test_size=d.test_size,
+        public_size=d.public_size,
+        seed=cfg.seed,
+        max_words=d.max_words or None,
+    )
+    if d.tokenizer == "hf":
+        tokenizer = load_hf_tokenizer(d.tokenizer_name)
+    else:
+        texts = [side for pair in splits.public for side in pair]
+        tokenizer = train_sentencepiece(
+            texts, vocab_size=d.vocab_size, cache_dir=cache_dir(cfg) / "tokenizers", seed=cfg.seed
+        )
+    m = cfg.model
+    model_config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id, d_model=m.d_model, n_heads=m.n_heads,
+        n_encoder_layers=m.n_encoder_layers, n_decoder_layers=m.n_decoder_layers, d_ff=m.d_ff,
+        max_len=m.max_len, dropout=m.dropout,
+    )
+    test_encoded = encode_pairs(splits.test, tokenizer, max_len=m.max_len)
+    log.info(
+        "workload ready in %.1f s: %d pairs, splits %s, tokenizer %s (%d pieces)",
+        time.perf_counter() - started, len(pairs), splits.sizes(), tokenizer.name, tokenizer.vocab_size,
+    )
+    return Workload(splits=splits, tokenizer=tokenizer, test_encoded=test_encoded, model_config=model_config)
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable 63-bit seed derived from the run seed and labels (client, round, purpose)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:
+    """The identical initial model every client starts from (seeded from the run seed)."""
+    torch.manual_seed(derive_seed(cfg.seed, "model-init"))
+    return Seq2SeqTransformer(workload.model_config)
+
+
+def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    return build_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
+
+
+def train_local(
+    cfg: RunConfig,
+    model: Seq2SeqTransformer,
+    optimizer: torch.optim.Optimizer,
+    pairs_encoded: list[tuple[list[int], list[int]]],
+    *,
+    seed: int,
+) -> dict[str, float]:
+    """``local_epochs`` passes of mini-batch Adam over a client's shard; returns loss and timing."""
+    torch.manual_seed(seed)  # dropout masks: reproducible whatever the order clients run in
+    model.train()
+    started = time.perf_counter()
+    loss_sum, tokens, steps = 0.0, 0, 0
+    for epoch in range(cfg.train.local_epochs):
+        batches = make_batches(
+            pairs_encoded, batch_size=cfg.train.batch_size, pad_id=model.config.pad_id,
+            shuffle=True, seed=derive_seed(seed, "epoch", epoch),
+        )
+        for src, tgt in batches:
+            optimizer.zero_grad(set_to_none=True)
+            batch_loss, n_tokens = model.loss(src, tgt, label_smoothing=cfg.train.label_smoothing)
+            (batch_loss / max(n_tokens, 1)).backward()
+            optimizer.step()
+            loss_sum += float(batch_loss.detach())
+            tokens += int(n_tokens)
+            steps += 1
+    train_loss = loss_sum / max(tokens, 1)
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(f"local training diverged (train loss {train_loss})")
+    return {"train_loss": train_loss, "train_s": time.perf_counter() - started, "steps": steps}
+
+
+def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload) -> float:
+    """Token-averaged cross-entropy of a model on the shared held-out test set."""
+    batches = make_batches(
+        workload.test_encoded, batch_size=cfg.eval.batch_size, pad_id=workload.tokenizer.pad_id,
+        shuffle=False,
+    )
+    return evaluate_loss(model, batches)
+
+
+def translation_scores(
+    cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload
+) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
+    """Decode the first ``eval.bleu_size`` test sources; corpus BLEU and chrF against references."""
+    n = cfg.eval.bleu_size or len(workload.splits.test)
+    pairs = workload.splits.test[:n]
+    sources = [src for src, _ in pairs]
+    references = [tgt for _, tgt in pairs]
+    hypotheses = translate(
+        model, workload.tokenizer, sources, batch_size=cfg.eval.batch_size,
+        max_len=cfg.model.max_len, beam_size=cfg.eval.beam_size,
+    )
+    scores = {"bleu": corpus_bleu(hypotheses, references), "chrf": corpus_chrf(hypotheses, references)}
+    return scores, list(zip(sources, references, hypotheses))
