@@ -99,6 +99,19 @@ def _setup_logging(*, quiet: bool) -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that describe a problem with the input or the environment: printed without a traceback
+    (set TRUSTFORMER_DEBUG=1 to see it)."""
+    from .app import FederationError
+    from .data.corpus import CorpusUnavailableError
+    from .data.tokenizer import TokenizerUnavailableError
+    from .wire import PayloadError
+    from .workload import DataError
+
+    return (CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
+            FileNotFoundError, UnicodeDecodeError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trustformer",
@@ -125,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trustformer: configuration error: {exc}", file=sys.stderr)
         return 2
+    except _user_errors() as exc:
+        if os.environ.get("TRUSTFORMER_DEBUG"):
+            raise
+        print(f"trustformer: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("trustformer: interrupted", file=sys.stderr)
         return 130

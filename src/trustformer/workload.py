@@ -27,6 +27,10 @@ from .models.transformer import Seq2SeqTransformer, TransformerConfig, build_opt
 
 log = logging.getLogger(__name__)
 
+class DataError(ValueError):
+    """The corpus cannot be used as configured (a malformed file, too few pairs for the split)."""
+
+
 ALL_SHARDS = -1  # partition id of the centralized client, which holds the union of all shards
 
 
@@ -57,7 +61,10 @@ def load_corpus(cfg: RunConfig) -> list[Pair]:
     if cfg.data.source == "tsv":
         return load_tsv(cfg.data.path)
     if cfg.data.source == "wmt19":
-        return load_wmt19("train")
+        d = cfg.data
+        needed = d.client_size * cfg.federation.clients + d.test_size + d.public_size
+        # stream only what the split needs (with a margin for duplicates and long pairs), not all of WMT19
+        return load_wmt19("train", limit=2 * needed if d.client_size else None)
     return load_libreoffice_corpus(cache_dir(cfg), progress=lambda m: log.info("corpus: %s", m))
 
 
@@ -79,16 +86,19 @@ def _load_workload_cached(key: str) -> Workload:
     cfg = RunConfig.from_json(key)
     d = cfg.data
     started = time.perf_counter()
-    pairs = load_corpus(cfg)
-    splits = split_corpus(
-        pairs,
-        n_clients=cfg.federation.clients,
-        client_size=d.client_size or None,
-        test_size=d.test_size,
-        public_size=d.public_size,
-        seed=cfg.seed,
-        max_words=d.max_words or None,
-    )
+    try:
+        pairs = load_corpus(cfg)
+        splits = split_corpus(
+            pairs,
+            n_clients=cfg.federation.clients,
+            client_size=d.client_size or None,
+            test_size=d.test_size,
+            public_size=d.public_size,
+            seed=cfg.seed,
+            max_words=d.max_words or None,
+        )
+    except ValueError as exc:
+        raise DataError(str(exc)) from exc
     if d.tokenizer == "hf":
         tokenizer = load_hf_tokenizer(d.tokenizer_name)
     else:
