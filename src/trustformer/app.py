@@ -139,6 +139,8 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
         for node in sorted(rows, key=lambda n: clients[n]):
             row = rows[node]
             row["exchanged"] = exchange
+            if protocol.name == "trustformer":
+                row["beta"] = fed.beta
             recorder.record(row)
         recorder.round_done(rnd)
 
