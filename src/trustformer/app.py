@@ -157,6 +157,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             [list(t) for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
             if samples is not None else []
         )
+        metrics["data"] = dict(reply.content["data"]) if "data" in reply.content else {}
         per_client[int(metrics["client"])] = metrics
     order = sorted(per_client)
     extra: dict[str, Any] = {}
@@ -178,6 +179,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
         bleu=[per_client[c]["bleu"] for c in order],
         chrf=[per_client[c]["chrf"] for c in order],
         samples={str(c): per_client[c]["samples"] for c in order},
+        data={"clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": model_bytes},
         server_time_s={k: round(v, 4) for k, v in server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
@@ -425,7 +427,8 @@ def client_evaluate(msg: Message, context: Context) -> Message:
         RecordDict({"payload": to_array_record(trainable_tensors(session.model))})
     )
     sample = triples[:SAMPLE_TRANSLATIONS]
-    content = RecordDict({"metrics": MetricRecord(metrics)})
+    content = RecordDict({"metrics": MetricRecord(metrics),
+                          "data": ConfigRecord({**env.workload.describe(), "train_pairs": session.num_examples})})
     if sample:
         content["samples"] = ConfigRecord({
             "source": [s for s, _, _ in sample],

@@ -36,7 +36,7 @@ class DataConfig:
     tokenizer: str = "sentencepiece"  # sentencepiece | hf
     tokenizer_name: str = ""  # hf: a hub name (e.g. xlm-roberta-base) or a local tokenizer.json
     vocab_size: int = 4000
-    client_size: int = 2000  # pairs per client; 0 = split the remainder equally
+    client_size: int = 3000  # pairs per client; 0 = split the remainder equally
     test_size: int = 500  # shared held-out test set
     public_size: int = 4000  # tokenizer-only split, owned by no client
     max_words: int = 30  # drop pairs longer than this (words, either side); 0 = keep all
@@ -98,7 +98,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class FederationConfig:
     strategy: str = "fedavg"
-    rounds: int = 5
+    rounds: int = 6
     clients: int = 3
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
     beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, rows)

@@ -42,6 +42,19 @@ class Workload:
     tokenizer: Tokenizer
     test_encoded: list[tuple[list[int], list[int]]]
     model_config: TransformerConfig
+    corpus_pairs: int
+    corpus_sha256: str  # fingerprint of the corpus as loaded (identifies its version in the results)
+
+    def describe(self) -> dict[str, str | int]:
+        """What a run records about its data: corpus identity, split sizes, tokenizer."""
+        return {
+            "corpus_pairs": self.corpus_pairs,
+            "corpus_sha256": self.corpus_sha256,
+            "test_pairs": len(self.splits.test),
+            "public_pairs": len(self.splits.public),
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": self.tokenizer.vocab_size,
+        }
 
     def shard(self, partition: int) -> list[Pair]:
         """A client's private training pairs (``ALL_SHARDS``: the union, for centralized training)."""
@@ -118,7 +131,9 @@ def _load_workload_cached(key: str) -> Workload:
         "workload ready in %.1f s: %d pairs, splits %s, tokenizer %s (%d pieces)",
         time.perf_counter() - started, len(pairs), splits.sizes(), tokenizer.name, tokenizer.vocab_size,
     )
-    return Workload(splits=splits, tokenizer=tokenizer, test_encoded=test_encoded, model_config=model_config)
+    fingerprint = hashlib.sha256("\n".join(f"{a}\t{b}" for a, b in pairs).encode()).hexdigest()[:16]
+    return Workload(splits=splits, tokenizer=tokenizer, test_encoded=test_encoded, model_config=model_config,
+                    corpus_pairs=len(pairs), corpus_sha256=fingerprint)
 
 
 def derive_seed(*parts: int | str) -> int:
