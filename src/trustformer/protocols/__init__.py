@@ -22,6 +22,18 @@ def get_protocol(cfg: RunConfig) -> FederatedProtocol:
         from .trustformer import Trustformer
 
         return Trustformer(cfg)
+    if name == "dp-fedavg":
+        from .dp_fedavg import DPFedAvg
+
+        return DPFedAvg(cfg)
+    if name == "dp-fedsam":
+        from .dp_fedsam import DPFedSAM
+
+        return DPFedSAM(cfg)
+    if name == "dp-blur-lus":
+        from .dp_blur_lus import DPBlurLus
+
+        return DPBlurLus(cfg)
     raise ValueError(f"unknown strategy {name!r}")
 
 

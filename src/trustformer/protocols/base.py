@@ -30,6 +30,7 @@ class ClientSession:
     num_examples: int
     initial_tensors: Callable[[], "Tensors"]  # the identical initial model's trainable tensors
     protocol_state: Tensors = field(default_factory=dict)
+    diagnostics: bool = False  # simulation only: a protocol may report extra (non-private) measurements
 
 
 class FederatedProtocol(Protocol):
@@ -53,6 +54,32 @@ class FederatedProtocol(Protocol):
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
         """Client: update the model from the server's aggregate; returns the seconds of each phase."""
         ...
+
+
+# Optional hooks, looked up with getattr by the round loop (``trustformer.app``); a protocol
+# without them behaves as above. Client side:
+#
+#   local_step(session) -> LocalStep | None
+#       the step of local training (default: Adam on the batch loss), e.g. SAM or a regularised loss.
+#
+# Server side (the protocol object lives for the whole run):
+#
+#   server_begin(num_clients) -> None
+#       once, before round 1; raising ValueError refuses to start (e.g. the privacy budget).
+#   server_round(round, nodes) -> list[int] | None
+#       at the start of every exchange round: the nodes that take part (client sampling), or None
+#       to stop the run before this round (e.g. the privacy budget is spent; ``stop_reason()`` -> str
+#       says why). With this hook, the nodes that do not take part still receive the aggregate.
+#   check_payload(payload) -> None
+#       raise wire.PayloadError to drop a client's payload the generic checks accept.
+#   server_round_done(round) -> dict[str, float | None]
+#       after every exchange round: fields added to every client's line of that round.
+#   server_summary() -> dict
+#       extra top-level fields of summary.json (e.g. ``privacy``).
+
+LocalStep = Callable[[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
+"""One local training step on a batch ``(model, optimizer, src, tgt)``: updates the model and returns
+the batch loss summed over tokens (detached) and the token count, like ``model.loss``."""
 
 
 def trainable_tensors(model: torch.nn.Module) -> Tensors:

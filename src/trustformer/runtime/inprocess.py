@@ -108,7 +108,9 @@ def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
     configs = []
     for p in partitions:
         node: dict[str, Any] = {"partition-id": p, "num-partitions": cfg.federation.clients,
-                                "diagnostics": True}
+                                "diagnostics": True,
+                                # where the client itself writes its decoded test translations
+                                "output-dir": str(Path(cfg.out) / f"client-{'all' if p == ALL_SHARDS else p}")}
         if cfg.runtime.store == "disk":  # each client keeps <state-dir>/<client>/state.pt
             node["state-dir"] = str(Path(cfg.out) / "client-state")
         configs.append(node)

@@ -1,0 +1,837 @@
+"""Aligned, warm-started, memory-bounded k-means over the rows of weight tensors (SPEC §2, Algorithm 2).
+
+``kmeans(x, init)`` clusters the r rows of x (r×f) into k = init.shape[0] clusters; cluster j
+corresponds to init row j on every client that starts from the same init. ``cluster_layers`` does all
+layers of a client in one call (each result carries its own seconds); ``choose_initial_rows`` gives the
+round-1 rows. Paths:
+
+- k == r: the exact trivial solution (labels = arange, centroids = a copy of x), so β = 1 is FedAvg.
+- f == 1 (biases, LayerNorm): exact 1-D k-means by dynamic programming over the sorted values (a
+  Knuth window from the previous layer, or divide and conquer over positions, vectorised; layers of one
+  (r, k) share one solve in cluster_layers); when that would take over ~50 ms (a vocabulary-sized
+  bias) greedy Ward merging of sorted neighbours + sorted Lloyd steps (0–8% above the optimum measured).
+  Clusters are rank-aligned: the q-th smallest centroid sits at the index of the q-th smallest init.
+  On the real 1-D layers Lloyd (scikit-learn, faiss) ended 1.4×–20× above our optimum.
+- otherwise Lloyd from init. E-step in blocks of ≤ 8 MB: row chunks × all centroids, or × tiles of
+  1,024 centroids with a running minimum when k > 2,048 — never an r×k matrix; ‖c‖² − 2x·c by addmm,
+  ties to the lowest index. M-step by index_add_ (a sorted index_put_ off CPU); an empty cluster takes
+  its init row. Stop when Σ‖shift‖² ≤ tol · mean feature variance (scikit-learn's rule), when ≤
+  label_tol·r labels change (0.1%: 4–12 cold iterations instead of 5–19 for +0.004–0.012% inertia, as
+  measured before this module), or at max_iter.
+
+Warm start. Between rounds the weights move far: in the `small` preset's model trained with Adam on
+synthetic pairs (2,000 per client, one epoch per round — a stand-in for a `small` run), one epoch
+moved the weights by a median 0.82× their spread (rounds 2→3) and 0.52× (round 1, from the initial
+model). From
+the previous centroids alone most clusters then go empty (2,555 of 4,304 at β 0.5, 4,567 of 7,740 at
+β 0.9) and end 1.26× / 3.0× the inertia of a cold run in 4.9 / 4.3 iterations. Passing the previous
+memberships (``init_labels``, which the client keeps) starts each cluster from the mean of the same
+rows now — the previous global centroid moved by its rows' local drift — and keeps alignment by row
+identity: 2.9 / 1.6 mean iterations at β 0.5 / 0.9 and 0.93× / 0.73× the cold inertia; at β 0.1,
+5.6 iterations (cold 5.4; the 4000-row embedding 14 instead of 28) at 0.98× the cold inertia.
+
+High β. Greedy merging of the closest disjoint pairs (``method="merge"``: Ward's first merges, then
+matched onto init and refined by Lloyd) ends 11–13% below Lloyd on Gaussian 4000×256 and 13–28% below on
+real round-1 weights, but it is not alignment-safe: rows that get the same cluster index on two
+clients fall from 98.7% / 99.7% (Lloyd from the shared init, Gaussian, β 0.5 / 0.9) to 56% / 85%,
+and from 92.9% / 98.8% to 54% / 86% on two real clients after one local epoch. It is therefore not
+used by "auto" (kept opt-in, for measurement).
+
+Why our own PyTorch code rather than faiss or scikit-learn (``trustformer bench kmeans``, 2-core
+Xeon shared with other jobs, 2 threads, fp32 2048³ matrix product 66–297 GFLOP/s by load):
+
+- speed: 250,000×256, k = 25,000 (the paper's embedding at β 0.1), same init, same iterations, equal
+  inertia, three runs: ours 14.9 / 15.3 / 57.9 s per iteration (215 / 210 / 55 GFLOP/s, 71–84% of the
+  matrix product measured in the same run), scikit-learn 29.4 / 29.8 / 111 s, faiss 202 / 59 / 274 s:
+  ours 1.9–2.0× the faster library. Each worker thread runs single-threaded products over its own row
+  spans, as scikit-learn does: two torch threads splitting every product fell to 21–47 GFLOP/s when
+  other processes held the cores, this scheme kept 73–111. On the real model's 33 matrices (cold,
+  β 0.1) ours took 0.18 s against scikit-learn 0.18 s and faiss 0.48 s on a lightly loaded machine,
+  0.25 s against 1.6 s and 8.9 s under load. On the paper's 256–512-row matrices all three take
+  1–4 ms; faiss is fastest there at β 0.1 (0.2 vs 0.4 ms per iteration at 256×256: our fixed
+  per-call cost of ~0.3 ms of Python dominates).
+- semantics the protocol needs: scikit-learn moves empty clusters to far rows and faiss splits big
+  clusters into empty ones — both re-seed cluster j away from init j; neither has the k == r
+  identity, an exact 1-D path, or a warm start from memberships.
+- devices and dependencies: runs on x.device with torch and numpy only (one code path; the CUDA
+  branches — bigger blocks, deterministic index_put_ sums — have not run on a GPU yet: none was lent);
+  scikit-learn is CPU-only and faiss's GPU build is a separate package.
+- memory: one full iteration at 250,000×256, k = 25,000 added 112 MB of resident memory (bound:
+  ``iteration_memory_bytes``, 177 MB), against 23,842 MB for a dense r×k matrix.
+
+Threads: on CPU a call sets torch's intra-op threads to 1 for its duration (restored after) and runs the
+E-step on ``workers`` threads of its own (default: torch's thread count before the call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from .centroids import layer_matrix
+
+__all__ = [
+    "KMeansResult",
+    "kmeans",
+    "choose_initial_rows",
+    "cluster_layers",
+    "as_matrix",
+    "block_shape",
+    "iteration_memory_bytes",
+    "lloyd_assign",
+    "lloyd_update",
+    "kmeans_1d",
+    "kmeans_1d_batch",
+    "pair_merge",
+]
+
+#: Bytes of one distance block (row chunk × centroid tile) on CPU; 2048×1024 fp32 = 8 MB measured fastest.
+CPU_BLOCK_BYTES = 8 << 20
+#: Bytes of one distance block on an accelerator (bigger blocks keep it busy).
+ACCEL_BLOCK_BYTES = 256 << 20
+#: Centroids at or below this count are compared in one tile; above it, tiles of TILE centroids.
+UNTILED_MAX_K = 2048
+TILE = 1024
+#: E-steps of fewer FLOP run on the calling thread (a pool hand-off costs more than it saves).
+PARALLEL_MIN_FLOP = 2e7
+#: Estimated seconds per problem under which the exact 1-D dynamic program is used.
+DP1D_MAX_SECONDS = 0.05
+
+
+@dataclass
+class KMeansResult:
+    """Outcome of clustering one matrix: cluster j corresponds to init row j."""
+
+    centroids: torch.Tensor  # (k, f), dtype and device of x
+    labels: torch.Tensor  # (r,) int64
+    iterations: int
+    inertia: float  # sum of squared distances of rows to their centroid
+    seconds: float
+    method: str = "lloyd"
+    converged: bool = True
+    history: list[float] = field(default_factory=list)  # E-step inertia per Lloyd iteration
+
+
+# ----------------------------------------------------------------------------------------------
+# shapes and sizes
+
+
+as_matrix = layer_matrix  # SPEC §2 row view: ≥2-D → (shape[0], -1); 1-D → (r, 1)
+
+
+def block_shape(r: int, k: int, itemsize: int, block_bytes: int) -> tuple[int, int]:
+    """Row chunk and centroid tile of one distance block, rows × tile × itemsize ≤ block_bytes.
+
+    All k centroids form one tile while k ≤ UNTILED_MAX_K; beyond, tiles of TILE centroids are scanned
+    with a running minimum, so no r×k matrix ever exists.
+    """
+    tile = k if k <= UNTILED_MAX_K else TILE
+    rows = max(1, min(r, block_bytes // (itemsize * tile)))
+    return rows, tile
+
+
+def iteration_memory_bytes(
+    r: int, k: int, f: int, *, itemsize: int = 4, block_bytes: int = CPU_BLOCK_BYTES, workers: int = 2
+) -> int:
+    """Upper bound of the extra memory of one Lloyd iteration beyond x and init (the 512 MB budget).
+
+    E-step, per worker: one rows×tile distance block and, when tiled, rows×n_tiles minima and
+    indices; shared: labels (int64, this and the previous iteration), per-row minima, ‖c‖², the
+    changed-label mask. M-step: sums/centroids (k×f), the previous centroids and one shift temporary
+    (k×f each), counts. Chunked scans (variance, inertia): two rows×f float64 temporaries.
+    """
+    rows, tile = block_shape(r, k, itemsize, block_bytes)
+    n_tiles = -(-k // tile)
+    per_worker = rows * min(tile, k) * itemsize
+    if n_tiles > 1:
+        per_worker += rows * n_tiles * (itemsize + 8)
+    shared = r * (2 * 8 + itemsize + 1) + k * (itemsize + 8)
+    m_step = 3 * k * f * itemsize + k * f * 8
+    scans = 2 * max(1, block_bytes // (itemsize * max(1, f))) * f * 8
+    return workers * per_worker + shared + m_step + scans
+
+
+def _block_bytes(device: torch.device, block_bytes: int | None) -> int:
+    if block_bytes is not None:
+        return int(block_bytes)
+    return CPU_BLOCK_BYTES if device.type == "cpu" else ACCEL_BLOCK_BYTES
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def choose_initial_rows(r: int, k: int, seed: int) -> torch.Tensor:
+    """k distinct row indices in increasing order, a function of (r, k, seed) only; k == r → arange(r)."""
+    if not 1 <= k <= r:
+        raise ValueError(f"need 1 <= k <= r, got k={k}, r={r}")
+    if k == r:
+        return torch.arange(r, dtype=torch.int64)
+    g = torch.Generator().manual_seed(int(seed))
+    return torch.randperm(r, generator=g)[:k].sort().values
+
+
+# ----------------------------------------------------------------------------------------------
+# Lloyd: E-step and M-step
+
+
+class _SingleThreadedTorch:
+    """Context: torch intra-op threads = 1 while our own pool parallelises over row chunks.
+
+    Measured on the shared 2-core machine: two torch threads splitting every matrix product fall to
+    21–47 GFLOP/s when other processes compete for the cores, while one single-threaded product per
+    worker over disjoint row spans (scikit-learn's scheme) keeps 73–111 GFLOP/s. Nested and concurrent
+    entries share one saved setting (the last one out restores it).
+    """
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved = 1
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if _SingleThreadedTorch._depth == 0:
+                _SingleThreadedTorch._saved = torch.get_num_threads()
+                torch.set_num_threads(1)
+            _SingleThreadedTorch._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            _SingleThreadedTorch._depth -= 1
+            if _SingleThreadedTorch._depth == 0:
+                torch.set_num_threads(_SingleThreadedTorch._saved)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One persistent pool per worker count (its threads start inside _SingleThreadedTorch, so each
+    keeps torch's intra-op threads at 1)."""
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="kmeans")
+        return _POOLS[workers]
+
+
+def _default_workers(device: torch.device, workers: int | None) -> int:
+    if device.type != "cpu":
+        return 1
+    if workers is None:
+        workers = torch.get_num_threads() if _SingleThreadedTorch._depth == 0 else _SingleThreadedTorch._saved
+    return max(1, int(workers))
+
+
+def _assign_span(
+    x: torch.Tensor,
+    c: torch.Tensor,
+    c_sq: torch.Tensor,
+    labels: torch.Tensor,
+    partial: torch.Tensor,
+    span: tuple[int, int],
+    rows: int,
+    tile: int,
+    exclude_self: bool,
+) -> None:
+    """E-step over rows span[0]:span[1], block by block; writes labels and partial in place."""
+    k = c.shape[0]
+    n_tiles = -(-k // tile)
+    buf = torch.empty(rows * min(tile, k), dtype=x.dtype, device=x.device)
+    if n_tiles > 1:
+        tile_val = torch.empty(rows, n_tiles, dtype=x.dtype, device=x.device)
+        tile_idx = torch.empty(rows, n_tiles, dtype=torch.int64, device=x.device)
+    for i0 in range(span[0], span[1], rows):
+        i1 = min(span[1], i0 + rows)
+        xb = x[i0:i1]
+        nb = i1 - i0
+        for t in range(n_tiles):
+            j0 = t * tile
+            j1 = min(k, j0 + tile)
+            d = buf[: nb * (j1 - j0)].view(nb, j1 - j0)
+            torch.addmm(c_sq[j0:j1], xb, c[j0:j1].T, beta=1, alpha=-2, out=d)
+            if exclude_self:
+                lo, hi = max(i0, j0), min(i1, j1)
+                if lo < hi:
+                    diag = torch.arange(lo, hi, device=x.device)
+                    d[diag - i0, diag - j0] = math.inf
+            if n_tiles == 1:
+                torch.min(d, 1, out=(partial[i0:i1], labels[i0:i1]))
+            else:
+                v, ix = d.min(1)
+                tile_val[:nb, t] = v
+                tile_idx[:nb, t] = ix + j0
+        if n_tiles > 1:
+            v, which = tile_val[:nb].min(1)
+            partial[i0:i1] = v
+            labels[i0:i1] = tile_idx[:nb].gather(1, which[:, None])[:, 0]
+
+
+def lloyd_assign(
+    x: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    block_bytes: int | None = None,
+    exclude_self: bool = False,
+    workers: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """E-step: nearest centroid of every row, in blocks (never an r×k matrix).
+
+    argmin_j ‖x_i − c_j‖² = argmin_j (‖c_j‖² − 2 x_i·c_j); returns (labels, partial) where
+    partial_i = min_j (‖c_j‖² − 2 x_i·c_j), i.e. the squared distance minus ‖x_i‖².
+    Ties go to the lowest index. With exclude_self (c is x), row i never matches itself.
+    On CPU, `workers` threads (default: torch's thread count) take disjoint row spans.
+    """
+    r, k = x.shape[0], c.shape[0]
+    rows, tile = block_shape(r, k, x.element_size(), _block_bytes(x.device, block_bytes))
+    c_sq = (c * c).sum(1)
+    labels = torch.empty(r, dtype=torch.int64, device=x.device)
+    partial = torch.empty(r, dtype=x.dtype, device=x.device)
+    n_workers = _default_workers(x.device, workers)
+    if n_workers > 1 and 2.0 * r * k * x.shape[1] >= PARALLEL_MIN_FLOP:
+        rows = min(rows, -(-r // n_workers))  # at least one chunk per worker
+    n_chunks = -(-r // rows)
+    if n_workers == 1 or n_chunks == 1:
+        _assign_span(x, c, c_sq, labels, partial, (0, r), rows, tile, exclude_self)
+        return labels, partial
+    # a few spans per worker so that a worker slowed by a competing process takes fewer of them
+    per = max(1, n_chunks // (4 * n_workers))
+    spans = [(i, min(r, i + per * rows)) for i in range(0, r, per * rows)]
+    with _SingleThreadedTorch():
+        futures = [
+            _pool(n_workers).submit(_assign_span, x, c, c_sq, labels, partial, sp, rows, tile, exclude_self)
+            for sp in spans
+        ]
+        for fu in futures:
+            fu.result()
+    return labels, partial
+
+
+def lloyd_update(x: torch.Tensor, labels: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """M-step: every centroid becomes the mean of its rows; an empty cluster j takes fallback[j].
+
+    Sums use index_add_ on CPU (deterministic there) and a sorted index_put_ elsewhere (deterministic
+    on CUDA, where index_add_ uses atomics).
+    """
+    k, f = fallback.shape
+    counts = torch.bincount(labels, minlength=k)
+    sums = torch.zeros(k, f, dtype=x.dtype, device=x.device)
+    if x.device.type == "cpu":
+        sums.index_add_(0, labels, x)
+    else:
+        sums.index_put_((labels,), x, accumulate=True)
+    sums.div_(counts.clamp_min(1).unsqueeze(1).to(x.dtype))
+    empty = counts == 0
+    if bool(empty.any()):
+        sums[empty] = fallback[empty]
+    return sums
+
+
+def _row_sq_total(x: torch.Tensor, rows: int) -> tuple[float, float]:
+    """Σ‖x_i‖² and the mean per-feature variance of x, in row chunks, accumulated in float64."""
+    r, f = x.shape
+    s = torch.zeros(f, dtype=torch.float64, device=x.device)
+    s2 = torch.zeros(f, dtype=torch.float64, device=x.device)
+    for i0 in range(0, r, rows):
+        xb = x[i0 : i0 + rows]
+        s += xb.sum(0, dtype=torch.float64)
+        s2 += xb.square().sum(0, dtype=torch.float64)
+    mean = s / r
+    var = (s2 / r - mean * mean).clamp_min(0)
+    return float(s2.sum()), float(var.mean())
+
+
+def _inertia(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, rows: int) -> float:
+    """Σ_i ‖x_i − c_{label_i}‖², directly in row chunks (no cancellation); row sums in x's dtype,
+    their total in float64."""
+    total = 0.0
+    for i0 in range(0, x.shape[0], rows):
+        d = x[i0 : i0 + rows] - c[labels[i0 : i0 + rows]]
+        total += float(d.square_().sum(1).sum(dtype=torch.float64))
+    return total
+
+
+def _lloyd(
+    x: torch.Tensor,
+    start: torch.Tensor,
+    fallback: torch.Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+    label_tol: float,
+    block_bytes: int | None,
+    workers: int | None,
+    start_labels: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, int, bool, list[float]]:
+    """Lloyd iterations from `start`; stop when Σ‖shift‖² ≤ tol·mean variance (scikit-learn's rule),
+    when no label changes, or when at most label_tol·r labels change (counted against start_labels
+    in the first iteration when `start` are their means); capped at max_iter."""
+    r = x.shape[0]
+    rows = max(1, _block_bytes(x.device, block_bytes) // (x.element_size() * max(1, x.shape[1])))
+    sq_total, mean_var = _row_sq_total(x, rows)
+    tol_abs = tol * mean_var
+    c = start
+    prev: torch.Tensor | None = start_labels
+    labels = torch.zeros(r, dtype=torch.int64, device=x.device)
+    history: list[float] = []
+    converged = False
+    it = 0
+    for it in range(1, max_iter + 1):
+        labels, partial = lloyd_assign(x, c, block_bytes=block_bytes, workers=workers)
+        history.append(sq_total + float(partial.sum(dtype=torch.float64)))
+        new = lloyd_update(x, labels, fallback)
+        shift = float(torch.linalg.vector_norm(new - c, dtype=torch.float64)) ** 2
+        changed = r if prev is None else int((labels != prev).sum())
+        c, prev = new, labels
+        if shift <= tol_abs or changed == 0 or (it > 1 or start_labels is not None) and changed <= label_tol * r:
+            converged = True
+            break
+    return c, labels, it, converged, history
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-D: exact dynamic program and sort-based merge
+
+
+def _dp1d_seconds(r: int, k: int) -> float:
+    """Rough CPU time of _dp1d_sorted for one problem: ~30 µs per layer plus ~50 ns per candidate,
+    with ≈ m·k + m²/2·(ln k + 1) candidates (m = r − k + 1); calibrated on the 2-core machine."""
+    m = r - k + 1
+    return 3e-5 * k + 5e-8 * (m * k + 0.5 * m * m * (math.log(max(k, 1)) + 1.0))
+
+
+def _seg_argmin(val: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum of each consecutive segment of val and the position of its first occurrence."""
+    total = val.shape[0]
+    seg_min = np.minimum.reduceat(val, starts)
+    pos = np.arange(total)
+    first = np.minimum.reduceat(np.where(val == np.repeat(seg_min, lengths), pos, total), starts)
+    return seg_min, first
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenation of the integer ranges [lo_s, hi_s]: (values, owner segment, starts, lengths)."""
+    lengths = hi - lo + 1
+    starts = np.zeros(lengths.shape[0], dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    total = int(starts[-1] + lengths[-1])
+    owner = np.repeat(np.arange(lengths.shape[0]), lengths)
+    return np.arange(total) - (starts - lo)[owner], owner, starts, lengths
+
+
+def _dp1d_sorted(s: np.ndarray, k: int) -> np.ndarray:
+    """Exact 1-D k-means of each row of s (B×r, rows sorted): start index of each of the k clusters (B×k).
+
+    D_q(i) = min_j D_{q−1}(j−1) + SSE(s_j..s_i), j the start of the last cluster. Only i ∈ [q−1, q−1+m),
+    m = r − k + 1, is needed at layer q. The optimal start opt_q(i) is monotone (SSE satisfies the
+    quadrangle inequality; lowest argmins kept): opt_{q−1}(i) ≤ opt_q(i) ≤ opt_q(i+1). A layer scans the
+    window [max(opt_{q−1}(i), q−1), i] for all i at once (Knuth) when those windows are short, else it
+    bisects over i (divide and conquer, O(m log m)) inside the same lower bound. The B problems share
+    every vectorised step.
+    """
+    s = np.atleast_2d(s)
+    nb, r = s.shape
+    s = s.astype(np.float64) - s.mean(1, keepdims=True)
+    zero = np.zeros((nb, 1))
+    p = np.concatenate((zero, np.cumsum(s, 1)), 1).ravel()
+    p2 = np.concatenate((zero, np.cumsum(s * s, 1)), 1).ravel()
+    m = r - k + 1
+    t = np.tile(np.arange(m), nb)  # flat (b, t)
+    row = np.repeat(np.arange(nb), m)
+    dc_cost = 4 * nb * m * max(1, math.ceil(math.log2(m + 1)))
+
+    def sse(j: np.ndarray, i: np.ndarray, b: np.ndarray) -> np.ndarray:
+        off = b * (r + 1)
+        n = (i - j + 1).astype(np.float64)
+        a = p[off + i + 1] - p[off + j]
+        return np.maximum(p2[off + i + 1] - p2[off + j] - a * a / n, 0.0)
+
+    d_prev = sse(np.zeros(nb * m, dtype=np.int64), t, row)
+    opt_prev = np.zeros(nb * m, dtype=np.int64)
+    opts = np.empty((k, nb * m), dtype=np.int32 if r < 2**31 else np.int64)
+    opts[0] = 0
+    nxt = np.minimum(t + 1, m - 1) + row * m
+    for q in range(2, k + 1):
+        lo_all = np.maximum(opt_prev[nxt], q - 1)
+        if int((t + q - lo_all).sum()) <= dc_cost:
+            j, owner, starts, lengths = _ranges(lo_all, t + q - 1)
+            b = row[owner]
+            val = d_prev[b * m + j - q + 1] + sse(j, t[owner] + q - 1, b)
+            d_new, first = _seg_argmin(val, starts, lengths)
+            opt_new = j[first]
+        else:
+            d_new = np.empty(nb * m)
+            opt_new = np.empty(nb * m, dtype=np.int64)
+            seg_b = np.arange(nb)
+            seg_l = np.zeros(nb, dtype=np.int64)
+            seg_r = np.full(nb, m - 1, dtype=np.int64)
+            cand_l = np.full(nb, q - 1, dtype=np.int64)
+            cand_r = np.full(nb, q - 1 + m - 1, dtype=np.int64)
+            while seg_b.shape[0]:
+                mid = (seg_l + seg_r) // 2
+                flat = seg_b * m + mid
+                lo = np.maximum(cand_l, lo_all[flat])
+                hi = np.minimum(cand_r, mid + q - 1)
+                j, owner, starts, lengths = _ranges(lo, hi)
+                b = seg_b[owner]
+                val = d_prev[b * m + j - q + 1] + sse(j, mid[owner] + q - 1, b)
+                v, first = _seg_argmin(val, starts, lengths)
+                o = j[first]
+                d_new[flat] = v
+                opt_new[flat] = o
+                left = mid > seg_l
+                right = mid < seg_r
+                seg_b = np.concatenate((seg_b[left], seg_b[right]))
+                seg_l, seg_r = np.concatenate((seg_l[left], mid[right] + 1)), np.concatenate(
+                    (mid[left] - 1, seg_r[right])
+                )
+                cand_l, cand_r = np.concatenate((cand_l[left], o[right])), np.concatenate(
+                    (o[left], cand_r[right])
+                )
+        d_prev, opt_prev = d_new, opt_new
+        opts[q - 1] = opt_prev
+    bounds = np.empty((nb, k), dtype=np.int64)
+    i = np.full(nb, r - 1)
+    for q in range(k, 0, -1):
+        j = opts[q - 1, np.arange(nb) * m + i - (q - 1)].astype(np.int64)
+        bounds[:, q - 1] = j
+        i = j - 1
+    return bounds
+
+
+def _merge1d_sorted(s: np.ndarray, k: int, lloyd_steps: int = 20) -> np.ndarray:
+    """Approximate 1-D k-means on sorted values: greedy Ward merging of neighbouring clusters (heap),
+    then sorted Lloyd steps (boundaries at midpoints between consecutive centroids). Starts returned."""
+    r = s.shape[0]
+    s = s.astype(np.float64) - s.mean()
+    cnt = [1] * r
+    tot = s.tolist()
+    nxt = list(range(1, r + 1))
+    prv = list(range(-1, r - 1))
+    alive = [True] * r
+    ver = [0] * r
+
+    def cost(a: int, b: int) -> float:
+        ma, mb = tot[a] / cnt[a], tot[b] / cnt[b]
+        return cnt[a] * cnt[b] / (cnt[a] + cnt[b]) * (ma - mb) ** 2
+
+    heap = [(cost(a, a + 1), a, 0, 0) for a in range(r - 1)]
+    heapq.heapify(heap)
+    clusters = r
+    while clusters > k and heap:
+        _, a, va, vb = heapq.heappop(heap)
+        b = nxt[a] if alive[a] else r
+        if not alive[a] or b >= r or ver[a] != va or ver[b] != vb:
+            continue
+        cnt[a] += cnt[b]
+        tot[a] += tot[b]
+        alive[b] = False
+        nxt[a] = nxt[b]
+        if nxt[a] < r:
+            prv[nxt[a]] = a
+        ver[a] += 1
+        clusters -= 1
+        if prv[a] >= 0:
+            heapq.heappush(heap, (cost(prv[a], a), prv[a], ver[prv[a]], ver[a]))
+        if nxt[a] < r:
+            heapq.heappush(heap, (cost(a, nxt[a]), a, ver[a], ver[nxt[a]]))
+    starts = np.flatnonzero(np.array(alive))
+    p = np.concatenate(([0.0], np.cumsum(s)))
+    for _ in range(lloyd_steps):
+        ends = np.concatenate((starts[1:], [r]))
+        cen = (p[ends] - p[starts]) / (ends - starts)
+        cut = np.searchsorted(s, 0.5 * (cen[:-1] + cen[1:]), side="right")
+        new = np.concatenate(([0], cut))
+        if np.any(np.diff(new) <= 0) or new[-1] >= r or np.array_equal(new, starts):
+            break
+        starts = new
+    return starts
+
+
+def kmeans_1d_batch(
+    values: list[torch.Tensor], inits: list[torch.Tensor], *, exact_max_seconds: float = DP1D_MAX_SECONDS
+) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
+    """1-D k-means of several value vectors of one length r, each into k = len(init) clusters.
+
+    Exact DP (all problems in one vectorised solve) while its estimated time ≤ exact_max_seconds per
+    problem, else sort-based merge + sorted Lloyd. Rank alignment: the q-th smallest centroid goes to
+    the index of the q-th smallest init value (ties by index). Returns (centroids (k,), labels (r,),
+    method) per problem.
+    """
+    r, k = values[0].shape[0], inits[0].shape[0]
+    v = np.stack([t.detach().to("cpu", torch.float64).numpy() for t in values])
+    order = np.argsort(v, axis=1, kind="stable")
+    s = np.take_along_axis(v, order, 1)
+    if _dp1d_seconds(r, k) <= exact_max_seconds:
+        starts, method = _dp1d_sorted(s, k), "dp1d"
+    else:
+        starts, method = np.stack([_merge1d_sorted(row, k) for row in s]), "merge1d"
+    out = []
+    for b, (vals, init) in enumerate(zip(values, inits)):
+        st = starts[b]
+        ends = np.concatenate((st[1:], [r]))
+        cen_sorted = np.add.reduceat(s[b], st) / (ends - st)  # per-cluster sums: no prefix-sum rounding
+        slot = np.argsort(init.detach().to("cpu", torch.float64).numpy(), kind="stable")
+        cen = np.empty(k)
+        cen[slot] = cen_sorted
+        labels = np.empty(r, dtype=np.int64)
+        labels[order[b]] = slot[np.repeat(np.arange(k), ends - st)]
+        out.append(
+            (
+                torch.from_numpy(cen).to(vals.device, vals.dtype),
+                torch.from_numpy(labels).to(vals.device),
+                method,
+            )
+        )
+    return out
+
+
+def kmeans_1d(
+    values: torch.Tensor, init: torch.Tensor, *, exact_max_seconds: float = DP1D_MAX_SECONDS
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """1-D k-means of r values into k = len(init) clusters, rank-aligned to init (see kmeans_1d_batch)."""
+    return kmeans_1d_batch([values], [init], exact_max_seconds=exact_max_seconds)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# high β: greedy merge of the closest disjoint pairs, aligned to init
+
+
+def pair_merge(
+    x: torch.Tensor, k: int, *, block_bytes: int | None = None, workers: int | None = None
+) -> torch.Tensor:
+    """Greedy closest-pair merging (Ward's first merges) down to k clusters, for k ≥ r/2.
+
+    Each pass finds every free row's nearest free row, walks those edges by increasing distance and pairs
+    rows that are both still free, until r − k pairs exist. Returns labels in [0, k) (pairs first, then
+    singletons, both in row order) — an arbitrary numbering; `_align` maps it onto the init.
+    """
+    r = x.shape[0]
+    need = r - k
+    if need < 0 or 2 * need > r:
+        raise ValueError("pair_merge needs r/2 <= k <= r")
+    partner = np.full(r, -1, dtype=np.int64)
+    free = torch.arange(r, device=x.device)
+    while need > 0:
+        xf = x[free]
+        nn, part = lloyd_assign(xf, xf, block_bytes=block_bytes, exclude_self=True, workers=workers)
+        d = part + (xf * xf).sum(1)
+        order = torch.argsort(d, stable=True).cpu().numpy()
+        nn_np = nn.cpu().numpy()
+        fr = free.cpu().numpy()
+        taken = np.zeros(len(fr), dtype=bool)
+        for a in order:
+            b = nn_np[a]
+            if taken[a] or taken[b]:
+                continue
+            taken[a] = taken[b] = True
+            partner[fr[a]], partner[fr[b]] = fr[b], fr[a]
+            need -= 1
+            if need == 0:
+                break
+        free = free[torch.from_numpy(~taken).to(x.device)]
+    labels = np.empty(r, dtype=np.int64)
+    first = np.flatnonzero((partner >= 0) & (partner > np.arange(r)))
+    labels[first] = np.arange(len(first))
+    labels[partner[first]] = np.arange(len(first))
+    single = np.flatnonzero(partner < 0)
+    labels[single] = len(first) + np.arange(len(single))
+    return torch.from_numpy(labels).to(x.device)
+
+
+def _align(
+    cent: torch.Tensor, init: torch.Tensor, *, block_bytes: int | None = None, workers: int | None = None
+) -> torch.Tensor:
+    """perm with cluster perm[j] ↦ index j: greedy matching of centroids to init rows by distance.
+
+    Each pass: every unmatched centroid proposes its nearest unmatched init row; each init row accepts the
+    closest proposer (ties: lower index). Repeats on what is left.
+    """
+    k = init.shape[0]
+    perm = torch.full((k,), -1, dtype=torch.int64, device=init.device)
+    left_c = torch.arange(k, device=init.device)
+    left_i = torch.arange(k, device=init.device)
+    while left_c.numel() > 0:
+        cc, ii = cent[left_c], init[left_i]
+        near, part = lloyd_assign(cc, ii, block_bytes=block_bytes, workers=workers)
+        d = part + (cc * cc).sum(1)
+        order = torch.argsort(d, stable=True)
+        order = order[torch.argsort(near[order], stable=True)]
+        nr = near[order]
+        win = torch.ones_like(nr, dtype=torch.bool)
+        win[1:] = nr[1:] != nr[:-1]
+        chosen_c = order[win]
+        perm[left_i[nr[win]]] = left_c[chosen_c]
+        keep_c = torch.ones(left_c.numel(), dtype=torch.bool, device=init.device)
+        keep_c[chosen_c] = False
+        keep_i = torch.ones(left_i.numel(), dtype=torch.bool, device=init.device)
+        keep_i[nr[win]] = False
+        left_c, left_i = left_c[keep_c], left_i[keep_i]
+    return perm
+
+
+# ----------------------------------------------------------------------------------------------
+# public entry points
+
+
+def _result_1d(
+    x: torch.Tensor, cen: torch.Tensor, labels: torch.Tensor, method: str, seconds: float, out_dtype: torch.dtype
+) -> KMeansResult:
+    d = x[:, 0].to(torch.float64) - cen.to(torch.float64)[labels]
+    return KMeansResult(
+        centroids=cen.unsqueeze(1).to(out_dtype),
+        labels=labels,
+        iterations=1,
+        inertia=float((d * d).sum()),
+        seconds=seconds,
+        method=method,
+    )
+
+
+def _identity(x: torch.Tensor, t0: float) -> KMeansResult:
+    """k == r: labels = arange(r), centroids = x, zero inertia (β = 1 reproduces FedAvg exactly)."""
+    return KMeansResult(
+        centroids=x.detach().clone(),
+        labels=torch.arange(x.shape[0], dtype=torch.int64, device=x.device),
+        iterations=0,
+        inertia=0.0,
+        seconds=time.perf_counter() - t0,
+        method="identity",
+    )
+
+
+def _check(x: torch.Tensor, init: torch.Tensor) -> None:
+    if x.dim() != 2 or init.dim() != 2 or init.shape[1] != x.shape[1]:
+        raise ValueError(f"x must be (r, f) and init (k, f); got {tuple(x.shape)} and {tuple(init.shape)}")
+    if not 1 <= init.shape[0] <= x.shape[0]:
+        raise ValueError(f"need 1 <= k <= r, got k={init.shape[0]}, r={x.shape[0]}")
+
+
+def kmeans(
+    x: torch.Tensor,
+    init: torch.Tensor,
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    seed: int = 0,
+    init_labels: torch.Tensor | None = None,
+    label_tol: float = 1e-3,
+    method: str = "auto",
+    block_bytes: int | None = None,
+    workers: int | None = None,
+) -> KMeansResult:
+    """k-means of the rows of x (r×f) with k = init.shape[0]; cluster j is aligned to init row j.
+
+    k == r: the identity solution. method "auto": f == 1 → exact 1-D DP (sort-based merge when the DP
+    would be slow), rank-aligned to init; otherwise Lloyd from init. "lloyd" and "1d" force a path;
+    "merge" (k ≥ r/2) is the closest-pair merge matched onto init, opt-in because it is not
+    alignment-safe (module docstring).
+    init_labels: the rows' previous memberships (warm start across rounds): Lloyd then starts from the
+    means of x over them, an empty one taking init[j] — i.e. the previous global centroid moved by the
+    local drift of its rows — and counts label changes against them from the first iteration.
+    Stopping: Σ‖centroid shift‖² ≤ tol · mean feature variance, ≤ label_tol·r labels changed, or
+    max_iter. block_bytes: one distance block (default 8 MB on CPU). workers: CPU threads (default:
+    torch's). seed: every path is deterministic given its inputs; kept for API stability.
+    """
+    t0 = time.perf_counter()
+    _check(x, init)
+    r, f = x.shape
+    k = init.shape[0]
+    if k == r:
+        return _identity(x, t0)
+    xc = x.detach().to(_compute_dtype(x.dtype))
+    c0 = init.detach().to(xc.device, xc.dtype)
+    if f == 1 and method in ("auto", "1d"):
+        cen, labels, m = kmeans_1d(xc[:, 0], c0[:, 0])
+        return _result_1d(xc, cen, labels, m, time.perf_counter() - t0, x.dtype)
+    if init_labels is not None:
+        init_labels = init_labels.detach().to(xc.device, torch.int64).reshape(-1)
+        if init_labels.shape[0] != r or int(init_labels.min()) < 0 or int(init_labels.max()) >= k:
+            raise ValueError(f"init_labels must be {r} cluster indices in [0, {k})")
+    n_workers = _default_workers(x.device, workers)
+    with _SingleThreadedTorch() if x.device.type == "cpu" else contextlib.nullcontext():
+        best = _kmeans_nd(xc, c0, init_labels, max_iter, tol, label_tol, method, block_bytes, n_workers)
+    best.centroids = best.centroids.to(x.dtype)
+    best.seconds = time.perf_counter() - t0
+    return best
+
+
+def _kmeans_nd(
+    x: torch.Tensor,
+    c0: torch.Tensor,
+    init_labels: torch.Tensor | None,
+    max_iter: int,
+    tol: float,
+    label_tol: float,
+    method: str,
+    block_bytes: int | None,
+    workers: int,
+) -> KMeansResult:
+    """Lloyd from init or from init_labels' means ("auto", "lloyd"), or the closest-pair merge matched
+    onto init ("merge", opt-in: lower inertia at high β, but it breaks cross-client alignment)."""
+    r, f = x.shape
+    k = c0.shape[0]
+    rows = max(1, _block_bytes(x.device, block_bytes) // (x.element_size() * max(1, f)))
+    opts = dict(max_iter=max_iter, tol=tol, label_tol=label_tol, block_bytes=block_bytes, workers=workers)
+    if method in ("auto", "lloyd"):
+        start = c0 if init_labels is None else lloyd_update(x, init_labels, c0)
+        c, labels, it, conv, hist = _lloyd(x, start, c0, start_labels=init_labels, **opts)  # type: ignore[arg-type]
+        return KMeansResult(c, labels, it, _inertia(x, c, labels, rows), 0.0, "lloyd", conv, hist)
+    if method == "merge":
+        pl = pair_merge(x, k, block_bytes=block_bytes, workers=workers)
+        pc = lloyd_update(x, pl, c0)
+        perm = _align(pc, c0, block_bytes=block_bytes, workers=workers)
+        c, labels, it, conv, hist = _lloyd(x, pc[perm], c0, **opts)  # type: ignore[arg-type]
+        return KMeansResult(c, labels, it, _inertia(x, c, labels, rows), 0.0, "merge", conv, hist)
+    raise ValueError(f"unknown method {method!r}")
+
+
+def cluster_layers(
+    layers: Mapping[str, torch.Tensor],
+    inits: Mapping[str, torch.Tensor],
+    *,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    seed: int = 0,
+    init_labels: Mapping[str, torch.Tensor] | None = None,
+    **options: object,
+) -> dict[str, KMeansResult]:
+    """Algorithm 2 for one client: k-means of every layer's row view (as_matrix) from inits[name]
+    ((k, f), or (k,) for a 1-D layer); each result's seconds is that layer's own time.
+
+    1-D layers of equal (r, k) solved by the exact DP share one vectorised solve (their seconds are the
+    group's time divided evenly); the rest go through kmeans one by one.
+    """
+    out: dict[str, KMeansResult] = {}
+    groups: dict[tuple[int, int, torch.device], list[str]] = {}
+    method = options.get("method", "auto")
+    for name, w in layers.items():
+        x = as_matrix(w)
+        c0 = inits[name]
+        c0 = c0.reshape(-1, 1) if c0.dim() <= 1 else c0.reshape(c0.shape[0], -1)
+        r, k = x.shape[0], c0.shape[0]
+        if x.shape[1] == 1 and method in ("auto", "1d") and 1 <= k < r:
+            groups.setdefault((r, k, x.device), []).append(name)
+            continue
+        labels = None if init_labels is None else init_labels.get(name)
+        out[name] = kmeans(
+            x, c0, max_iter=max_iter, tol=tol, seed=seed, init_labels=labels, **options  # type: ignore[arg-type]
+        )
+    for (r, k, _), names in groups.items():
+        t0 = time.perf_counter()
+        xs = [as_matrix(layers[n])[:, 0] for n in names]
+        c0s = [inits[n].reshape(-1) for n in names]
+        solved = kmeans_1d_batch(xs, c0s)
+        each = (time.perf_counter() - t0) / len(names)
+        for n, x, (cen, labels, m) in zip(names, xs, solved):
+            out[n] = _result_1d(x.unsqueeze(1), cen, labels, m, each, x.dtype)
+    return {name: out[name] for name in layers}

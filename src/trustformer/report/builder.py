@@ -1,0 +1,323 @@
+"""Build the report of finished runs: tables (CSV + Markdown), figures (PNG), report.md and report.html."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import figures, paper, tables
+from .document import Document
+from .runs import RunResult, load_runs
+
+log = logging.getLogger(__name__)
+
+# configuration keys that identify a run of a grid rather than its setting
+_GRID_KEYS = {("federation", "strategy"), ("federation", "beta"), ("federation", "agg_every")}
+
+
+@dataclass
+class ReportFiles:
+    folder: Path
+    markdown: Path
+    html: Path
+    tables: list[Path] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+
+    def all(self) -> list[Path]:
+        return [self.markdown, self.html, *self.tables, *self.figures.values()]
+
+
+def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, *, title: str | None = None,
+                 context: dict[str, Any] | None = None, epochs: int = paper.PAPER_EPOCHS) -> ReportFiles:
+    """Report every finished run under ``run_dirs`` into ``out_dir``.
+
+    ``context`` (from ``trustformer reproduce``) adds the command, the grid and the run list with
+    their status; ``epochs`` is e of Eq. 5 for Table V (the paper's 10 by default).
+    """
+    runs = load_runs(run_dirs)
+    return build_report_for(runs, out_dir, title=title, context=context, epochs=epochs)
+
+
+def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: str | None = None,
+                     context: dict[str, Any] | None = None, epochs: int = paper.PAPER_EPOCHS) -> ReportFiles:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    context = context or {}
+    all_tables = tables.all_tables(runs, epochs=epochs)
+    table_files: list[Path] = []
+    for t in all_tables:
+        table_files += t.write(out / "tables")
+    figs = figures.all_figures(runs, out / "figures")
+    presets = sorted({str(r.summary.get("preset", "?")) for r in runs})
+    doc = Document(title or f"Trustformer reproduction report — preset {', '.join(presets)}")
+    _intro(doc, runs, context, out)
+    by_name = {t.name: t for t in all_tables}
+    doc.heading("Main results")
+    doc.table(by_name["quality"], files=_files(out, "quality", "quality_per_client"))
+    doc.image(figs["quality"], "Figure 6 — BLEU, METEOR and BERTScore F1 per client and method.")
+    doc.heading("Communication (Table III)")
+    doc.table(by_name["table3_bytes"], files=_files(out, "table3_bytes"))
+    doc.image(figs["bytes_vs_beta"], "Table III as a chart — bytes per client per round relative to a FedAvg "
+                                     "model, ours and the paper's.")
+    doc.heading("Time (Tables IV and V)")
+    doc.table(by_name["table4_time"], files=_files(out, "table4_time"))
+    doc.table(by_name["table5_total_time"], files=_files(out, "table5_total_time"))
+    doc.heading("Convergence (Figures 4 and 5)")
+    doc.image(figs["loss_per_round"], "Figure 4/5 — test loss of every client per round, per method.")
+    doc.image(figs["loss_vs_beta"], "Figure 4/5 — final test loss against β with FedAvg, no aggregation and "
+                                    "the other methods as references; distance to FedAvg against β.")
+    _samples(doc, runs, out)
+    doc.heading("Where this differs from the paper, and why")
+    doc.bullets(differences(runs, epochs=epochs))
+    _setup(doc, runs, context)
+    md_path, html_path = out / "report.md", out / "report.html"
+    md_path.write_text(doc.to_markdown(out), encoding="utf-8")
+    html_path.write_text(doc.to_html(), encoding="utf-8")
+    log.info("report: %s (and report.html, %d tables, %d figures)", md_path, len(table_files), len(figs))
+    return ReportFiles(folder=out, markdown=md_path, html=html_path, tables=table_files, figures=figs)
+
+
+def _files(out: Path, *names: str) -> str:
+    return ", ".join(f"[{n}.csv](tables/{n}.csv)" for n in names)
+
+
+def _intro(doc: Document, runs: Sequence[RunResult], context: dict[str, Any], out: Path) -> None:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = context.get("command")
+    doc.para(f"Generated {now}" + (f" by `{command}`" if command else "") + f" from {len(runs)} finished run(s).")
+    if context.get("subset"):
+        doc.para(f"**Grid run**: {context['subset']}")
+    doc.para(
+        "Each of our numbers stands beside the paper's published number where the paper gives one (Tables "
+        "III–V), with the ratio ours / paper. The paper trained "
+        f"{paper.PAPER_SETUP}; these runs are far smaller (see *Configuration* and *Where this differs*), so "
+        "absolute bytes and seconds differ by orders of magnitude: the relative columns (% of a FedAvg model, "
+        "× FedAvg) are the ones to compare."
+    )
+
+
+def _samples(doc: Document, runs: Sequence[RunResult], out: Path, shown: int = 2) -> None:
+    doc.heading("Sample translations")
+    doc.para(f"The first {shown} test sentences as decoded by each method's first client. Every client's full "
+             "list is in its `translations.tsv` (source, reference, hypothesis), written by the client itself "
+             "(the server only ever receives the scores and three samples).")
+    table = tables.Table("samples", "Sample translations (first client of each method)",
+                         ["method", "source", "reference", "hypothesis"], left=4)
+    links = []
+    for r in runs:
+        samples = r.summary.get("samples") or {}
+        first = next(iter(samples.values()), []) if isinstance(samples, dict) else []
+        for src, ref, hyp in first[:shown]:
+            table.rows.append([r.label, _clip(src), _clip(ref), _clip(hyp) or "(empty)"])
+        files = r.summary.get("translations") or {}
+        found = [f"[{'all shards' if str(c) == '-1' else 'client ' + str(c)}]({_rel(r.path / p, out)})"
+                 for c, p in files.items() if (r.path / p).is_file()]
+        if found:
+            links.append(f"{r.label}: " + ", ".join(found))
+    if table.rows:
+        doc.table(table)
+    doc.bullets(links)
+
+
+def _clip(text: str, n: int = 70) -> str:
+    text = " ".join(str(text).split()).replace("`", "'")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _rel(path: Path, base: Path) -> str:
+    from .document import _relative
+
+    return _relative(path, base)
+
+
+def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) -> None:
+    doc.heading("Configuration, seeds and machine")
+    if context.get("grid"):
+        doc.para("Grid: " + ", ".join(f"{k} = {v}" for k, v in context["grid"].items()))
+    seeds = sorted({r.seed for r in runs})
+    doc.para(f"Seeds: {', '.join(map(str, seeds))} (the run seed; every other seed — data split, model "
+             "initialisation, batch order, dropout, k-means starts — is derived from it, so a run is repeatable).")
+    base = _common_config(runs)
+    doc.para("Configuration shared by the runs (keys that vary between runs — strategy, β, Agg_fr, and any other "
+             "— are listed per run below; `out` omitted):")
+    doc.code(json.dumps(base, indent=2, sort_keys=True, ensure_ascii=False), "json")
+    run_items = []
+    status = {Path(x["folder"]).name: x for x in context.get("runs", [])}
+    for r in runs:
+        varying = _varying(r, base)
+        st = status.get(r.path.name)
+        extra = ""
+        if st:
+            extra = f" · {st.get('status', '')}" + (f" in {st['seconds']:.0f} s" if st.get("seconds") else "")
+        run_items.append(f"{r.label}: `{r.path.name}`" + (f" ({varying})" if varying else "") + extra
+                         + f" · seed {r.seed} · {r.rounds} round(s) · wall {r.summary.get('time_s', {}).get('total', 0):.0f} s")
+    doc.bullets(run_items)
+    machines = {json.dumps(r.summary.get("machine", {}), sort_keys=True) for r in runs}
+    versions = {json.dumps(r.summary.get("versions", {}), sort_keys=True) for r in runs}
+    items = [f"Machine: {_kv(json.loads(m))}" for m in sorted(machines)]
+    items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
+    if context.get("machine"):
+        items.append(f"Host during the grid: {_kv(context['machine'])}")
+    data = next((r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")), {})
+    first = next(iter(data.values()), None) if data else None
+    if first:
+        items.append(f"Data: {_kv(first)}")
+    doc.bullets(items)
+
+
+def _kv(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items())
+
+
+def _flatten(d: dict[str, Any], prefix: tuple = ()) -> dict[tuple, Any]:
+    out: dict[tuple, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _common_config(runs: Sequence[RunResult]) -> dict[str, Any]:
+    flats = [_flatten(r.config) for r in runs if r.config]
+    if not flats:
+        return {}
+    common = {k: v for k, v in flats[0].items()
+              if k != ("out",) and k not in _GRID_KEYS and all(f.get(k, object()) == v for f in flats[1:])}
+    nested: dict[str, Any] = {}
+    for key, value in sorted(common.items()):
+        node = nested
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return nested
+
+
+def _varying(run: RunResult, base: dict[str, Any]) -> str:
+    flat_base = _flatten(base)
+    diffs = [f"{'.'.join(k)}={v}" for k, v in sorted(_flatten(run.config).items())
+             if k != ("out",) and k not in _GRID_KEYS and flat_base.get(k, object()) != v]
+    return ", ".join(diffs)
+
+
+# ----------------------------------------------------------------------------------------- differences
+
+
+def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) -> list[str]:
+    """What differs from the paper, measured on these runs where possible, with the reason."""
+    items: list[str] = []
+    first = runs[0] if runs else None
+    if first is not None:
+        m = first.config.get("model", {})
+        d = first.config.get("data", {})
+        fed = first.config.get("federation", {})
+        vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size", "?")
+        items.append(
+            f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
+            f"{m.get('n_encoder_layers')}+{m.get('n_decoder_layers')} layers, FFN {m.get('d_ff')}, vocabulary "
+            f"{vocab}, {fed.get('clients')} clients × {d.get('client_size') or 'all'} pairs of {d.get('source')} "
+            f"data, {first.rounds} round(s), CPU. Paper: {paper.PAPER_SETUP}. Bytes and seconds scale with the "
+            "model and the hardware, so only relative numbers are comparable; our models are far from converged, "
+            "so quality scores are low.")
+    # bytes
+    tf = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
+                key=lambda r: r.beta)
+    rel = []
+    for r in tf:
+        up, _ = r.bytes_per_exchange()
+        model = r.model_bytes()
+        key = r.paper_key
+        if up is not None and model and key in paper.TABLE3_KIB:
+            rel.append(f"β={r.beta:g}: {100 * up / model:.1f}% vs {100 * paper.TABLE3_KIB[key] / paper.PAPER_MODEL_KIB:.1f}%")
+    if rel:
+        items.append(
+            "**Communication (Table III).** Trustformer's payload relative to a FedAvg model, ours vs the paper's: "
+            + "; ".join(rel) + ". Both grow like β (k = ⌊r·β⌋ centroids per layer). Ours counts every trainable "
+            "tensor (biases and LayerNorm as r×1, never skipped), rounds k down per layer and includes the message "
+            "framing and control records; small layers (k ≥ 1) weigh more in a small model.")
+    # time
+    fedavg = next((r for r in runs if r.strategy == "fedavg" and r.agg_every == 1), None)
+    shares = []
+    for r in tf:
+        e = r.epoch_times()
+        key = r.paper_key
+        if e["train"] > 0 and key in paper.TABLE4_S:
+            p = paper.TABLE4_S[key]
+            shares.append(f"β={r.beta:g}: {e['cluster'] / e['train']:.2f}× vs {p[1] / p[0]:.2f}×")
+    if shares:
+        items.append(
+            "**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
+            "the paper's: " + "; ".join(shares) + ". Our k-means starts from the previous global centroids "
+            "(cluster correspondence across clients) and converges in few iterations; the paper's clustering "
+            "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
+            "(it peaks at β = 0.6), which it attributes to k-means convergence.")
+    if fedavg is not None and tf:
+        items.append(
+            "**Total time (Table V).** Computed by Eq. 5 with e = "
+            f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
+            "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
+            f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, {paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
+            "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
+            "'paper / FedAvg' column inherits that.")
+    items.append(
+        "**Timing conditions.** Our clients run one after another in one process on a shared CPU (each timed "
+        "alone; Eq. 5 takes the slowest, as if they ran in parallel). Other work on the machine inflates and "
+        "scatters the seconds; repeat runs to judge small differences.")
+    bert = next((r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")), None)
+    if bert:
+        items.append(
+            f"**BERTScore.** Computed with {bert}, without baseline rescaling; the paper does not name its model "
+            "(bert-score's default for English is roberta-large, which needs a download). Compare BERTScore only "
+            "between runs scored with the same model.")
+    bleu = [v for r in runs for v in r.per_client("bleu") if v is not None]
+    if bleu and max(bleu) < 1.0:
+        items.append(
+            "**Quality.** Every BLEU here is below 1: at this scale and number of rounds the models have not "
+            "learnt to translate yet (many hypotheses are empty or repeat frequent words), so Figure 6 shows noise, "
+            "not a ranking. The paper's Figure 6 gives no numbers to compare with.")
+    dp = [r for r in runs if r.strategy.startswith("dp-")]
+    if not dp:
+        items.append("**DP baselines.** No DP-FedAvg / DP-FedSAM / DP-BLUR-LUS runs in this report, so their paper "
+                     "rows stand alone.")
+    else:
+        desc = []
+        for r in dp:
+            privacy = r.summary.get("privacy") if isinstance(r.summary.get("privacy"), dict) else {}
+            loss = r.mean("test_loss")
+            eps = privacy.get("epsilon")
+            desc.append(f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?")
+            desc[-1] += (", final test loss "
+                         + (f"{loss:.3f}" if loss is not None else "—"))
+        ref = fedavg.mean("test_loss") if fedavg is not None else None
+        items.append(
+            "**DP baselines.** " + "; ".join(desc) + (f" (FedAvg: {ref:.3f})" if ref is not None else "") + ". "
+            "User-level DP noise is calibrated to the clip norm and the number of clients, not to the data size: "
+            "with 3 clients the noise on the mean update is large, and with small shards and few rounds it can "
+            "outweigh the learning signal. The paper's DP rows come from its own (differently built) baselines.")
+    local = next((r for r in runs if r.strategy == "local"), None)
+    parts = []
+    if fedavg is not None:
+        ff = [v for v in fedavg.per_client("test_loss") if v is not None]
+        if ff:
+            parts.append(f"FedAvg's clients share one model (final test loss {statistics.fmean(ff):.3f})")
+    if local is not None:
+        lf = [v for v in local.per_client("test_loss") if v is not None]
+        if lf:
+            parts.append(f"clients trained alone end between {min(lf):.3f} and {max(lf):.3f}")
+    dist = [(r.beta, statistics.fmean(d)) for r in tf
+            if (d := [x for x in (r.summary.get("fedavg_distance") or []) if x is not None])]
+    if len(dist) >= 2:
+        falling = all(b[1] < a[1] for a, b in zip(dist, dist[1:]))
+        parts.append("Trustformer's mean distance to FedAvg after the last exchange is "
+                     + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)
+                     + (": it falls as β grows, as Theorem 1 predicts (→ 0 at β = 1)" if falling else
+                        ": not monotone in β here (too few rounds or too much noise to show Theorem 1's trend)"))
+    if parts:
+        items.append("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.")
+    return items
