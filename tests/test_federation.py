@@ -141,3 +141,14 @@ def test_bad_payload_is_rejected_and_not_averaged(tmp_path, corruption):
     assert [(e["round"], e["client"]) for e in events] == [(1, 2)]
     assert ("NaN" if corruption == "nan" else "differ") in events[0]["reason"]
     assert all(math.isfinite(x) for x in summary["test_loss"])
+
+
+def test_too_few_clients_stops_a_local_run_too(tmp_path):
+    def fail(message, context):
+        if context.node_config["partition-id"] == 2 and message.metadata.message_type == "train":
+            raise RuntimeError("simulated crash")
+        return None
+
+    cfg = tiny(tmp_path, "few-local", **{"federation.strategy": "local"})
+    with pytest.raises(FederationError, match=r"round 1 \(train\): only 2 client\(s\).*3 required"):
+        run_in_process(cfg, client_app=_failing_client_app(fail))

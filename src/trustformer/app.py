@@ -176,6 +176,8 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
                 recorder.event(event="no_participants", round=rnd, reason="no client was sampled for this round")
             if round_done is not None:
                 round_fields = round_done(rnd)
+        else:
+            _require(len(rows), needed, rnd, "train")
         for node in sorted(rows, key=lambda n: clients[n]):
             row = rows[node]
             row["exchanged"] = exchange

@@ -29,6 +29,9 @@ memberships (``init_labels``, which the client keeps) starts each cluster from t
 rows now — the previous global centroid moved by its rows' local drift — and keeps alignment by row
 identity: 2.9 / 1.6 mean iterations at β 0.5 / 0.9 and 0.93× / 0.73× the cold inertia; at β 0.1,
 5.6 iterations (cold 5.4; the 4000-row embedding 14 instead of 28) at 0.98× the cold inertia.
+Better clusters for one client are not a better federation, though: in a `small` run the Trustformer
+protocol moved further from FedAvg with ``init_labels`` than from the global centroids alone
+(protocols/trustformer.py), so the protocol warm-starts from the global centroids.
 
 High β. Greedy merging of the closest disjoint pairs (``method="merge"``: Ward's first merges, then
 matched onto init and refined by Lloyd) ends 11–13% below Lloyd on Gaussian 4000×256 and 13–28% below on
