@@ -152,3 +152,11 @@ def test_too_few_clients_stops_a_local_run_too(tmp_path):
     cfg = tiny(tmp_path, "few-local", **{"federation.strategy": "local"})
     with pytest.raises(FederationError, match=r"round 1 \(train\): only 2 client\(s\).*3 required"):
         run_in_process(cfg, client_app=_failing_client_app(fail))
+
+
+def test_server_time_is_counted_once_per_round(runs):
+    cfg, summary = runs["fedavg"]
+    rows, _ = read_metrics(cfg)
+    per_round = {r["round"]: r["aggregate_s"] for r in rows}
+    assert summary["time_s"]["aggregate"] == pytest.approx(sum(per_round.values()), abs=1e-3)
+    assert summary["server_time_s"]["aggregate_s"] == pytest.approx(sum(per_round.values()), abs=1e-3)

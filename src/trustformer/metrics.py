@@ -1,7 +1,8 @@
 """What a run writes: ``metrics.jsonl`` (one line per round and client) and ``summary.json``.
 
 Phase times are seconds; in the summary, ``time_s`` holds totals over all clients and rounds for
-each phase (``total`` is the run's wall-clock time). Bytes are lengths of the serialized message
+each client phase, server phases (``aggregate``) counted once per round, and ``total``, the run's
+wall-clock time. Bytes are lengths of the serialized message
 contents actually exchanged.
 """
 
@@ -72,6 +73,9 @@ class RunRecorder:
             for key, value in r.items():
                 if key.endswith(PHASE_SUFFIX) and isinstance(value, (int, float)):
                     phase_totals[key[: -len(PHASE_SUFFIX)]] += float(value)
+        # server phases are copied onto every client's line of their round; count them once
+        for key, value in fields.get("server_time_s", {}).items():
+            phase_totals[key[: -len(PHASE_SUFFIX)] if key.endswith(PHASE_SUFFIX) else key] = float(value)
         time_s = {k: round(v, 4) for k, v in sorted(phase_totals.items())}
         time_s["total"] = round(time.perf_counter() - self.started, 4)
         time_s.setdefault("train", 0.0)
