@@ -78,7 +78,9 @@ def test_same_seed_same_result_and_disk_store_equals_memory(tmp_path, runs):
     cfg, summary = runs["local"]
     again = run_in_process(tiny(tmp_path, "again", **{"federation.strategy": "local", "runtime.store": "disk"}))
     assert again["test_loss"] == pytest.approx(summary["test_loss"], abs=1e-6)
-    assert (tmp_path / "again" / "client-state" / "client-0" / "state.pt").exists()
+    # per-round snapshots (runtime/store.py) under <state-dir>/<run key>/: the last two rounds are kept
+    assert sorted(p.name for p in (tmp_path / "again" / "client-state").glob("*/client-0/*")) == [
+        "r00001-end.pt", "r00002-end.pt"]
 
 
 def _failing_client_app(fail):

@@ -81,8 +81,8 @@ def test_bytes_up_shrink_in_proportion_to_beta(tmp_path):
     assert summaries[0.25] < 0.4 * full and summaries[0.5] < 0.6 * full
 
 
-def test_clusters_are_aligned_across_clients(tmp_path, monkeypatch):
-    """Round 1 starts every client from the same rows of the initial model; later exchanges from
+def test_local_memberships_are_aligned_across_clients(tmp_path, monkeypatch):
+    """memberships = "local": round 1 starts every client from the same rows of the initial model; later exchanges from
     the previous global centroids, identical on every client."""
     seen = []
     real = trustformer_module.cluster_layers
@@ -92,7 +92,7 @@ def test_clusters_are_aligned_across_clients(tmp_path, monkeypatch):
         return real(matrices, inits, **kwargs)
 
     monkeypatch.setattr(trustformer_module, "cluster_layers", spy)
-    cfg = tiny(tmp_path, "align", **{"federation.beta": 0.5})
+    cfg = tiny(tmp_path, "align", **{"federation.beta": 0.5, "federation.memberships": "local"})
     run_in_process(cfg)
     assert len(seen) == 6  # 3 clients x 2 exchanges
     first, second = seen[:3], seen[3:]
@@ -115,3 +115,49 @@ def test_fedavg_distance_is_reported_and_data_size_weighting_is_an_option(tmp_pa
     rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
     for row in rows:
         assert {"cluster_s", "aggregate_s", "estimate_s", "fedavg_distance"} <= set(row)
+
+
+def test_shared_memberships_pull_every_client_towards_the_fedavg_model():
+    """With the same clusters on every client, Algorithm 5 is a projection: W_i − W̄ loses its
+    cluster-mean component, so no client can move away from the FedAvg model (any β, any data)."""
+    from trustformer.core.centroids import estimate_global_weights
+    from trustformer.core.kmeans import choose_initial_rows, cluster_layers, lloyd_update
+
+    gen = torch.Generator().manual_seed(3)
+    w0 = torch.randn(96, 16, generator=gen)
+    for beta in (0.1, 0.5, 0.9):
+        k = num_clusters(96, beta)
+        start = w0[choose_initial_rows(96, k, seed=1)]
+        labels = cluster_layers({"w": w0}, {"w": start})["w"].labels
+        clients = [w0 + 0.3 * torch.randn(96, 16, generator=gen) for _ in range(3)]
+        mean = sum(clients) / 3
+        local = [lloyd_update(c, labels, start) for c in clients]
+        global_ = sum(local) / 3
+        for c, l in zip(clients, local):
+            moved = estimate_global_weights(c, labels, l, global_)
+            assert (moved - mean).norm() <= (c - mean).norm() + 1e-5
+            # and the cluster means now agree exactly with the FedAvg model's
+            assert torch.allclose(lloyd_update(moved, labels, start), lloyd_update(mean, labels, start), atol=1e-5)
+
+
+def test_shared_memberships_are_identical_on_every_client_and_beta_one_is_fedavg(tmp_path):
+    states = []
+    real = trustformer_module.Trustformer._shared_payload
+
+    def spy(self, session, matrices):
+        out = real(self, session, matrices)
+        states.append({n: t.clone() for n, t in session.protocol_state.items()
+                       if n.startswith(trustformer_module.LABELS)})
+        return out
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(trustformer_module.Trustformer, "_shared_payload", spy):
+        run_in_process(tiny(tmp_path, "shared", **{"federation.beta": 0.5, "federation.memberships": "shared"}))
+    assert len(states) == 6
+    for other in states[1:]:
+        assert states[0].keys() == other.keys()
+        assert all(torch.equal(states[0][n], other[n]) for n in states[0])
+    fedavg = run_in_process(tiny(tmp_path, "fedavg1", **{"federation.strategy": "fedavg"}))
+    shared = run_in_process(tiny(tmp_path, "shared1", **{"federation.beta": 1.0, "federation.memberships": "shared"}))
+    assert shared["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)

@@ -18,11 +18,16 @@ The server writes ``metrics.jsonl`` and ``summary.json`` to the run's output fol
 A protocol may add optional hooks (``protocols/base.py``): its own local training step, a check
 before round 1 (a privacy budget), per-round client sampling or an early stop, per-round fields
 (ε spent) and extra summary fields. Clients not sampled in a round only receive the aggregate.
+
+``secure.mode`` (``trustformer.secure.exchange``) changes how payloads travel: sealed after the
+aggregator's attestation before round 1 (``tee``), masked by secure aggregation (``secagg``), or both.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -38,14 +43,18 @@ from flwr.serverapp import Grid, ServerApp
 
 from .config import RunConfig
 from .data.batching import encode_pairs
+from .data.corpus import load_tsv
 from .metrics import RunRecorder
 from .protocols import ClientSession, FederatedProtocol, get_protocol
 from .protocols.base import trainable_tensors
 from .runtime import diagnostics
-from .runtime.store import ClientState, DiskStore, MemoryStore
-from .wire import PayloadError, from_array_record, payload_bytes, to_array_record
+from .runtime.checkpoint import Checkpointer, run_key
+from .runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
+from .secure.exchange import ClientExchange, ServerExchange
+from .wire import PayloadError, payload_bytes, to_array_record
 from .workload import (
     ALL_SHARDS,
+    DataError,
     Workload,
     derive_seed,
     initial_model,
@@ -59,7 +68,7 @@ from .workload import (
 log = logging.getLogger(__name__)
 
 CONFIG_KEY = "trustformer-config"  # run_config key holding the resolved RunConfig as JSON
-TRAIN, APPLY, EVALUATE = "train", "train.apply", "evaluate"
+TRAIN, APPLY, EVALUATE, QUERY = "train", "train.apply", "evaluate", "query"
 SAMPLE_TRANSLATIONS = 3
 
 server_app = ServerApp()
@@ -83,52 +92,102 @@ def config_from_context(context: Context) -> RunConfig:
 
 @server_app.main()
 def server_main(grid: Grid, context: Context) -> None:
-    run_federation(grid, config_from_context(context))
+    cfg = config_from_context(context)
+    process_setup(cfg, log_file=Path(cfg.out) / "server.log")
+    run_federation(grid, cfg)
+
+
+DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
+
+
+def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
+    """Torch threads from ``runtime.threads``. In a process Flower's deployment runtime started, also
+    the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's ``server.log``,
+    since Flower keeps a ServerApp's own output for ``flwr log``)."""
+    threads = cfg.runtime.threads or os.cpu_count() or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    root = logging.getLogger("trustformer")
+    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES or root.handlers or not cfg.runtime.progress:
+        return
+    formatter = logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
 
 
 def expected_nodes(cfg: RunConfig) -> int:
     return 1 if cfg.federation.strategy == "centralized" else cfg.federation.clients
 
 
-def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) -> dict[str, Any]:
-    """The server's round loop (Algorithm 1 of the paper, server side) for any protocol."""
+def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = None) -> dict[str, Any]:
+    """The server's round loop (Algorithm 1 of the paper, server side) for any protocol.
+
+    Every round starts from the nodes connected now, in client order (a client that restarts
+    rejoins, under a new node id too); each message's replies are awaited at most
+    ``federation.round_timeout_s`` (later ones: dropped from the round); every completed round
+    ends with a checkpoint that ``runtime.resume`` continues from (``runtime/checkpoint.py``).
+    """
     protocol = get_protocol(cfg)
     fed = cfg.federation
-    node_ids = _wait_for_nodes(grid, expected_nodes(cfg), node_wait_s)
-    min_valid = fed.min_clients or len(node_ids)
+    timeout = fed.round_timeout_s or None
+    wait_s = fed.node_wait_s if node_wait_s is None else node_wait_s
+    expected = expected_nodes(cfg)
+    min_valid = min(fed.min_clients or expected, expected)
+    clients: dict[int, int] = {}  # node id -> client (partition) id, from each node's answer to a query
+    retired: set[int] = set()  # node ids whose client reconnected under another node id
+    node_ids = _connected_clients(grid, clients, retired, want=expected, need=min_valid, wait_s=wait_s,
+                                  timeout=timeout)
     begin = getattr(protocol, "server_begin", None)  # optional hooks: see protocols/base.py
     if begin is not None:
         try:
-            begin(len(node_ids))
+            begin(expected)
         except ValueError as exc:
             raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     choose = getattr(protocol, "server_round", None)
     round_done = getattr(protocol, "server_round_done", None)
     check_payload = getattr(protocol, "check_payload", None)
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
+    checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
     log.info(
-        "strategy %s · %d client(s) · %d round(s) · output %s", protocol.name, len(node_ids), fed.rounds, cfg.out
+        "strategy %s · %d client(s) · %d round(s) · output %s%s", protocol.name, len(node_ids), fed.rounds, cfg.out,
+        f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "",
     )
-    clients: dict[int, int] = {}  # node id -> client (partition) id, learnt from replies
-    server_phases: Counter[str] = Counter()
-    rounds_run = 0
+    server_phases = checkpoints.server_phases
+    rounds_run = checkpoints.completed
+    secure = ServerExchange(cfg, grid, recorder, lambda *args: _send(*args, timeout=timeout),
+                            lambda r, n, why: _drop(recorder, r, n, clients, why), clients)
+    secure.setup(node_ids, min_valid)  # secure.mode tee: every client attests the aggregator before round 1
 
-    for rnd in range(1, fed.rounds + 1):
+    for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
+        if rnd > checkpoints.completed + 1:  # who is connected now (a restarted client rejoins)
+            node_ids = _connected_clients(grid, clients, retired, want=min_valid, need=min_valid, wait_s=wait_s,
+                                          timeout=timeout)
         exchange = protocol.exchanges and rnd % fed.agg_every == 0
         participants = list(node_ids)
+        needed = min_valid
         if exchange and choose is not None:
-            chosen = choose(rnd, list(node_ids))
+            chosen = choose(rnd, [clients[n] for n in node_ids])  # sampled by client id: the same in any runtime
             if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
                 reason = getattr(protocol, "stop_reason", lambda: "stopped by the protocol")()
                 log.warning("stopping before round %d: %s", rnd, reason)
                 recorder.event(event="stopped", round=rnd, reason=reason)
                 break
-            participants = [n for n in node_ids if n in set(chosen)]
-        needed = min(min_valid, len(participants))
+            participants = [n for n in node_ids if clients[n] in set(chosen)]
+            needed = min(min_valid, len(participants))
         rounds_run = rnd
         round_fields: dict[str, Any] = {}
         train_cfg = ConfigRecord({"round": rnd, "exchange": exchange})
-        replies = _send(grid, participants, TRAIN, rnd, lambda _n: RecordDict({"config": train_cfg}))
+        participants = secure.prepare_round(rnd, participants, exchange)  # secagg: keys and shares steps
+        replies = _send(grid, participants, TRAIN, rnd,
+                        lambda n: secure.train_content(n, rnd, exchange, RecordDict({"config": train_cfg})),
+                        timeout=timeout)
         rows: dict[int, dict[str, Any]] = {}
         payloads: dict[int, dict[str, torch.Tensor]] = {}
         for node, (reply, down) in replies.items():
@@ -138,7 +197,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             rows[node] = row
             if exchange:
                 try:
-                    payloads[node] = from_array_record(reply.content["payload"], what="payload")
+                    payloads[node] = secure.read_payload(node, rnd, reply, row)
                     if check_payload is not None:
                         check_payload(payloads[node])
                 except (KeyError, PayloadError) as exc:
@@ -149,15 +208,12 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             rows = {n: rows[n] for n in payloads}
             _require(len(rows), needed, rnd, "train")
             if rows:
-                aggregate, phases = protocol.aggregate(
-                    [payloads[n] for n in payloads], [rows[n]["num_examples"] for n in payloads]
-                )
+                aggregate, phases = secure.aggregate(protocol, rnd, payloads, rows)
                 server_phases.update(phases)
-                content = RecordDict({"config": ConfigRecord({"round": rnd}),
-                                      "aggregate": to_array_record(aggregate)})
                 # with client sampling, every other client (not sampled, or dropped) adopts the aggregate too
                 others = [n for n in node_ids if n not in rows] if choose is not None else []
-                applied = _send(grid, list(rows) + others, APPLY, rnd, lambda _n: content)
+                applied = _send(grid, list(rows) + others, APPLY, rnd, secure.apply_content(rnd, aggregate),
+                                timeout=timeout)
                 for node, (reply, down) in applied.items():
                     apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply")
                     if apply_row is None:
@@ -184,15 +240,22 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
             if exchange and choose is not None:
                 row["sampled"] = node in participants
             row.update(round_fields)
+            secure.finish_row(rnd, node, row)
             if protocol.name == "trustformer":
                 row["beta"] = fed.beta
             recorder.record(row)
         recorder.round_done(rnd)
+        checkpoints.round_done(rnd, clients)
 
+    node_ids = _connected_clients(grid, clients, retired, want=min_valid, need=min_valid, wait_s=wait_s,
+                                  timeout=timeout)
     final = _send(grid, node_ids, EVALUATE, rounds_run,
-                  lambda _n: RecordDict({"config": ConfigRecord({"round": rounds_run})}))
+                  lambda _n: RecordDict({"config": ConfigRecord({"round": rounds_run})}), timeout=timeout)
     per_client: dict[int, dict[str, Any]] = {}
     for node, (reply, _down) in final.items():
+        if reply is None:
+            _drop(recorder, rounds_run, node, clients, "no reply to evaluate")
+            continue
         if reply.has_error():
             _drop(recorder, rounds_run, node, clients, f"final evaluation failed: {reply.error.reason}")
             continue
@@ -212,6 +275,11 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
     summary_hook = getattr(protocol, "server_summary", None)
     if summary_hook is not None:
         extra.update(summary_hook())
+    extra["round_time_s"] = checkpoints.round_s  # wall time of each round
+    if checkpoints.resumed:
+        extra["resumed_after_rounds"] = checkpoints.resumed
+    if cfg.secure.mode != "none":
+        extra["secure"] = secure.summary()
     distances = {r["client"]: r["fedavg_distance"] for r in recorder.records if "fedavg_distance" in r}
     if distances:  # the last exchange's value per client (simulation-only diagnostic)
         extra["fedavg_distance"] = [distances.get(c) for c in order]
@@ -220,7 +288,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float = 120.0) ->
         strategy=protocol.name,
         preset=cfg.preset,
         rounds=rounds_run,
-        clients=len(node_ids),
+        clients=expected,
         seed=cfg.seed,
         config=cfg.to_dict(),
         client_ids=order,
@@ -256,14 +324,16 @@ def _under(out: str, path: str) -> str:
         return path
 
 
-def _send(grid: Grid, node_ids, message_type: str, rnd: int, make_content) -> dict[int, tuple[Message, int]]:
-    """Send one message per node; return each node's reply with the bytes sent down to it."""
+def _send(grid: Grid, node_ids, message_type: str, rnd: int, make_content, *,
+          timeout: float | None = None) -> dict[int, tuple[Message | None, int]]:
+    """Send one message per node; return each node's reply (None: none within ``timeout`` seconds)
+    with the bytes sent down to it."""
     messages, down = [], {}
     for node in node_ids:
         content = make_content(node)
         down[node] = payload_bytes(content)
-        messages.append(Message(content, node, message_type, group_id=str(rnd)))
-    replies = {m.metadata.src_node_id: m for m in grid.send_and_receive(messages)}
+        messages.append(Message(content, node, message_type, group_id=str(rnd), ttl=_ttl(timeout)))
+    replies = _exchange(grid, messages, timeout)
     out = {}
     for node in node_ids:
         if node in replies:
@@ -321,15 +391,75 @@ def _require(valid: int, needed: int, rnd: int, step: str) -> None:
         )
 
 
-def _wait_for_nodes(grid: Grid, n: int, timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
+POLL_S = 0.5  # seconds between two pulls of the replies still awaited
+TTL_MARGIN_S = 10.0  # a message outlives the wait for its reply by this much (the SuperLink then drops it)
+
+
+def _ttl(timeout: float | None) -> float | None:
+    """Message lifetime for a wait of ``timeout`` seconds (None: Flower's default)."""
+    return None if timeout is None else timeout + TTL_MARGIN_S
+
+
+def _exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict[int, Message]:
+    """Push the messages, then pull their replies until all came or ``timeout`` seconds passed."""
+    if not messages:
+        return {}
+    ids = list(grid.push_messages(messages))
+    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
+    pending = set(node_of)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: dict[int, Message] = {}
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            mid = reply.metadata.reply_to_message_id
+            if mid in pending:
+                pending.discard(mid)
+                replies[node_of[mid]] = reply
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(POLL_S)
+    return replies
+
+
+def _identify(grid: Grid, nodes: list[int], clients: dict[int, int], retired: set[int],
+              timeout: float | None) -> list[int]:
+    """Ask the nodes not met yet which client they are (a ``query``); return the nodes of known
+    clients in client order. A client answering from a new node id retires its old one."""
+    unknown = [n for n in nodes if n not in clients and n not in retired]
+    replies = _exchange(grid, [Message(RecordDict({"config": ConfigRecord({"round": 0})}), n, QUERY,
+                                       group_id="identify", ttl=_ttl(timeout)) for n in unknown], timeout)
+    for node in unknown:
+        reply = replies.get(node)
+        if reply is None or reply.has_error():
+            log.warning("node %d did not say which client it is (%s); left out for now", node,
+                        "no reply" if reply is None else reply.error.reason)
+            continue
+        client = int(reply.content["metrics"]["client"])
+        for old in [n for n, c in clients.items() if c == client]:
+            del clients[old]
+            retired.add(old)
+            log.info("client %d reconnected as node %d (was node %d)", client, node, old)
+        clients[node] = client
+    return sorted((n for n in nodes if n in clients), key=lambda n: clients[n])
+
+
+def _connected_clients(grid: Grid, clients: dict[int, int], retired: set[int], *, want: int, need: int,
+                       wait_s: float, timeout: float | None) -> list[int]:
+    """The connected clients' node ids in client order: waits up to ``wait_s`` seconds for ``want``
+    of them; fewer than ``need`` after that is a FederationError."""
+    deadline = time.monotonic() + wait_s
     while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= n:
-            return nodes[:n]
+        nodes = _identify(grid, sorted(grid.get_node_ids()), clients, retired, timeout)
+        if len(nodes) >= want:
+            return nodes
         if time.monotonic() > deadline:
-            raise FederationError(f"only {len(nodes)} of {n} client node(s) connected within {timeout_s:.0f} s")
-        time.sleep(0.5)
+            if len(nodes) >= need:
+                return nodes
+            raise FederationError(
+                f"only {len(nodes)} of {want} client node(s) connected within {wait_s:.0f} s "
+                f"(federation.node_wait_s); at least {need} required (federation.min_clients)"
+            )
+        time.sleep(POLL_S)
 
 
 def _version() -> str:
@@ -356,6 +486,18 @@ class ClientEnv:
     store: MemoryStore | DiskStore
     train_encoded: list[tuple[list[int], list[int]]]
     diagnostics: bool = False  # simulation only: report fedavg_distance (needs every client's weights)
+    load_s: float = 0.0  # seconds this message spent building the client's data (every message, deployed)
+    startup_s: float = 0.0  # deployed: seconds from the start of this message's ClientApp process to here
+    created: float = 0.0  # perf_counter when this view was built
+
+    def timings(self, msg: Message) -> dict[str, float]:
+        """The per-message overheads a reply reports: ``load_s``; from a ClientApp process of its own also
+        ``startup_s`` and ``deliver_s`` (from the message's creation on the server to this process's start)."""
+        if not self.startup_s:
+            return {"load_s": self.load_s}
+        started_at = time.time() - (time.perf_counter() - self.created) - self.startup_s
+        return {"load_s": self.load_s, "startup_s": self.startup_s,
+                "deliver_s": max(0.0, started_at - msg.metadata.created_at)}
 
     @property
     def key(self) -> str:
@@ -374,17 +516,43 @@ def release_memory_store(run_id: int) -> None:
     _memory_stores.pop(run_id, None)
 
 
-def client_env(context: Context) -> ClientEnv:
-    cfg = config_from_context(context)
-    node_cfg = context.node_config
-    if "partition-id" not in node_cfg:
+def client_id(context: Context) -> int:
+    """The client (data partition) this node is, from its node config's ``partition-id``."""
+    if "partition-id" not in context.node_config:
         raise FederationError("node_config has no 'partition-id' (which data shard this client owns)")
-    client = int(node_cfg["partition-id"])
+    return int(context.node_config["partition-id"])
+
+
+def client_env(context: Context) -> ClientEnv:
+    """The client's view of the run. Node config: ``partition-id``; optional ``state-dir`` (state on
+    disk, under ``<state-dir>/<run key>/``), ``train-file`` (a TSV of the client's own training pairs
+    instead of its shard of the configured corpus), ``output-dir`` (translations), ``diagnostics``
+    (simulation only)."""
+    started = time.perf_counter()
+    cfg = config_from_context(context)
+    process_setup(cfg)
+    node_cfg = context.node_config
+    client = client_id(context)
     state_dir = node_cfg.get("state-dir")
-    store = DiskStore(str(state_dir)) if state_dir else memory_store(context.run_id)
-    workload, encoded = _client_data(cfg.to_json(), client)
+    store = DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
+    workload, encoded = _client_data(cfg.to_json(), client, str(node_cfg.get("train-file", "")))
     return ClientEnv(cfg=cfg, client=client, workload=workload, protocol=get_protocol(cfg), store=store,
-                     train_encoded=encoded, diagnostics=bool(node_cfg.get("diagnostics", False)))
+                     train_encoded=encoded, diagnostics=bool(node_cfg.get("diagnostics", False)),
+                     load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
+
+
+def _process_age_s(now: float) -> float:
+    """Seconds since this process started, at ``now`` (perf_counter), in a process Flower started for
+    one message; 0 elsewhere (or where /proc is missing)."""
+    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES:
+        return 0.0
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    age_now = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    return max(0.0, age_now - (time.perf_counter() - now))
 
 
 @lru_cache(maxsize=4)
@@ -394,21 +562,52 @@ def _initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
 
 
 @lru_cache(maxsize=16)
-def _client_data(cfg_json: str, client: int):
+def _client_data(cfg_json: str, client: int, train_file: str = ""):
+    """The shared workload and the client's encoded training pairs: its shard, or the pairs of its
+    own ``train_file`` (at most ``data.max_words`` words per side, like the corpus split)."""
     cfg = RunConfig.from_json(cfg_json)
     workload = load_workload(cfg)
-    return workload, encode_pairs(workload.shard(client), workload.tokenizer, max_len=cfg.model.max_len)
+    if not train_file:
+        return workload, encode_pairs(workload.shard(client), workload.tokenizer, max_len=cfg.model.max_len)
+    try:
+        pairs = load_tsv(train_file)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"client {client}: train-file {train_file}: {exc}") from exc
+    limit = cfg.data.max_words
+    pairs = [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
+    if not pairs:
+        raise DataError(f"client {client}: train-file {train_file} has no pair of at most {limit} words per side")
+    return workload, encode_pairs(pairs, workload.tokenizer, max_len=cfg.model.max_len)
 
 
-def open_session(env: ClientEnv, rnd: int) -> tuple[ClientSession, torch.optim.Optimizer]:
-    """Rebuild the client's model, optimizer and protocol state (round 1: the shared initial model)."""
+class SavedOptimizerState:
+    """An optimizer's saved state, passed through unchanged by a message that does not train (building
+    a torch optimizer imports torch._dynamo: about 1.7 s in every fresh ClientApp process)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool = True
+                 ) -> tuple[ClientSession, torch.optim.Optimizer | SavedOptimizerState]:
+    """Rebuild the client's model, optimizer and protocol state as saved at or before the point ``upto``
+    (round, TRAINED | ROUND_END) of the round loop; none saved yet: the shared initial model.
+    ``train=False``: the optimizer's saved state is kept as it is, without building an optimizer."""
     model = initial_model(env.cfg, env.workload)
-    optimizer = new_optimizer(env.cfg, model)
-    state = env.store.load(env.key)
+    state = env.store.load(env.key, upto=upto)
+    optimizer: torch.optim.Optimizer | SavedOptimizerState
+    if train or state is None:
+        optimizer = new_optimizer(env.cfg, model)
+    else:
+        optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
     if state is not None:
         model.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizer.load_state_dict(state.optimizer)
         protocol_state = dict(state.protocol)
     session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
                             num_examples=len(env.train_encoded),
@@ -417,9 +616,12 @@ def open_session(env: ClientEnv, rnd: int) -> tuple[ClientSession, torch.optim.O
     return session, optimizer
 
 
-def save_session(env: ClientEnv, session: ClientSession, optimizer: torch.optim.Optimizer) -> None:
+def save_session(env: ClientEnv, session: ClientSession, optimizer: torch.optim.Optimizer | SavedOptimizerState,
+                 at: int) -> None:
+    """Save the client's state as snapshot (session.round, ``at``): TRAINED or ROUND_END."""
     env.store.save(env.key, ClientState(model=session.model.state_dict(), optimizer=optimizer.state_dict(),
-                                        protocol=session.protocol_state, rounds_done=session.round))
+                                        protocol=session.protocol_state, rounds_done=session.round),
+                   at=(session.round, at))
 
 
 def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, Any]) -> None:
@@ -434,8 +636,10 @@ def client_train(msg: Message, context: Context) -> Message:
     env = client_env(context)
     config = msg.content["config"]
     rnd, exchange = int(config["round"]), bool(config["exchange"])
-    session, optimizer = open_session(env, rnd)
-    metrics: dict[str, Any] = {"client": env.client, "num_examples": session.num_examples}
+    secure = ClientExchange(env, context)
+    secure.require_session()  # secure.mode tee: nothing is trained or sent without an attested aggregator
+    session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
+    metrics: dict[str, Any] = {"client": env.client, "num_examples": session.num_examples, **env.timings(msg)}
     make_step = getattr(env.protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
     metrics.update(train_local(env.cfg, session.model, optimizer, env.train_encoded,
                                seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
@@ -447,10 +651,10 @@ def client_train(msg: Message, context: Context) -> Message:
                                            session.num_examples)
         payload, phases = env.protocol.client_payload(session)
         metrics.update(phases)
-        content["payload"] = to_array_record(payload)
+        secure.put_payload(content, msg, rnd, payload, session.num_examples, metrics)
     else:
         _evaluate_into(env, session, metrics)
-    save_session(env, session, optimizer)
+    save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
     log.info("client %s · round %d · %d steps in %.1f s · train loss %.3f", env.client, rnd,
              metrics["steps"], metrics["train_s"], metrics["train_loss"])
     content["metrics"] = MetricRecord(metrics)
@@ -462,17 +666,36 @@ def client_apply(msg: Message, context: Context) -> Message:
     """Apply the server's aggregate (validated against what this client sent), then evaluate."""
     env = client_env(context)
     rnd = int(msg.content["config"]["round"])
-    session, optimizer = open_session(env, rnd)
+    session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     expected = env.protocol.payload_spec(session)
-    aggregate = from_array_record(msg.content["aggregate"], expected, what="aggregate from the server")
-    metrics: dict[str, Any] = {"client": env.client}
+    metrics: dict[str, Any] = {"client": env.client, **env.timings(msg)}
+    aggregate = ClientExchange(env, context).read_aggregate(msg, rnd, expected, metrics)
     metrics.update(env.protocol.client_apply(session, aggregate))
     if env.diagnostics:
         metrics["fedavg_distance"] = diagnostics.fedavg_distance(context.run_id, rnd,
                                                                  trainable_tensors(session.model))
     _evaluate_into(env, session, metrics)
-    save_session(env, session, optimizer)
+    save_session(env, session, optimizer, ROUND_END)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+@client_app.query()
+def client_query(msg: Message, context: Context) -> Message:
+    """Which client this node is (its ``partition-id``): the server maps node ids to clients with it."""
+    return Message(RecordDict({"metrics": MetricRecord({"client": client_id(context)})}), reply_to=msg)
+
+
+@client_app.query("attest")
+def client_attest(msg: Message, context: Context) -> Message:
+    """secure.mode tee: the client's side of the aggregator's attestation (before round 1)."""
+    return ClientExchange(client_env(context), context).attest(msg)
+
+
+@client_app.query("secagg")
+def client_secagg(msg: Message, context: Context) -> Message:
+    """secure.mode secagg: one secure-aggregation step (keys, shares, unmask) of an exchange round."""
+    env = client_env(context)
+    return ClientExchange(env, context).secagg_step(msg, lambda: _initial_tensors(env.cfg.to_json()))
 
 
 @client_app.evaluate()
@@ -487,7 +710,7 @@ def client_evaluate(msg: Message, context: Context) -> Message:
     """
     env = client_env(context)
     rnd = int(msg.content["config"]["round"])
-    session, _optimizer = open_session(env, rnd)
+    session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
     scores, triples = translation_scores(env.cfg, session.model, env.workload)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from .config import PRESETS, STRATEGIES, ConfigError, RunConfig, load_config, parse_override
+from .config import PRESETS, SECURE_MODES, STRATEGIES, ConfigError, RunConfig, load_config, parse_override
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +20,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     )
     _add_config_options(p)
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run checkpointed in DIR after its last completed round (needs "
+                        "runtime.store = disk; the run's own configuration is used)")
     p.set_defaults(func=_cmd_run)
 
 
@@ -34,6 +37,9 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
     p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
     p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
+    p.add_argument("--secure", choices=SECURE_MODES, metavar="MODE",
+                   help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
+                        "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)")
 
@@ -45,6 +51,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "federation.clients": args.clients,
         "federation.beta": args.beta,
         "federation.agg_every": args.agg_every,
+        "secure.mode": getattr(args, "secure", None),
         "seed": args.seed,
         "out": args.out,
     }
@@ -63,7 +70,13 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = resolve_config(args)
+    from .deploy.cli import run_config
+
+    cfg = run_config(args, resolve_config)  # --resume DIR: the checkpointed run's configuration
+    if cfg.runtime.resume and cfg.runtime.store != "disk":
+        raise ConfigError(f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
+                          "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
+                          "--set runtime.store=disk")
     _setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     from .evaluation.checks import check_metrics
     from .runtime.inprocess import run_in_process
@@ -232,13 +245,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .data.corpus import CorpusUnavailableError
     from .data.tokenizer import TokenizerUnavailableError
     from .wire import PayloadError
+    from .secure.attestation import AttestationError
     from .evaluation.bertscore import BERTScoreUnavailableError
     from .evaluation.meteor import WordNetUnavailableError
     from .report import ReportError
     from .workload import DataError
+    from .deploy.certs import CredentialsError
+    from .deploy.launch import DeployError
+    from .runtime.checkpoint import CheckpointError
 
-    return (CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
-            FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError)
+    return (CheckpointError, CredentialsError, DeployError,
+            CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
+            FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError,
+            AttestationError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)
     _report_parser(sub)
+    from .deploy.cli import add_deploy_parser
+
+    add_deploy_parser(sub, _add_config_options, resolve_config, _setup_logging)
+    from .secure.cli import add_attest_parser
+
+    add_attest_parser(sub, _add_config_options, resolve_config)
     return parser
 
 

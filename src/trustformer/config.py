@@ -104,7 +104,13 @@ class FederationConfig:
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
     beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, rows)
     weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
+    # trustformer cluster memberships: "shared" = k-means once on the identical initial model, so
+    # cluster j is the same rows on every client; "local" = k-means of each client's own weights at
+    # every exchange, as the paper's Algorithm 2 (protocols/trustformer.py: the measured trade-off)
+    memberships: str = "shared"
     min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
+    round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
+    node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
     kmeans_max_iter: int = 50
     kmeans_tol: float = 1e-4
 
@@ -115,7 +121,10 @@ class FederationConfig:
         _at_least("federation.agg_every", self.agg_every, 1)
         _in_range("federation.beta", self.beta, 0.0, 1.0, lo_open=True)
         _choice("federation.weighting", self.weighting, ("uniform", "data_size"))
+        _choice("federation.memberships", self.memberships, ("local", "shared"))
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
+        _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
+        _positive("federation.node_wait_s", self.node_wait_s)
         _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
         _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
 
@@ -179,10 +188,54 @@ class RuntimeConfig:
     threads: int = 0  # torch threads; 0 = all cores
     store: str = "memory"  # client state store: memory | disk (under <out>/client-state)
     progress: bool = True
+    checkpoint: bool = True  # write <out>/checkpoint.json after every completed round
+    resume: bool = False  # continue the run checkpointed in <out> (the CLI's --resume DIR sets it)
 
     def validate(self) -> None:
         _at_least("runtime.threads", self.threads, 0)
         _choice("runtime.store", self.store, ("memory", "disk"))
+
+
+SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
+SECAGG_STRATEGIES = ("fedavg", "trustformer")  # aggregates that are a (weighted) mean of the payloads
+
+
+@dataclass(frozen=True)
+class SecureConfig:
+    """Secure exchange (README "Secure exchange"): ``tee`` = attested aggregator and sealed payloads
+    (a software emulation of a TEE), ``secagg`` = pairwise-masked secure aggregation, or both."""
+
+    mode: str = "none"  # none | tee | secagg | tee+secagg
+    expected_measurement: str = ""  # tee: aggregator measurement clients require (hex); "" = computed by each client
+    signing_key: str = ""  # tee, aggregator: PEM file of its Ed25519 attestation key; "" = generated per in-process run
+    trusted_key: str = ""  # tee, clients: PEM/hex file of the aggregator's attestation public key; "" = from the runtime
+    quote_validity_s: float = 300.0  # tee: seconds a quote is accepted after it is issued
+    secagg_threshold: int = 0  # secagg: shares needed to unmask; 0 = floor(clients / 2) + 1 (at least 2)
+    secagg_scale_bits: int = 24  # secagg: fixed-point fraction bits (error of a uniform mean <= 2^-(bits+1))
+
+    def validate(self) -> None:
+        _choice("secure.mode", self.mode, SECURE_MODES)
+        if self.expected_measurement and (
+            len(self.expected_measurement) != 64 or set(self.expected_measurement) - set("0123456789abcdef")
+        ):
+            raise ConfigError(f"secure.expected_measurement = {self.expected_measurement!r} must be 64 lower-case hex "
+                              "digits (as printed by `trustformer attest`), or empty")
+        _positive("secure.quote_validity_s", self.quote_validity_s)
+        _at_least("secure.secagg_threshold", self.secagg_threshold, 0)
+        _in_range("secure.secagg_scale_bits", self.secagg_scale_bits, 1, 48)
+
+    def check_federation(self, fed: "FederationConfig") -> None:
+        """Secure aggregation needs a mean-of-payloads protocol, two clients and a threshold they can meet."""
+        if self.mode not in ("secagg", "tee+secagg"):
+            return
+        if fed.strategy not in SECAGG_STRATEGIES:
+            raise ConfigError(f"secure.mode = {self.mode!r} does not support federation.strategy = {fed.strategy!r}: "
+                              f"secure aggregation needs an aggregate that is a mean of the payloads "
+                              f"({', '.join(SECAGG_STRATEGIES)})")
+        if fed.clients < 2:
+            raise ConfigError(f"secure.mode = {self.mode!r} needs federation.clients >= 2, got {fed.clients}")
+        if self.secagg_threshold:
+            _in_range("secure.secagg_threshold", self.secagg_threshold, 2, fed.clients)
 
 
 @dataclass(frozen=True)
@@ -197,12 +250,15 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    secure: SecureConfig = field(default_factory=SecureConfig)
 
     def validate(self) -> "RunConfig":
         _choice("preset", self.preset, tuple(PRESETS))
         _at_least("seed", self.seed, 0)
         for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy):
             section.validate()
+        self.secure.validate()
+        self.secure.check_federation(self.federation)
         return self
 
     def to_dict(self) -> dict[str, Any]:

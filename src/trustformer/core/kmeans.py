@@ -356,6 +356,9 @@ def _row_sq_total(x: torch.Tensor, rows: int) -> tuple[float, float]:
 def _inertia(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, rows: int) -> float:
     """Σ_i ‖x_i − c_{label_i}‖², directly in row chunks (no cancellation); row sums in x's dtype,
     their total in float64."""
+    if x.shape[0] <= rows:
+        d = x - c.index_select(0, labels)
+        return float(d.square_().sum(1).sum(dtype=torch.float64))
     total = 0.0
     for i0 in range(0, x.shape[0], rows):
         d = x[i0 : i0 + rows] - c[labels[i0 : i0 + rows]]
@@ -388,8 +391,17 @@ def _lloyd(
     history: list[float] = []
     converged = False
     it = 0
+    k = fallback.shape[0]
+    # small problems (one distance block, one tile): the E-step inline in a reused buffer, no pool —
+    # the per-iteration dispatch overhead dominates there
+    small = r * k * x.element_size() <= _block_bytes(x.device, block_bytes) and k <= UNTILED_MAX_K
+    buf = torch.empty(r, k, dtype=x.dtype, device=x.device) if small else None
     for it in range(1, max_iter + 1):
-        labels, partial = lloyd_assign(x, c, block_bytes=block_bytes, workers=workers)
+        if buf is not None:
+            torch.addmm((c * c).sum(1), x, c.T, beta=1, alpha=-2, out=buf)
+            partial, labels = buf.min(1)
+        else:
+            labels, partial = lloyd_assign(x, c, block_bytes=block_bytes, workers=workers)
         history.append(sq_total + float(partial.sum(dtype=torch.float64)))
         new = lloyd_update(x, labels, fallback)
         shift = float(torch.linalg.vector_norm(new - c, dtype=torch.float64)) ** 2

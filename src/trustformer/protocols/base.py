@@ -76,6 +76,9 @@ class FederatedProtocol(Protocol):
 #       after every exchange round: fields added to every client's line of that round.
 #   server_summary() -> dict
 #       extra top-level fields of summary.json (e.g. ``privacy``).
+#   server_state() -> dict  /  load_server_state(dict) -> None
+#       the server-side state a resumed run needs (JSON values; e.g. the privacy accountant), saved
+#       in the round checkpoint after every round and loaded, after server_begin, on resume.
 
 LocalStep = Callable[[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
 """One local training step on a batch ``(model, optimizer, src, tgt)``: updates the model and returns

@@ -160,5 +160,18 @@ class DPFedAvg:
         assert self.ledger is not None
         return {"privacy": self.ledger.summary()}
 
+    def server_state(self) -> dict[str, object]:
+        """What a resumed server needs: the accountant's releases, ε after each, the population N."""
+        assert self.ledger is not None, "server_begin was not called"
+        return {"releases": self.ledger.releases, "population": self.population,
+                "epsilons": [e if math.isfinite(e) else None for e in self.ledger.epsilons]}
+
+    def load_server_state(self, state: dict[str, object]) -> None:
+        """Restore :meth:`server_state` (after ``server_begin``, which fixes σ from the configuration)."""
+        assert self.ledger is not None, "server_begin was not called"
+        self.ledger.releases = int(state["releases"])  # type: ignore[arg-type]
+        self.ledger.epsilons = [math.inf if e is None else float(e) for e in state["epsilons"]]  # type: ignore[union-attr]
+        self.population = int(state["population"])  # type: ignore[arg-type]
+
 
 __all__ = ["DPFedAvg", "GLOBAL"]

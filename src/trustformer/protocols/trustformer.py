@@ -1,22 +1,53 @@
 """Trustformer (paper Algorithms 1–5): clients exchange per-layer centroids, never weights.
 
 Client, after local training (Algorithm 2): for every trainable tensor, view it as an r×f matrix
-(:func:`~trustformer.core.centroids.layer_matrix`), k = clamp(floor(r·β), 1, r) clusters, k-means
-over the rows; send the k×f centroids, keep the memberships. Server (Algorithm 3): element-wise mean
-of centroid j of layer l over the round's clients (uniform as in Eq. 2, or data-size weighted).
-Client (Algorithms 4–5): ``W[i] += G[c(i)] − L[c(i)]``.
+(:func:`~trustformer.core.centroids.layer_matrix`), k = clamp(floor(r·β), 1, r) clusters of its rows;
+send the k×f centroids, keep the memberships. Server (Algorithm 3): element-wise mean of centroid j
+of layer l over the round's clients (uniform as in Eq. 2, or data-size weighted).
+Client (Algorithms 4–5): ``W[i] += G[c(i)] − L[c(i)]``. With β = 1 every row is its own cluster and
+the protocol is exactly FedAvg.
 
 Cluster correspondence: averaging centroid j across clients is only meaningful if cluster j is the
-same region on every client. The first exchange starts every client's k-means from the same rows of
-the identical initial model (the same row indices, chosen from the run seed); later exchanges start
-from the previous global centroids, which every client holds. Empty clusters keep their starting
-centroid. With β = 1 every row is its own cluster and the protocol is exactly FedAvg.
+same rows on every client. Two ways to get it (``federation.memberships``):
 
-Measured alternative, not used: starting cluster j from the mean, now, of the rows that were in
-cluster j at the last exchange (``init_labels`` of the k-means engine) needs fewer k-means iterations
-and reaches lower inertia, but on the ``small`` preset at β = 0.1 it moved the clients *away* from
-FedAvg (fedavg_distance after round 4: 0.158 against 0.109) and raised the test loss (5.46 against
-5.22): each client's clusters then follow its own drift rather than the shared global centroids.
+- ``"shared"`` (default): k-means runs once, on the identical initial model, from the same seeded
+  rows on every client, so every client holds the same memberships; each exchange sends the means of
+  the client's current rows over those clusters. Algorithm 5 is then a projection onto the consensus:
+  ``W_i − W̄`` loses its cluster-mean component, so no client ever moves away from the FedAvg model
+  (``tests/test_trustformer.py`` checks it), and at β = 0.5 the clusters are pairs of rows whose mean
+  is averaged exactly.
+- ``"local"``: the paper's Algorithm 2 as written — k-means of each client's own weights at every
+  exchange, the first from the same seeded rows of the initial model, later ones warm-started from
+  the previous global centroids (which every client holds); empty clusters keep their start. The
+  clusters then follow each client's own drift, so centroid j covers different rows on different
+  clients and the shift ``G[c] − L[c]`` is partly noise.
+
+Measured on the ``small`` preset (3 clients, 6 rounds, seed 0; FedAvg's final test loss 5.018 on every
+client, no exchange ("local" strategy) 5.034 / 5.044 / 5.020):
+
+=====  ==========================  ===============  ==========================  ===============
+β      shared: final test loss     fedavg_distance  local: final test loss      fedavg_distance
+=====  ==========================  ===============  ==========================  ===============
+0.1    5.035 / 5.043 / 5.019       0.134            5.170 / 5.102 / 5.076       0.137
+0.5    5.025 / 5.025 / 5.022       0.079            5.109 / 5.069 / 5.065       0.117
+0.9    5.018 / 5.020 / 5.018       0.032            5.043 / 5.040 / 5.045       0.112
+=====  ==========================  ===============  ==========================  ===============
+
+"local" memberships made the test loss *worse* than not exchanging at all at β ≤ 0.5, and on
+synthetic drift (random rows plus independent per-client noise) they moved clients *away* from the
+FedAvg model at β ≤ 0.5; shared memberships track FedAvg and cost no k-means after the first
+exchange (``cluster_s`` 0.1–0.3 % of the training time instead of 1–6 %).
+
+What the server can learn: in both modes it receives centroids only. With shared memberships it could
+recompute the memberships (they follow from the public initial model and the seed), so it learns the
+mean of known groups of ⌈1/β⌉ rows; with local memberships the rows behind centroid j are not given,
+but the warm start ties centroid j to the region of initial row j, which the server also knows, so
+that secrecy is weak too. Hiding each client's centroids from the server is the job of the secure
+exchange (``--secure tee`` / ``secagg``), which works with either mode.
+
+Also measured, not used: starting local k-means from the mean, now, of the rows that were in cluster
+j at the last exchange (``init_labels`` of the k-means engine) gave lower inertia but moved clients
+further from FedAvg (fedavg_distance after round 4 at β = 0.1: 0.158 against 0.109).
 """
 
 from __future__ import annotations
@@ -29,12 +60,12 @@ import torch
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
 from ..core.centroids import estimate_global_weights, layer_matrix, num_clusters
-from ..core.kmeans import choose_initial_rows, cluster_layers
+from ..core.kmeans import choose_initial_rows, cluster_layers, lloyd_update
 from ..wire import TensorSpec, spec_of
 from ..workload import derive_seed
 from .base import ClientSession, Tensors
 
-LABELS, LOCAL, GLOBAL = "labels/", "local/", "global/"
+LABELS, LOCAL, GLOBAL, INITIAL = "labels/", "local/", "global/", "initial/"
 
 
 class Trustformer:
@@ -45,6 +76,7 @@ class Trustformer:
         self.cfg = cfg
         self.beta = cfg.federation.beta
         self.weighting = cfg.federation.weighting
+        self.memberships = cfg.federation.memberships
 
     def initial_centroids(self, session: ClientSession, name: str, matrix: torch.Tensor) -> torch.Tensor:
         """Where layer ``name``'s k-means starts: the previous global centroids, else the same rows of
@@ -60,6 +92,8 @@ class Trustformer:
     def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
         """Algorithm 2: cluster every trainable tensor; send centroids, keep memberships."""
         matrices = {n: layer_matrix(p.detach()) for n, p in session.model.named_parameters() if p.requires_grad}
+        if self.memberships == "shared":
+            return self._shared_payload(session, matrices)
         inits = {n: self.initial_centroids(session, n, m) for n, m in matrices.items()}
         started = time.perf_counter()
         results = cluster_layers(
@@ -74,6 +108,29 @@ class Trustformer:
             payload[name] = result.centroids
         iterations = [r.iterations for r in results.values()]
         return payload, {"cluster_s": cluster_s, "kmeans_iterations": sum(iterations) / max(len(iterations), 1)}
+
+    def _shared_payload(self, session: ClientSession, matrices: dict[str, torch.Tensor]) -> tuple[Tensors, dict[str, float]]:
+        """``memberships = "shared"``: cluster j is the same rows on every client — the k-means
+        memberships of the identical initial model (computed once, the same on every client); each
+        exchange sends the means of the client's current rows over those fixed clusters."""
+        started = time.perf_counter()
+        if not any(n.startswith(LABELS) for n in session.protocol_state):
+            initial = {n: layer_matrix(t) for n, t in session.initial_tensors().items() if n in matrices}
+            inits = {n: self.initial_centroids(session, n, m) for n, m in initial.items()}
+            for name, result in cluster_layers(
+                initial, inits, max_iter=self.cfg.federation.kmeans_max_iter, tol=self.cfg.federation.kmeans_tol,
+                seed=derive_seed(self.cfg.seed, "kmeans-shared"),
+            ).items():
+                session.protocol_state[LABELS + name] = result.labels
+                session.protocol_state[INITIAL + name] = result.centroids
+        payload: Tensors = {}
+        for name, x in matrices.items():
+            state = session.protocol_state
+            fallback = state.get(GLOBAL + name, state[INITIAL + name]).to(x.dtype)
+            centroids = lloyd_update(x, state[LABELS + name], fallback)
+            state[LOCAL + name] = centroids
+            payload[name] = centroids
+        return payload, {"cluster_s": time.perf_counter() - started, "kmeans_iterations": 0.0}
 
     def payload_spec(self, session: ClientSession) -> TensorSpec:
         return spec_of({n[len(LOCAL):]: t for n, t in session.protocol_state.items() if n.startswith(LOCAL)})

@@ -128,7 +128,11 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     load_workload(cfg)  # data problems surface here, before any client starts
     run_id = int(time.time_ns() % (1 << 62))
     run_config = {apps.CONFIG_KEY: cfg.to_json()}
-    grid = InProcessGrid(client_app, node_configs(cfg), run_config, run_id=run_id)
+    from ..secure import exchange as secure
+
+    nodes = node_configs(cfg)
+    secure.provision_in_process(cfg, run_id, nodes)  # secure.mode tee: the attestation key pair, out of band
+    grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id)
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:
@@ -139,6 +143,7 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
         apps.release_memory_store(run_id)
         diagnostics.clear(run_id)
+        secure.release_in_process(run_id)
     import json
 
     return json.loads((Path(cfg.out) / "summary.json").read_text(encoding="utf-8"))

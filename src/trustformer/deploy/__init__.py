@@ -1,0 +1,1 @@
+"""Multi-process deployment on Flower's own runtime: credentials, the Flower App, SuperLink and SuperNode processes."""

@@ -1,0 +1,204 @@
+"""The server's round checkpoint, and resuming a stopped run from it.
+
+After every completed round the server replaces ``<out>/checkpoint.json`` (written to a temporary
+file, then renamed): the round number, the run's resolved configuration, every ``metrics.jsonl``
+line so far, the client → node map of that round, the server phase times, the protocol's server
+state (``server_state()`` of the protocols that keep one, e.g. the privacy accountant of the DP
+baselines) and the wall time of each round.
+
+Resuming (``runtime.resume = true``, the CLI's ``--resume DIR``) restores all of it: ``metrics.jsonl``
+is rewritten up to the end of the checkpointed round (lines of an interrupted round are dropped) and
+continues; the protocol's state is loaded with ``load_server_state``; the loop starts at the next
+round. Client state is not in the checkpoint: each client keeps its own on disk (``runtime.store``),
+with per-round snapshots that make a re-sent round compute the same thing again
+(``trustformer.runtime.store``). A resumed run therefore ends with the same result as an
+uninterrupted one with the same seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, RunConfig, build_config
+
+CHECKPOINT_FILE = "checkpoint.json"
+FORMAT = 1
+# settings that change how a run is carried out, not what it computes: a resumed run may differ in these
+OPERATIONAL = {"out", "runtime", "federation.round_timeout_s", "federation.node_wait_s"}
+
+
+class CheckpointError(RuntimeError):
+    """A run cannot be resumed: no checkpoint, an unreadable one, or one of another configuration."""
+
+
+@dataclass
+class Checkpoint:
+    """What the server keeps of a run after a completed round."""
+
+    round: int  # the last completed round
+    config: dict[str, Any]  # the run's resolved configuration
+    lines: list[dict[str, Any]]  # metrics.jsonl up to the end of that round, in order
+    clients: dict[str, int] = field(default_factory=dict)  # client id -> node id in that round
+    server_phases: dict[str, float] = field(default_factory=dict)
+    protocol: dict[str, Any] | None = None  # the protocol's server_state(), if it keeps one
+    elapsed_s: float = 0.0  # wall time of the run up to the end of that round
+    round_s: list[float] = field(default_factory=list)  # wall time of each completed round
+    resumed: list[int] = field(default_factory=list)  # rounds after which the run was resumed
+    format: int = FORMAT
+
+
+def run_key(cfg: RunConfig) -> str:
+    """Identifies a run across restarts: its configuration less the operational settings, and its
+    output folder. A client keeps its state under ``<state-dir>/<run key>/``, so a SuperNode that
+    serves several runs keeps them apart, and a resumed run finds its clients' state again."""
+    values = {k: v for k, v in _flat(cfg.to_dict()).items() if not _operational(k)}
+    values["out"] = os.path.normpath(os.path.abspath(cfg.out or "."))
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_FILE
+
+
+def write_checkpoint(run_dir: str | Path, checkpoint: Checkpoint) -> Path:
+    """Replace ``<run_dir>/checkpoint.json`` atomically."""
+    path = checkpoint_path(run_dir)
+    tmp = path.with_suffix(".json.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(asdict(checkpoint), fh, sort_keys=True, ensure_ascii=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_checkpoint(run_dir: str | Path) -> Checkpoint:
+    path = checkpoint_path(run_dir)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist: the run in {run_dir} completed no round "
+                              "(or was not started with runtime.checkpoint = true); start it again") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+    try:
+        return Checkpoint(**raw)
+    except TypeError as exc:
+        raise CheckpointError(f"{path}: unexpected fields ({exc})") from None
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _operational(key: str) -> bool:
+    return key in OPERATIONAL or key.split(".", 1)[0] in OPERATIONAL
+
+
+def check_same_run(checkpoint: Checkpoint, cfg: RunConfig) -> None:
+    """Raise ConfigError naming the first setting in which ``cfg`` differs from the checkpointed run."""
+    saved, now = _flat(checkpoint.config), _flat(cfg.to_dict())
+    for key in sorted(set(saved) | set(now)):
+        if _operational(key):
+            continue
+        if saved.get(key) != now.get(key):
+            raise ConfigError(f"cannot resume: {key} = {now.get(key)!r} differs from the checkpointed run's "
+                              f"{saved.get(key)!r} (resume with the run's own configuration: --resume DIR alone)")
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The configuration of the run checkpointed in ``run_dir``, set to resume there.
+
+    ``overrides`` (dotted keys) may change only operational settings (``runtime.*``, timeouts).
+    """
+    checkpoint = read_checkpoint(run_dir)
+    values = json.loads(json.dumps(checkpoint.config))
+    values["out"] = str(Path(run_dir))
+    for dotted, value in (overrides or {}).items():
+        if not _operational(dotted):
+            raise ConfigError(f"cannot resume with {dotted} changed: a resumed run keeps the run's configuration "
+                              "(only runtime.* and federation timeouts may change)")
+        target = values
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    values.setdefault("runtime", {})["resume"] = True
+    return build_config(values)
+
+
+class Checkpointer:
+    """The server loop's side of checkpoints: restores a resumed run, writes one after every round."""
+
+    def __init__(self, cfg: RunConfig, recorder: Any, protocol: Any) -> None:
+        self.cfg = cfg
+        self.recorder = recorder
+        self.protocol = protocol
+        self.enabled = cfg.runtime.checkpoint
+        self.completed = 0
+        self.server_phases: Counter[str] = Counter()
+        self.round_s: list[float] = []
+        self.resumed: list[int] = []
+        if cfg.runtime.resume:
+            self._restore(read_checkpoint(cfg.out))
+        self._round_started = time.perf_counter()
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        check_same_run(checkpoint, self.cfg)
+        rec = self.recorder
+        with rec.metrics_path.open("w", encoding="utf-8") as fh:
+            for line in checkpoint.lines:
+                fh.write(json.dumps(line, sort_keys=True, ensure_ascii=False) + "\n")
+        rec.records = [line for line in checkpoint.lines if "event" not in line]
+        rec.events = [line for line in checkpoint.lines if "event" in line]
+        rec.started = time.perf_counter() - checkpoint.elapsed_s
+        rec._round_started = time.perf_counter()
+        self.completed = checkpoint.round
+        self.server_phases.update(checkpoint.server_phases)
+        self.round_s = list(checkpoint.round_s)
+        self.resumed = [*checkpoint.resumed, checkpoint.round]
+        load = getattr(self.protocol, "load_server_state", None)
+        if checkpoint.protocol is not None:
+            if load is None:
+                raise CheckpointError(f"the checkpoint holds server state of {self.protocol.name}, "
+                                      "which cannot load it")
+            load(checkpoint.protocol)
+        rec.event(event="resumed", round=checkpoint.round,
+                  reason=f"resumed after round {checkpoint.round} from {CHECKPOINT_FILE}")
+
+    def round_done(self, rnd: int, clients: dict[int, int]) -> None:
+        """After round ``rnd`` completed: write the checkpoint (when ``runtime.checkpoint`` is on)."""
+        now = time.perf_counter()
+        self.round_s.append(round(now - self._round_started, 4))
+        self._round_started = now
+        self.completed = rnd
+        if not self.enabled:
+            return
+        state = getattr(self.protocol, "server_state", None)
+        lines = [json.loads(line) for line in
+                 self.recorder.metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        write_checkpoint(self.cfg.out, Checkpoint(
+            round=rnd, config=self.cfg.to_dict(), lines=lines,
+            clients={str(c): n for n, c in sorted(clients.items(), key=lambda kv: kv[1])},
+            server_phases=dict(self.server_phases), protocol=state() if state is not None else None,
+            elapsed_s=now - self.recorder.started, round_s=self.round_s, resumed=self.resumed,
+        ))
+
+
+__all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointError", "Checkpointer", "check_same_run",
+           "checkpoint_path", "read_checkpoint", "resume_config", "run_key", "write_checkpoint"]

@@ -1,0 +1,145 @@
+"""Client state snapshots, the server's round checkpoint and resuming a stopped run (in one process)."""
+
+import json
+
+import pytest
+import torch
+
+from flwr.app import Context, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from trustformer.app import CONFIG_KEY, FederationError, client_app, server_app
+from trustformer.cli import main
+from trustformer.config import ConfigError, build_config, load_config
+from trustformer.runtime.checkpoint import CheckpointError, read_checkpoint, resume_config, run_key
+from trustformer.runtime.inprocess import InProcessGrid, node_configs, run_in_process
+from trustformer.runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
+
+
+def _state(value: float, rounds: int) -> ClientState:
+    return ClientState(model={"w": torch.full((2, 2), value)}, optimizer={"state": {}, "param_groups": []},
+                       protocol={"labels": torch.tensor([rounds])}, rounds_done=rounds)
+
+
+@pytest.mark.parametrize("make_store", [MemoryStore, DiskStore], ids=["memory", "disk"])
+def test_snapshots_load_the_latest_point_at_or_before_and_keep_two_rounds(tmp_path, make_store):
+    store = make_store(tmp_path) if make_store is DiskStore else make_store()
+    assert store.load("c0", upto=(0, ROUND_END)) is None  # round 1 starts from the initial model
+    store.save("c0", _state(1.0, 1), at=(1, TRAINED))
+    store.save("c0", _state(1.5, 1), at=(1, ROUND_END))
+    store.save("c0", _state(2.0, 2), at=(2, TRAINED))
+    assert store.load("c0", upto=(1, ROUND_END)).model["w"][0, 0] == 1.5  # train of round 2
+    assert store.load("c0", upto=(2, TRAINED)).model["w"][0, 0] == 2.0  # train.apply of round 2
+    assert store.load("c0", upto=(1, TRAINED)).model["w"][0, 0] == 1.0
+    store.save("c0", _state(2.5, 2), at=(2, ROUND_END))
+    store.save("c0", _state(3.0, 3), at=(3, ROUND_END))
+    assert store.points("c0") == [(2, TRAINED), (2, ROUND_END), (3, ROUND_END)]  # rounds 2 and 3 only
+    assert store.load("c0", upto=(1, ROUND_END)) is None
+    # a re-sent round 2 (a resumed server) replaces what came after it
+    store.save("c0", _state(2.25, 2), at=(2, TRAINED))
+    assert store.points("c0") == [(2, TRAINED)]
+    assert store.load("c0", upto=(3, ROUND_END)).model["w"][0, 0] == 2.25
+    assert store.load("c1", upto=(3, ROUND_END)) is None
+    if make_store is DiskStore:
+        assert sorted(p.name for p in (tmp_path / "c0").iterdir()) == ["r00002-trained.pt"]  # no temp files
+
+
+def test_run_key_ignores_operational_settings_only(tmp_path):
+    cfg = load_config("tiny", None, {"out": str(tmp_path / "a")})
+    same = load_config("tiny", None, {"out": str(tmp_path / "a" / ".." / "a"), "runtime.resume": True,
+                                      "federation.round_timeout_s": 30.0, "runtime.threads": 2})
+    assert run_key(cfg) == run_key(same)
+    assert run_key(cfg) != run_key(load_config("tiny", None, {"out": str(tmp_path / "b")}))
+    assert run_key(cfg) != run_key(load_config("tiny", None, {"out": str(tmp_path / "a"), "seed": 1}))
+
+
+class Crash(BaseException):
+    """Stops the whole in-process run, as a killed server would (not an error reply of one client)."""
+
+
+def _crash_at(message_type: str, rnd: int, partition: int):
+    def call(message, context):
+        if (message.metadata.message_type == message_type and message.metadata.group_id == str(rnd)
+                and context.node_config["partition-id"] == partition):
+            raise Crash()
+        return client_app(message, context)
+
+    return call
+
+
+def _lines(path):
+    return [json.loads(x) for x in open(path, encoding="utf-8")]
+
+
+def _results(line):
+    """A metrics line without its timings (wall-clock measurements differ between runs)."""
+    return {k: v for k, v in line.items() if not k.endswith("_s")}
+
+
+@pytest.mark.parametrize("strategy,extra", [
+    ("trustformer", {}),  # client-side protocol state (memberships, centroids) in the snapshots
+    ("dp-fedavg", {"privacy.noise_multiplier": 0.5, "privacy.sampling_rate": 0.7,  # server-side accountant
+                   "privacy.on_exceed": "continue"}),
+])
+def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
+    values = {"federation.strategy": strategy, "federation.rounds": 3, "runtime.store": "disk",
+              "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False, **extra}
+    full = run_in_process(load_config("tiny", None, {**values, "out": str(tmp_path / "full")}))
+    stopped = load_config("tiny", None, {**values, "out": str(tmp_path / "stopped")})
+    # the run dies in round 2, after clients 0 (and 2) already trained it: they get round 2 again
+    with pytest.raises(Crash):
+        run_in_process(stopped, client_app=_crash_at("train.apply", 2, 1))
+    checkpoint = read_checkpoint(stopped.out)
+    assert checkpoint.round == 1 and len(checkpoint.round_s) == 1
+    assert (checkpoint.protocol is not None) == strategy.startswith("dp-")
+    resumed = run_in_process(resume_config(stopped.out))
+    assert resumed["test_loss"] == full["test_loss"]
+    assert resumed["resumed_after_rounds"] == [1] and len(resumed["round_time_s"]) == 3
+    if strategy.startswith("dp-"):
+        assert resumed["privacy"]["epsilon_per_round"] == full["privacy"]["epsilon_per_round"]
+    # metrics.jsonl continues: round 1 as first written, rounds 2-3 once, and a note that it resumed
+    lines = _lines(tmp_path / "stopped" / "metrics.jsonl")
+    assert [x["event"] for x in lines if "event" in x] == ["resumed"]
+    assert [_results(x) for x in lines if "event" not in x] == [_results(x) for x in _lines(tmp_path / "full" /
+                                                                                          "metrics.jsonl")]
+    assert read_checkpoint(stopped.out).round == 3
+
+
+def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
+    cfg = load_config("tiny", None, {"out": str(tmp_path / "run"), "federation.rounds": 1, "runtime.store": "disk",
+                                     "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False})
+    run_in_process(cfg)
+    with pytest.raises(ConfigError, match="federation.rounds"):
+        resume_config(cfg.out, {"federation.rounds": 2})
+    values = cfg.to_dict()
+    values["seed"], values["runtime"]["resume"] = 3, True
+    changed = build_config(values)
+    with pytest.raises(ConfigError, match="cannot resume: seed = 3 differs"):
+        run_in_process(changed)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resume_config(tmp_path / "never-ran")
+
+
+def test_cli_resume_needs_client_state_on_disk(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(out), "--quiet",
+                 "--set", "eval.meteor=false", "--set", "eval.bertscore=false"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out)]) == 2
+    assert "runtime.store = memory" in capsys.readouterr().err
+    assert main(["run", "--resume", str(out), "--rounds", "3"]) == 2
+    assert "drop --rounds" in capsys.readouterr().err
+
+
+def test_too_few_nodes_at_the_start_is_a_clear_error_not_a_hang(tmp_path):
+    cfg = load_config("tiny", None, {"out": str(tmp_path / "few"), "federation.node_wait_s": 1.0,
+                                     "federation.min_clients": 3, "runtime.progress": False})
+    grid = InProcessGrid(client_app, node_configs(cfg)[:2], {CONFIG_KEY: cfg.to_json()})  # 2 of the 3 clients
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={CONFIG_KEY: cfg.to_json()})
+    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    try:
+        with pytest.raises(FederationError, match=r"only 2 of 3 client node\(s\) connected within 1 s"):
+            server_app(grid, context)
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
