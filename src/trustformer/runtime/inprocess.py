@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterable
@@ -131,6 +132,9 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     from ..secure import exchange as secure
 
     nodes = node_configs(cfg)
+    if cfg.runtime.store == "disk" and not cfg.runtime.resume:
+        # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
+        shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
     secure.provision_in_process(cfg, run_id, nodes)  # secure.mode tee: the attestation key pair, out of band
     grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id)
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
