@@ -54,6 +54,10 @@ def flower_env(home: str | Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(FLOWER_ENV)
     env["PYTHONUNBUFFERED"] = "1"
+    # Flower's commands (and the flwr-serverapp / flwr-clientapp processes they start) from this
+    # Python's environment, e.g. a virtualenv that is not activated, before anything else on PATH
+    scripts = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([scripts] + [d for d in env.get("PATH", "").split(os.pathsep) if d and d != scripts])
     if home is not None:
         env["FLWR_HOME"] = str(Path(home).resolve())
     return env
