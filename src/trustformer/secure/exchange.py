@@ -414,21 +414,12 @@ class ServerExchange:
             raise _federation_error(f"round {rnd} (secagg keys): {exc}") from None
         arrays = {f"{c}/{name}": _bytes_array(v) for c, entry in broadcast.items() for name, v in entry.items()}
         self.server_round_s[rnd] += time.perf_counter() - started
-        replies, _failed = self._query(rnd, list(keys), "shares", lambda n: RecordDict({
-            "config": ConfigRecord({"round": rnd, "step": "shares"}),
-            SECURE: _pack(arrays, self._seal_for(n, rnd, "secagg.shares"))}), "secagg")
-        shares: dict[int, dict[int, bytes]] = {}
-        for node, reply in replies.items():
-            client = self._client(node)
-            try:
-                entry = _id_keyed(_unpack(reply.content, self._open_from(node, rnd, "secagg.shares"), None,
-                                          f"secagg shares of client {client}"), f"secagg shares of client {client}")
-                if set(entry) != set(broadcast) - {client} or not all(entry.values()):
-                    raise codec.CodecError(f"secagg shares of client {client}: addressed to {sorted(entry)}, "
-                                           f"expected {sorted(set(broadcast) - {client})}")
-                shares[client] = entry
-            except (KeyError, PayloadError) as exc:
-                self._drop(rnd, node, f"secagg shares: {exc}")
+        def addressed_to_the_others(client: int, entry: dict[int, bytes]) -> None:
+            if set(entry) != set(broadcast) - {client} or not all(entry.values()):
+                raise codec.CodecError(f"secagg shares of client {client}: addressed to {sorted(entry)}, "
+                                       f"expected {sorted(set(broadcast) - {client})}")
+
+        shares = self._secagg_step(rnd, list(keys), "shares", arrays, "secagg shares", addressed_to_the_others)
         started = time.perf_counter()
         try:
             routed = server.route_shares(shares)
@@ -480,6 +471,28 @@ class ServerExchange:
             self._plain_bytes[cache_key] = payload_bytes(RecordDict({key: to_array_record(zeros)}))
         return self._plain_bytes[cache_key]
 
+    def _secagg_step(self, rnd: int, nodes: list[int], step: str, arrays: dict[str, np.ndarray], what: str,
+                     check: Callable[[int, dict[int, bytes]], None] | None = None) -> dict[int, dict[int, bytes]]:
+        """Send one secure-aggregation step (sealed in tee+secagg) to ``nodes``; each valid reply as
+        client -> {client id: bytes}. A reply that cannot be opened, decoded or fails ``check`` drops
+        that client from the round."""
+        replies, _failed = self._query(rnd, nodes, step, lambda n: RecordDict({
+            "config": ConfigRecord({"round": rnd, "step": step}),
+            SECURE: _pack(arrays, self._seal_for(n, rnd, f"secagg.{step}"))}), "secagg")
+        out: dict[int, dict[int, bytes]] = {}
+        for node, reply in replies.items():
+            client = self._client(node)
+            label = f"{what} of client {client}"
+            try:
+                entry = _id_keyed(_unpack(reply.content, self._open_from(node, rnd, f"secagg.{step}"), None, label),
+                                  label)
+                if check is not None:
+                    check(client, entry)
+                out[client] = entry
+            except (KeyError, PayloadError) as exc:
+                self._drop(rnd, node, f"{what}: {exc}")
+        return out
+
     def aggregate(self, protocol, rnd: int, payloads: dict[int, dict[str, torch.Tensor]],
                   rows: dict[int, dict[str, Any]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The round's aggregate: the protocol's (in the TEE with tee), or unmasked from the masked sum (secagg)."""
@@ -498,18 +511,7 @@ class ServerExchange:
         by_client = {self._client(n): n for n in nodes}
         request = {"survivors": np.array(survivors, dtype=np.int64), "dropped": np.array(dropped, dtype=np.int64)}
         self.server_round_s[rnd] += time.perf_counter() - started
-        replies, _failed = self._query(rnd, nodes, "unmask", lambda n: RecordDict({
-            "config": ConfigRecord({"round": rnd, "step": "unmask"}),
-            SECURE: _pack(request, self._seal_for(n, rnd, "secagg.unmask"))}), "secagg")
-        revealed: dict[int, dict[int, bytes]] = {}
-        for node, reply in replies.items():
-            client = self._client(node)
-            try:
-                revealed[client] = _id_keyed(_unpack(reply.content, self._open_from(node, rnd, "secagg.unmask"), None,
-                                                     f"secagg unmask shares of client {client}"),
-                                             f"secagg unmask shares of client {client}")
-            except (KeyError, PayloadError) as exc:
-                self._drop(rnd, node, f"secagg unmask: {exc}")
+        revealed = self._secagg_step(rnd, nodes, "unmask", request, "secagg unmask")
         started = time.perf_counter()
         try:
             total = state.server.unmask(revealed)
