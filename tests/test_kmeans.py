@@ -331,3 +331,24 @@ def test_opt_in_merge_is_a_valid_partition() -> None:
     assert int(counts.sum()) == 200
     for j in torch.nonzero(counts).flatten().tolist():
         assert torch.allclose(res.centroids[j], x[res.labels == j].mean(0))
+
+
+def test_empty_clusters_kept_or_relocated_to_the_farthest_rows() -> None:
+    # 3 tight groups; init 2 sits far from every row, so its cluster is empty after the first E-step
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(40, 4, generator=g, dtype=torch.float64) * 0.1 + 3 * i for i in range(3)])
+    init = torch.stack([x[0], x[45], torch.full((4,), 100.0, dtype=torch.float64)])
+    kept = kmeans(x, init, tol=0.0, label_tol=0.0)
+    assert int((kept.labels == 2).sum()) == 0 and torch.equal(kept.centroids[2], init[2])
+    moved = kmeans(x, init, tol=0.0, label_tol=0.0, empty="farthest")
+    sizes = torch.bincount(moved.labels, minlength=3)
+    assert sorted(sizes.tolist()) == [40, 40, 40]  # one cluster per group
+    assert moved.inertia < 0.05 * kept.inertia
+    again = kmeans(x, init, tol=0.0, label_tol=0.0, empty="farthest")
+    assert torch.equal(again.labels, moved.labels) and torch.equal(again.centroids, moved.centroids)
+    # relocate_empty itself: the e empty clusters, in index order, go to the e farthest rows
+    c = torch.zeros(3, 4, dtype=torch.float64)
+    out = km.relocate_empty(x, c.clone(), torch.tensor([5, 0, 0]), torch.arange(120, dtype=torch.float64))
+    assert torch.equal(out[1], x[119]) and torch.equal(out[2], x[118]) and torch.equal(out[0], c[0])
+    with pytest.raises(ValueError, match="empty must be"):
+        kmeans(x, init, empty="split")

@@ -8,12 +8,17 @@ iteration, achieved GFLOP/s (one Lloyd iteration = 2·r·k·f FLOP) and its shar
 measured matrix-product GFLOP/s, inertia relative to the best method of the case (every method's
 centroids scored alike: each row to its nearest centroid).
 
-Methods: ``ours`` (defaults: stops when ≤ 0.1% of labels change), ``ours=sk`` (scikit-learn's stopping
-rule: centroid shift ≤ tol·mean variance or no label change, hence the same iterations and inertia as
-sklearn), ``ours-c`` (warm from the previous centroids alone), ``ours-merge`` (``--merge``: the opt-in
-closest-pair merge), ``sklearn`` (``KMeans(algorithm="lloyd", n_init=1, init=C0)``) and ``faiss``
-(``faiss.Kmeans``, ``niter`` = scikit-learn's iteration count, no subsampling). A library that is not
-installed (extra ``bench``) is skipped with a line saying so.
+Methods: ``ours`` (defaults: stops when ≤ 0.1% of labels change; warm: from the previous memberships),
+``ours=sk`` (scikit-learn's stopping rule — centroid shift ≤ tol·mean variance or no label change —
+from exactly the libraries' start, hence the same iterations and inertia as sklearn), ``ours-c`` (warm
+from the previous centroids alone), ``ours-merge`` (``--merge``: the opt-in closest-pair merge),
+``sklearn`` (``KMeans(algorithm="lloyd", n_init=1, init=C0)``, whose fit ends with the memberships and
+the inertia), ``faiss`` (``faiss.Kmeans``, ``niter`` = scikit-learn's iteration count, no subsampling,
+then ``index.search`` for the memberships, which ours and scikit-learn return and faiss's train does
+not) and ``faiss-t`` (train alone: centroids only). The per-iteration summary divides the faster of
+sklearn and faiss by ours=sk. faiss runs in a worker process of its own (loading it slowed every torch
+operation of the process that held it: ``_faiss_pool``); every timing is taken inside the process that
+computes. A library that is not installed (extra ``bench``) is skipped with a line saying so.
 
 Peak memory: tracemalloc does not see torch's allocations and torch keeps no CPU allocator statistics,
 so the resident set size (/proc/self/statm, else psutil) is sampled every millisecond by a thread
@@ -131,11 +136,10 @@ def peak_extra_rss(fn: Callable[[], Any], interval: float = 0.001) -> tuple[int,
 
 
 def _have(module: str) -> bool:
-    try:
-        __import__(module)
-        return True
-    except ImportError:
-        return False
+    """Whether a library is installed, without importing it here (faiss must stay out of this process)."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def run_ours(x: torch.Tensor, c0: torch.Tensor, *, max_iter: int, tol: float, label_tol: float,
@@ -159,19 +163,53 @@ def run_sklearn(x: torch.Tensor, c0: torch.Tensor, *, max_iter: int, tol: float)
     return dt, int(km.n_iter_), torch.from_numpy(np.ascontiguousarray(km.cluster_centers_, dtype=np.float32))
 
 
-def run_faiss(x: torch.Tensor, c0: torch.Tensor, *, niter: int, seed: int) -> tuple[float, int, torch.Tensor]:
+def _faiss_fit(xn: np.ndarray, cn: np.ndarray, niter: int, seed: int, threads: int,
+               assign: bool) -> tuple[float, np.ndarray]:
+    """In the faiss worker process: faiss.Kmeans from cn for niter iterations (+ memberships), timed."""
     import faiss  # type: ignore[import-not-found]
 
-    faiss.omp_set_num_threads(torch.get_num_threads())
-    xn = np.ascontiguousarray(x.numpy(), dtype=np.float32)
-    cn = np.ascontiguousarray(c0.numpy(), dtype=np.float32)
+    faiss.omp_set_num_threads(threads)
     r, f = xn.shape
     t = time.perf_counter()
     km = faiss.Kmeans(f, cn.shape[0], niter=niter, seed=seed, verbose=False,
                       min_points_per_centroid=1, max_points_per_centroid=max(r, 1))
     km.train(xn, init_centroids=cn)
+    if assign:  # the memberships (and with them the inertia) that ours and scikit-learn return
+        km.index.search(xn, 1)
     dt = time.perf_counter() - t
-    return dt, niter, torch.from_numpy(np.array(km.centroids, dtype=np.float32))
+    return dt, np.array(km.centroids, dtype=np.float32)
+
+
+_FAISS_POOL: Any = None
+
+
+def _faiss_pool() -> Any:
+    """One spawned worker process for every faiss call. Loading faiss (its own OpenMP OpenBLAS) into this
+    process made every torch operation here 1.3–1.7× slower on the 2-core machine (A/B, alternating
+    fresh processes: torch.zeros 2.1 → 2.8 µs, a 256×256·256×25 addmm 40 → 53 µs), which would bias the
+    comparison against ours."""
+    global _FAISS_POOL
+    if _FAISS_POOL is None:
+        import multiprocessing
+
+        _FAISS_POOL = multiprocessing.get_context("spawn").Pool(1)
+    return _FAISS_POOL
+
+
+def close_faiss_pool() -> None:
+    global _FAISS_POOL
+    if _FAISS_POOL is not None:
+        _FAISS_POOL.terminate()
+        _FAISS_POOL.join()
+        _FAISS_POOL = None
+
+
+def run_faiss(x: torch.Tensor, c0: torch.Tensor, *, niter: int, seed: int,
+              assign: bool = True) -> tuple[float, int, torch.Tensor]:
+    xn = np.ascontiguousarray(x.numpy(), dtype=np.float32)
+    cn = np.ascontiguousarray(c0.numpy(), dtype=np.float32)
+    dt, cent = _faiss_pool().apply(_faiss_fit, (xn, cn, niter, seed, torch.get_num_threads(), assign))
+    return dt, niter, torch.from_numpy(cent)
 
 
 def nearest_inertia(x: torch.Tensor, c: torch.Tensor) -> float:
@@ -203,7 +241,9 @@ def compare(case: str, x: torch.Tensor, c0: torch.Tensor, phase: str, args: argp
         runs = [fn() for _ in range(args.repeats)]
         results[name] = (statistics.median(rr[0] for rr in runs), runs[0][1], runs[0][2])
 
-    timed("ours=sk", lambda: run_ours(x, c0, max_iter=mi, tol=tol, label_tol=0.0, init_labels=prev_labels))
+    # ours=sk: scikit-learn's stopping rule from the libraries' own start (warm: the means over the
+    # previous memberships, computed outside the timing for every method alike)
+    timed("ours=sk", lambda: run_ours(x, start, max_iter=mi, tol=tol, label_tol=0.0))
     timed("ours", lambda: run_ours(x, c0, max_iter=mi, tol=tol, label_tol=1e-3, init_labels=prev_labels))
     ours = run_ours.last  # type: ignore[attr-defined]
     if prev_labels is not None and f > 1:
@@ -216,12 +256,13 @@ def compare(case: str, x: torch.Tensor, c0: torch.Tensor, phase: str, args: argp
         sk_iters = results["sklearn"][1]
     if "faiss" in methods:
         timed("faiss", lambda: run_faiss(x, start, niter=max(1, sk_iters), seed=args.seed))
+        timed("faiss-t", lambda: run_faiss(x, start, niter=max(1, sk_iters), seed=args.seed, assign=False))
     inertias = {name: nearest_inertia(x, res[2]) for name, res in results.items()}
     best = min(inertias.values())
     for name, (sec, it, _) in results.items():
         rel = inertias[name] / best if best > 0 else 1.0
         rows.append(Row(case, phase, name, sec, it, inertias[name], flop, rel))
-    order = ["ours", "ours=sk", "ours-c", "ours-merge", "sklearn", "faiss"]
+    order = ["ours", "ours=sk", "ours-c", "ours-merge", "sklearn", "faiss", "faiss-t"]
     rows.sort(key=lambda row: order.index(row.method))
     return rows, ours
 
@@ -265,8 +306,8 @@ def big_case(args: argparse.Namespace, methods: list[str]) -> list[Row]:
             log(f"[kmeans bench] {case}: sklearn, {n} iterations")
             found["sklearn"] = run_sklearn(x, c0, max_iter=n, tol=0.0)
         if "faiss" in methods:
-            log(f"[kmeans bench] {case}: faiss, {n} iterations")
-            found["faiss"] = run_faiss(x, c0, niter=n, seed=args.seed)
+            log(f"[kmeans bench] {case}: faiss (train only), {n} iterations")
+            found["faiss-t"] = run_faiss(x, c0, niter=n, seed=args.seed, assign=False)
         log(f"[kmeans bench] {case}: scoring")
         inertias = {name: nearest_inertia(x, res[2]) for name, res in found.items()}
         best = min(inertias.values())
@@ -320,13 +361,24 @@ def memory_case(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def load_state(path: str) -> dict[str, torch.Tensor]:
+    """A model state dict from a file: a plain state dict, or a client snapshot of a disk-store run
+    (``r<round>-trained.pt``, whose model sits under "model")."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not any(torch.is_tensor(t) and t.is_floating_point() for t in state.values()):
+        raise SystemExit(f"trustformer bench kmeans: {path} holds no floating-point tensors (expected a model "
+                         "state dict or a client snapshot r<round>-trained.pt)")
+    return state
+
+
 def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
     """Real weights, per β: BEFORE cold from its own rows (choose_initial_rows); AFTER warm from BEFORE's
     centroids and memberships (init_labels: what a client holds between rounds), AFTER warm from the
-    centroids alone, and AFTER cold from the same rows, all through cluster_layers; then every method
+    centroids alone, and AFTER cold from its own rows at the same indices, all through cluster_layers; then every method
     layer by layer on the same matrices and starts (sums over the 2-D and the 1-D layers)."""
-    before = torch.load(args.weights[0], map_location="cpu", weights_only=True)
-    after = torch.load(args.weights[1], map_location="cpu", weights_only=True)
+    before, after = load_state(args.weights[0]), load_state(args.weights[1])
     names = [n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after]
     mats_b = {n: as_matrix(before[n].float()) for n in names}
     mats_a = {n: as_matrix(after[n].float()) for n in names}
@@ -353,7 +405,9 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
         prev_l = {n: res.labels for n, res in cold.items()}
         t_warm, warm = timed_layers(mats_a, prev_c, prev_l)
         t_warm_c, warm_c = timed_layers(mats_a, prev_c)
-        t_cold_after, cold_after = timed_layers(mats_a, inits)
+        starts_a = {n: mats_a[n][choose_initial_rows(m.shape[0], inits[n].shape[0], args.seed)].clone()
+                    for n, m in mats_a.items()}  # cold on AFTER: its own rows at the same indices
+        t_cold_after, cold_after = timed_layers(mats_a, starts_a)
         nontrivial = [n for n in names if 1 < inits[n].shape[0] < mats_b[n].shape[0]]
         lloyd = [n for n in nontrivial if mats_b[n].shape[1] > 1]
 
@@ -408,6 +462,48 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
     return out
 
 
+def drift_sweep_case(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Warm against cold as the change between rounds grows: AFTER_t = BEFORE + t·(AFTER − BEFORE) for
+    t in args.drift_sweep, per β, over the 2-D layers through cluster_layers — BEFORE cold from its rows,
+    then AFTER_t warm from BEFORE's centroids + memberships and cold from the same rows, each with empty
+    clusters kept (the protocol's setting) and relocated to the farthest rows (empty="farthest")."""
+    before, after = load_state(args.weights[0]), load_state(args.weights[1])
+    names = [n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after
+             and t.dim() >= 2]
+    mats_b = {n: as_matrix(before[n].float()) for n in names}
+    opts = dict(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
+    out = []
+    for beta in args.betas:
+        inits = {n: m[choose_initial_rows(m.shape[0], num_clusters(m.shape[0], beta), args.seed)].clone()
+                 for n, m in mats_b.items()}
+        lloyd = [n for n in names if 1 < inits[n].shape[0] < mats_b[n].shape[0]]
+        if not lloyd:
+            continue
+        prev = cluster_layers({n: mats_b[n] for n in lloyd}, inits, **opts)  # type: ignore[arg-type]
+        for t in args.drift_sweep:
+            log(f"[kmeans bench] drift sweep b={beta:g} t={t:g}")
+            mats_t = {n: mats_b[n] + t * (as_matrix(after[n].float()) - mats_b[n]) for n in lloyd}
+            drift = statistics.median(float((mats_t[n] - mats_b[n]).norm() / (mats_b[n] - mats_b[n].mean(0)).norm()
+                                            .clamp_min(1e-30)) for n in lloyd)
+            starts = {n: mats_t[n][choose_initial_rows(mats_t[n].shape[0], inits[n].shape[0], args.seed)].clone()
+                      for n in lloyd}
+            entry: dict[str, Any] = {"beta": beta, "t": t, "median_relative_drift": drift, "layers": len(lloyd)}
+            for empty in ("keep", "farthest"):
+                warm = cluster_layers(mats_t, {n: prev[n].centroids for n in lloyd}, empty=empty,
+                                      init_labels={n: prev[n].labels for n in lloyd}, **opts)  # type: ignore[arg-type]
+                cold = cluster_layers(mats_t, starts, empty=empty, **opts)  # type: ignore[arg-type]
+                entry[empty] = {"warm_mean_iter": statistics.mean(warm[n].iterations for n in lloyd),
+                                "cold_mean_iter": statistics.mean(cold[n].iterations for n in lloyd),
+                                "warm_inertia": sum(warm[n].inertia for n in lloyd),
+                                "cold_inertia": sum(cold[n].inertia for n in lloyd)}
+            base = max(entry["keep"]["cold_inertia"], 1e-300)
+            for empty in ("keep", "farthest"):
+                entry[empty]["warm_over_cold_keep_inertia"] = entry[empty]["warm_inertia"] / base
+                entry[empty]["cold_over_cold_keep_inertia"] = entry[empty]["cold_inertia"] / base
+            out.append(entry)
+    return out
+
+
 def _once(args: argparse.Namespace) -> argparse.Namespace:
     a = argparse.Namespace(**vars(args))
     a.repeats = 1
@@ -454,11 +550,40 @@ def print_rows(rows: list[Row], mm: float) -> None:
               f"{per:>9.5f} {row.gflops:>8.1f} {100 * row.gflops / mm:>5.0f} {row.rel_inertia:>13.6f}")
 
 
+def per_iteration_summary(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per (case, phase): ours=sk's seconds per iteration against the faster of sklearn and faiss (same
+    start, same iterations), their ratio (≥ 1: ours faster) and the inertia of each relative to the best."""
+    out = []
+    cases: dict[tuple[str, str], dict[str, Row]] = {}
+    for row in rows:
+        cases.setdefault((row.case, row.phase), {})[row.method] = row
+    for (case, phase), by in cases.items():
+        ours = by.get("ours=sk")
+        libs = [by[m] for m in ("sklearn", "faiss") if m in by]
+        if ours is None or not libs:
+            continue
+        per = lambda row: row.seconds / max(row.iterations, 1)  # noqa: E731
+        fastest = min(libs, key=per)
+        out.append({"case": case, "phase": phase, "ours_s_per_it": per(ours), "library": fastest.method,
+                    "library_s_per_it": per(fastest), "ratio": per(fastest) / per(ours),
+                    "ours_rel_inertia": ours.rel_inertia, "library_rel_inertia": fastest.rel_inertia})
+    return out
+
+
+def print_summary(summary: list[dict[str, Any]]) -> None:
+    print("\nper iteration, ours=sk against the faster library (same start, same stopping rule; ratio ≥ 0.9 is "
+          "the target)")
+    for e in summary:
+        print(f"  {e['case']:<28} {e['phase']:<5} ours {1e3 * e['ours_s_per_it']:8.3f} ms/it, {e['library']:<7} "
+              f"{1e3 * e['library_s_per_it']:8.3f} ms/it, ratio {e['ratio']:5.2f}, inertia/best ours "
+              f"{e['ours_rel_inertia']:.6f} {e['library']} {e['library_rel_inertia']:.6f}")
+
+
 def print_weights(w: dict[str, Any], train_s: float | None) -> None:
     print(f"\nreal weights: {w['tensors']} tensors, {w['params']:,} parameters; median drift between the two "
           f"files ‖AFTER − BEFORE‖ / ‖BEFORE − row mean‖ = {w['median_relative_drift']:.2f}")
     print("  cluster_layers (all layers, one call): warm = from BEFORE's centroids + memberships (init_labels), "
-          "warm-c = centroids only, cold-A = AFTER from the cold rows")
+          "warm-c = centroids only, cold-A = AFTER cold from its own rows at the same indices")
     for beta, e in w["betas"].items():
         cs, it, ine, emp = e["cluster_s"], e["mean_iter"], e["inertia"], e["empty_clusters"]
         print(f"  b={beta}: seconds cold {cs['cold']:.3f} warm {cs['warm']:.3f} warm-c {cs['warm_centroids_only']:.3f} "
@@ -491,6 +616,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--weights", nargs=2, metavar=("BEFORE.pt", "AFTER.pt"),
                    help="two state_dict files of one model saved at two consecutive rounds")
+    p.add_argument("--drift-sweep", default="0.1,0.25,0.5,1",
+                   help="with --weights: fractions t of the change between the two files to time warm against "
+                        "cold at (default 0.1,0.25,0.5,1; '' = skip)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help="local training time of one round, to print clustering as a share of it")
     p.add_argument("--methods", default="ours,sklearn,faiss", help="comparison libraries to run")
@@ -505,6 +633,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     args = p.parse_args(argv)
     args.betas = [float(b) for b in args.betas.split(",") if b]
+    args.drift_sweep = [float(t) for t in args.drift_sweep.split(",") if t.strip()]
     args.big_betas = [float(b) for b in args.big_betas.split(",") if b]
     args.shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes.split(",") if sh.strip()]
     args.big_shape = (args.big_rows, 256)
@@ -513,6 +642,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return _main(args)
+    finally:
+        close_faiss_pool()
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     requested = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -538,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += big_case(args, methods)
     print_rows(rows, mm)
     report["rows"] = [dict(asdict(r), gflops=r.gflops) for r in rows]
+    report["per_iteration"] = per_iteration_summary(rows)
+    print_summary(report["per_iteration"])
     if args.align_rows:
         al = alignment_case(args)
         print("\nalignment (two clients = same matrix + independent noise, same init): rows with the same index")
@@ -549,6 +687,20 @@ def main(argv: list[str] | None = None) -> int:
         w = weights_case(args, methods)
         print_weights(w, args.train_seconds)
         report["weights"] = w
+        if args.drift_sweep:
+            sweep = drift_sweep_case(args)
+            print("\ndrift sweep (2-D layers; AFTER_t = BEFORE + t·(AFTER − BEFORE); warm from BEFORE's centroids + "
+                  "memberships, cold from the same rows as BEFORE's cold run)")
+            print("  inertia relative to the cold run with empty clusters kept (the protocol's setting); "
+                  "'farthest' relocates empty clusters as scikit-learn does")
+            for e in sweep:
+                kp, fa = e["keep"], e["farthest"]
+                print(f"  b={e['beta']:g} t={e['t']:<5g} median drift {e['median_relative_drift']:.2f}: mean Lloyd "
+                      f"iterations warm {kp['warm_mean_iter']:.2f} cold {kp['cold_mean_iter']:.2f} | farthest: warm "
+                      f"{fa['warm_mean_iter']:.2f} cold {fa['cold_mean_iter']:.2f} | inertia warm "
+                      f"{kp['warm_over_cold_keep_inertia']:.4f}, farthest warm {fa['warm_over_cold_keep_inertia']:.4f} "
+                      f"cold {fa['cold_over_cold_keep_inertia']:.4f}")
+            report["drift_sweep"] = sweep
     if not args.no_memory and args.big_rows:
         mem = memory_case(args)
         print(f"\npeak extra memory, one iteration at {mem['shape'][0]}x{mem['shape'][1]} k={mem['k']}: "
