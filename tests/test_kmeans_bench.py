@@ -49,6 +49,10 @@ def test_bench_runs_every_method_on_the_same_start(tmp_path: Path, capsys: pytes
     assert len(summary) == 4 and all(e["ratio"] > 0 and e["library"] in ("sklearn", "faiss") for e in summary)
     weights = report["weights"]
     assert weights["tensors"] == 4 and set(weights["betas"]) == {"0.1", "0.5"}
+    for entry in weights["betas"].values():
+        assert entry["warm_max_iter"] == 3
+        assert entry["mean_iter"]["warm_capped"] <= 3 and entry["mean_iter"]["warm_capped_farthest"] <= 3
+        assert entry["inertia"]["warm_capped_farthest"] <= entry["inertia"]["warm_capped"] * (1 + 1e-9)
     assert [(e["beta"], e["t"]) for e in report["drift_sweep"]] == [(0.1, 0.5), (0.1, 1.0), (0.5, 0.5), (0.5, 1.0)]
     for e in report["drift_sweep"]:
         assert e["keep"]["cold_over_cold_keep_inertia"] == pytest.approx(1.0)

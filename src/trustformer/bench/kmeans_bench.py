@@ -376,7 +376,8 @@ def load_state(path: str) -> dict[str, torch.Tensor]:
 def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
     """Real weights, per β: BEFORE cold from its own rows (choose_initial_rows); AFTER warm from BEFORE's
     centroids and memberships (init_labels: what a client holds between rounds), AFTER warm from the
-    centroids alone, and AFTER cold from its own rows at the same indices, all through cluster_layers; then every method
+    centroids alone, AFTER warm capped at args.warm_max_iter iterations (empty clusters kept, and
+    relocated), and AFTER cold from its own rows at the same indices, all through cluster_layers; then every method
     layer by layer on the same matrices and starts (sums over the 2-D and the 1-D layers)."""
     before, after = load_state(args.weights[0]), load_state(args.weights[1])
     names = [n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after]
@@ -389,9 +390,10 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
     opts = dict(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
 
     def timed_layers(mats: dict[str, torch.Tensor], starts: dict[str, torch.Tensor],
-                     labels: dict[str, torch.Tensor] | None = None) -> tuple[float, dict[str, KMeansResult]]:
+                     labels: dict[str, torch.Tensor] | None = None,
+                     **over: Any) -> tuple[float, dict[str, KMeansResult]]:
         t = time.perf_counter()
-        res = cluster_layers(mats, starts, init_labels=labels, **opts)  # type: ignore[arg-type]
+        res = cluster_layers(mats, starts, init_labels=labels, **{**opts, **over})  # type: ignore[arg-type]
         return time.perf_counter() - t, res
 
     for beta in args.betas:
@@ -405,6 +407,9 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
         prev_l = {n: res.labels for n, res in cold.items()}
         t_warm, warm = timed_layers(mats_a, prev_c, prev_l)
         t_warm_c, warm_c = timed_layers(mats_a, prev_c)
+        cap = args.warm_max_iter
+        t_cap, capped = timed_layers(mats_a, prev_c, prev_l, max_iter=cap)
+        t_cap_f, capped_f = timed_layers(mats_a, prev_c, prev_l, max_iter=cap, empty="farthest")
         starts_a = {n: mats_a[n][choose_initial_rows(m.shape[0], inits[n].shape[0], args.seed)].clone()
                     for n, m in mats_a.items()}  # cold on AFTER: its own rows at the same indices
         t_cold_after, cold_after = timed_layers(mats_a, starts_a)
@@ -419,12 +424,15 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
 
         entry: dict[str, Any] = {
             "cluster_s": {"cold": t_cold, "warm": t_warm, "warm_centroids_only": t_warm_c,
-                          "cold_after": t_cold_after},
+                          "cold_after": t_cold_after, "warm_capped": t_cap, "warm_capped_farthest": t_cap_f},
+            "warm_max_iter": cap,
             "lloyd_layers": len(lloyd), "one_d_layers": len(nontrivial) - len(lloyd),
             "mean_iter": {"cold": mean_it(cold), "warm": mean_it(warm), "warm_centroids_only": mean_it(warm_c),
-                          "cold_after": mean_it(cold_after)},
+                          "cold_after": mean_it(cold_after), "warm_capped": mean_it(capped),
+                          "warm_capped_farthest": mean_it(capped_f)},
             "inertia": {"cold": total(cold), "warm": total(warm), "warm_centroids_only": total(warm_c),
-                        "cold_after": total(cold_after)},
+                        "cold_after": total(cold_after), "warm_capped": total(capped),
+                        "warm_capped_farthest": total(capped_f)},
             "empty_clusters": {"warm": sum(int((torch.bincount(warm[n].labels, minlength=inits[n].shape[0]) == 0)
                                                .sum()) for n in lloyd),
                                "warm_centroids_only": sum(int((torch.bincount(
@@ -592,6 +600,10 @@ def print_weights(w: dict[str, Any], train_s: float | None) -> None:
               f"{it['cold_after']:.2f} | inertia warm / cold-A {ine['warm'] / ine['cold_after']:.4f}, warm-c / cold-A "
               f"{ine['warm_centroids_only'] / ine['cold_after']:.4f} | empty clusters warm {emp['warm']}, warm-c "
               f"{emp['warm_centroids_only']} of {emp['clusters']}")
+        print(f"        warm capped at {e['warm_max_iter']} iterations: mean {it['warm_capped']:.2f}, inertia / cold-A "
+              f"{ine['warm_capped'] / ine['cold_after']:.4f} ({cs['warm_capped']:.3f} s); with empty clusters "
+              f"relocated (empty='farthest'): mean {it['warm_capped_farthest']:.2f}, inertia / cold-A "
+              f"{ine['warm_capped_farthest'] / ine['cold_after']:.4f} ({cs['warm_capped_farthest']:.3f} s)")
         if train_s:
             print(f"        clustering / training ({train_s:.1f} s): warm {100 * cs['warm'] / train_s:.2f}%, "
                   f"cold {100 * cs['cold'] / train_s:.2f}%")
@@ -619,6 +631,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drift-sweep", default="0.1,0.25,0.5,1",
                    help="with --weights: fractions t of the change between the two files to time warm against "
                         "cold at (default 0.1,0.25,0.5,1; '' = skip)")
+    p.add_argument("--warm-max-iter", type=int, default=3,
+                   help="with --weights: also run the warm start capped at this many iterations (default 3)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help="local training time of one round, to print clustering as a share of it")
     p.add_argument("--methods", default="ours,sklearn,faiss", help="comparison libraries to run")
