@@ -15,21 +15,26 @@ round-1 rows. Paths:
 - otherwise Lloyd from init. E-step in blocks of ≤ 8 MB: row chunks × all centroids, or × tiles of
   1,024 centroids with a running minimum when k > 2,048 — never an r×k matrix; ‖c‖² − 2x·c by addmm,
   ties to the lowest index. M-step by index_add_ (a sorted index_put_ off CPU); an empty cluster takes
-  its init row (``empty="farthest"``: the row farthest from its centroid, as scikit-learn does). Stop when Σ‖shift‖² ≤ tol · mean feature variance (scikit-learn's rule), when ≤
-  label_tol·r labels change (0.1%: 4–12 cold iterations instead of 5–19 for +0.004–0.012% inertia, as
-  measured before this module), or at max_iter.
+  its init row (``empty="farthest"``: the row farthest from its centroid, as scikit-learn does). Stop
+  when Σ‖shift‖² ≤ tol · mean feature variance (scikit-learn's rule), when ≤ label_tol·r labels change
+  (0.1%: 4–12 cold iterations instead of 5–19 for +0.004–0.012% inertia, as measured before this
+  module), or at max_iter.
 
 Warm start. Between rounds the weights move far: in the `small` preset's model trained with Adam on
 synthetic pairs (2,000 per client, one epoch per round — a stand-in for a `small` run), one epoch
 moved the weights by a median 0.82× their spread (rounds 2→3) and 0.52× (round 1, from the initial
-model). From
-the previous centroids alone most clusters then go empty (2,555 of 4,304 at β 0.5, 4,567 of 7,740 at
+model); in real `small` FedAvg runs 1.07× (rounds 5→6) and 1.15× (14→15). From the previous
+centroids alone most clusters then go empty (2,555 of 4,304 at β 0.5, 4,567 of 7,740 at
 β 0.9) and end 1.26× / 3.0× the inertia of a cold run in 4.9 / 4.3 iterations. Passing the previous
 memberships (``init_labels``, which the client keeps) starts each cluster from the mean of the same
 rows now — the previous global centroid moved by its rows' local drift — and keeps alignment by row
 identity: 2.9 / 1.6 mean iterations at β 0.5 / 0.9 and 0.93× / 0.73× the cold inertia; at β 0.1,
 5.6 iterations (cold 5.4; the 4000-row embedding 14 instead of 28) at 0.98× the cold inertia.
-Better clusters for one client are not a better federation, though: in a `small` run the Trustformer
+On the real rounds the full stopping rule takes 6.6–7.5 warm iterations at β 0.1 (cold 7.1–7.8):
+it needs a drift of ≲ 0.1× the spread to settle within 3. Capped at 3 iterations (``max_iter=3``)
+with ``empty="farthest"``, the warm start from memberships ends at 0.92–0.99× (β 0.1), 0.63–0.66×
+(0.5) and 0.46–0.50× (0.9) the inertia of a converged cold run (``trustformer bench kmeans
+--weights``). Better clusters for one client are not a better federation, though: in a `small` run the Trustformer
 protocol moved further from FedAvg with ``init_labels`` than from the global centroids alone
 (protocols/trustformer.py), so the protocol warm-starts from the global centroids.
 
@@ -63,7 +68,8 @@ Xeon shared with other jobs, 2 threads, fp32 2048³ matrix product 66–297 GFLO
   clusters into empty ones — both re-seed cluster j away from init j; neither has the k == r
   identity, an exact 1-D path, or a warm start from memberships. (scikit-learn's relocation is
   available as ``empty="farthest"`` for callers that want inertia over alignment: on real weights
-  warm-started across a round it ended at 0.45–0.91× the inertia of keeping them.)
+  warm-started across a round it ended at 0.38–0.94× the inertia of keeping them, 0.38–0.63× at
+  β ≥ 0.5.)
 - devices and dependencies: runs on x.device with torch and numpy only (one code path; the CUDA
   branches — bigger blocks, deterministic index_put_ sums — have not run on a GPU yet: none was lent);
   scikit-learn is CPU-only and faiss's GPU build is a separate package.
