@@ -85,16 +85,20 @@ def test_local_memberships_are_aligned_across_clients(tmp_path, monkeypatch):
     """memberships = "local": round 1 starts every client from the same rows of the initial model; later exchanges from
     the previous global centroids, identical on every client."""
     seen = []
+    caps = []
     real = trustformer_module.cluster_layers
 
     def spy(matrices, inits, **kwargs):
         seen.append({k: v.clone() for k, v in inits.items()})
+        caps.append(kwargs["max_iter"])
         return real(matrices, inits, **kwargs)
 
     monkeypatch.setattr(trustformer_module, "cluster_layers", spy)
-    cfg = tiny(tmp_path, "align", **{"federation.beta": 0.5, "federation.memberships": "local"})
+    cfg = tiny(tmp_path, "align", **{"federation.beta": 0.5, "federation.memberships": "local",
+                                     "federation.kmeans_warm_max_iter": 2})
     run_in_process(cfg)
     assert len(seen) == 6  # 3 clients x 2 exchanges
+    assert caps == [50] * 3 + [2] * 3  # cold exchange: kmeans_max_iter; warm ones: kmeans_warm_max_iter
     first, second = seen[:3], seen[3:]
     initial = {n: layer_matrix(p.detach()) for n, p in initial_model(cfg, load_workload(cfg)).named_parameters()}
     for name in first[0]:

@@ -17,26 +17,30 @@ same rows on every client. Two ways to get it (``federation.memberships``):
   (``tests/test_trustformer.py`` checks it), and at β = 0.5 the clusters are pairs of rows whose mean
   is averaged exactly.
 - ``"local"``: the paper's Algorithm 2 as written — k-means of each client's own weights at every
-  exchange, the first from the same seeded rows of the initial model, later ones warm-started from
-  the previous global centroids (which every client holds); empty clusters keep their start. The
-  clusters then follow each client's own drift, so centroid j covers different rows on different
-  clients and the shift ``G[c] − L[c]`` is partly noise.
+  exchange, the first from the same seeded rows of the initial model (at most
+  ``federation.kmeans_max_iter`` Lloyd iterations), later ones warm-started from the previous global
+  centroids (which every client holds) for at most ``federation.kmeans_warm_max_iter`` (3); empty
+  clusters keep their start. The clusters then follow each client's own drift, so centroid j covers
+  different rows on different clients and the shift ``G[c] − L[c]`` is partly noise; the fewer
+  iterations a warm start runs, the less the clusters drift apart.
 
 Measured on the ``small`` preset (3 clients, 6 rounds, seed 0; FedAvg's final test loss 5.018 on every
-client, no exchange ("local" strategy) 5.034 / 5.044 / 5.020):
+client, no exchange ("local" strategy) 5.034 / 5.044 / 5.020), final test loss per client, mean
+fedavg_distance after the last exchange, and ``cluster_s`` as a share of ``train_s``:
 
-=====  ==========================  ===============  ==========================  ===============
-β      shared: final test loss     fedavg_distance  local: final test loss      fedavg_distance
-=====  ==========================  ===============  ==========================  ===============
-0.1    5.035 / 5.043 / 5.019       0.134            5.170 / 5.102 / 5.076       0.137
-0.5    5.025 / 5.025 / 5.022       0.079            5.109 / 5.069 / 5.065       0.117
-0.9    5.018 / 5.020 / 5.018       0.032            5.043 / 5.040 / 5.045       0.112
-=====  ==========================  ===============  ==========================  ===============
+=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
+β      shared                    dist.  local, warm ≤ 3 its (default)    dist.  clus.  local, warm ≤ 50 its      dist.  clus.
+=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
+0.1    5.035 / 5.043 / 5.019     0.134  5.074 / 5.070 / 5.044            0.125  0.7 %  5.170 / 5.102 / 5.076     0.137  1.2 %
+0.5    5.025 / 5.025 / 5.022     0.079  5.075 / 5.064 / 5.063            0.114  1.1 %  5.109 / 5.069 / 5.065     0.117  3.1 %
+0.9    5.018 / 5.020 / 5.018     0.032  5.036 / 5.043 / 5.037            0.108  1.2 %  5.043 / 5.040 / 5.045     0.112  6.0 %
+=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
 
-"local" memberships made the test loss *worse* than not exchanging at all at β ≤ 0.5, and on
-synthetic drift (random rows plus independent per-client noise) they moved clients *away* from the
-FedAvg model at β ≤ 0.5; shared memberships track FedAvg and cost no k-means after the first
-exchange (``cluster_s`` 0.1–0.3 % of the training time instead of 1–6 %).
+"local" memberships made the test loss *worse* than not exchanging at all at β ≤ 0.5 (capping the
+warm k-means at 3 iterations narrowed that gap and cut its time 1.7–5×, but did not close it), and
+on synthetic drift (random rows plus independent per-client noise) they moved clients *away* from
+the FedAvg model at β ≤ 0.5; shared memberships track FedAvg and cost no k-means after the first
+exchange (``cluster_s`` 0.1–0.3 % of the training time).
 
 What the server can learn: in both modes it receives centroids only. With shared memberships it could
 recompute the memberships (they follow from the public initial model and the seed), so it learns the
@@ -95,9 +99,12 @@ class Trustformer:
         if self.memberships == "shared":
             return self._shared_payload(session, matrices)
         inits = {n: self.initial_centroids(session, n, m) for n, m in matrices.items()}
+        fed = self.cfg.federation
+        warm = any(GLOBAL + n in session.protocol_state for n in matrices)
+        max_iter = min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter) if warm else fed.kmeans_max_iter
         started = time.perf_counter()
         results = cluster_layers(
-            matrices, inits, max_iter=self.cfg.federation.kmeans_max_iter, tol=self.cfg.federation.kmeans_tol,
+            matrices, inits, max_iter=max_iter, tol=fed.kmeans_tol,
             seed=derive_seed(self.cfg.seed, "kmeans", session.client, session.round),
         )
         cluster_s = time.perf_counter() - started
