@@ -373,6 +373,11 @@ def load_state(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def relative_drift(before: torch.Tensor, after: torch.Tensor) -> float:
+    """‖AFTER − BEFORE‖ / ‖BEFORE − its row mean‖: how far a round moved the rows, in units of their spread."""
+    return float((after - before).norm() / (before - before.mean(0)).norm().clamp_min(1e-30))
+
+
 def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
     """Real weights, per β: BEFORE cold from its own rows (choose_initial_rows); AFTER warm from BEFORE's
     centroids and memberships (init_labels: what a client holds between rounds), AFTER warm from the
@@ -383,8 +388,7 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
     names = [n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after]
     mats_b = {n: as_matrix(before[n].float()) for n in names}
     mats_a = {n: as_matrix(after[n].float()) for n in names}
-    drift = {n: float((mats_a[n] - mats_b[n]).norm() / (mats_b[n] - mats_b[n].mean(0)).norm().clamp_min(1e-30))
-             for n in names if mats_b[n].shape[0] > 1}
+    drift = {n: relative_drift(mats_b[n], mats_a[n]) for n in names if mats_b[n].shape[0] > 1}
     out: dict[str, Any] = {"tensors": len(names), "params": sum(m.numel() for m in mats_b.values()),
                            "median_relative_drift": statistics.median(drift.values()), "betas": {}}
     opts = dict(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
@@ -491,8 +495,7 @@ def drift_sweep_case(args: argparse.Namespace) -> list[dict[str, Any]]:
         for t in args.drift_sweep:
             log(f"[kmeans bench] drift sweep b={beta:g} t={t:g}")
             mats_t = {n: mats_b[n] + t * (as_matrix(after[n].float()) - mats_b[n]) for n in lloyd}
-            drift = statistics.median(float((mats_t[n] - mats_b[n]).norm() / (mats_b[n] - mats_b[n].mean(0)).norm()
-                                            .clamp_min(1e-30)) for n in lloyd)
+            drift = statistics.median(relative_drift(mats_b[n], mats_t[n]) for n in lloyd)
             starts = {n: mats_t[n][choose_initial_rows(mats_t[n].shape[0], inits[n].shape[0], args.seed)].clone()
                       for n in lloyd}
             entry: dict[str, Any] = {"beta": beta, "t": t, "median_relative_drift": drift, "layers": len(lloyd)}
