@@ -236,3 +236,29 @@ def test_libreoffice_second_call_uses_cache(libreoffice_build, monkeypatch: pyte
     messages: list[str] = []
     assert load_libreoffice_corpus(cache, progress=messages.append) == pairs
     assert any("cached" in m for m in messages)
+
+
+def test_tsv_domain_column(tmp_path: Path) -> None:
+    from trustformer.data.corpus import load_tsv_domains
+
+    path = tmp_path / "d.tsv"
+    path.write_text("Привет\tHello\tgreetings\nКак дела?\tHow are you?\tsmall talk\n", encoding="utf-8")
+    assert load_tsv_domains(path) == ([("Привет", "Hello"), ("Как дела?", "How are you?")],
+                                      ["greetings", "small talk"])
+    assert load_tsv(path) == [("Привет", "Hello"), ("Как дела?", "How are you?")]
+    write_tsv([("а", "a")], tmp_path / "w.tsv", ["x"])
+    assert load_tsv_domains(tmp_path / "w.tsv") == ([("а", "a")], ["x"])
+    path.write_text("Привет\tHello\tgreetings\nКак дела?\tHow are you?\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: expected two tabs"):
+        load_tsv_domains(path)
+    path.write_text("Привет\tHello\t \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty domain"):
+        load_tsv_domains(path)
+
+
+def test_help_module_of_a_page() -> None:
+    from trustformer.data.corpus import help_module
+
+    assert help_module(Path("text/scalc/01/func_sum.html")) == "calc"
+    assert help_module(Path("text/shared/guide/main.html")) == "shared"
+    assert help_module(Path("noscript.html")) == "other"

@@ -265,7 +265,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
             [list(t) for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
             if samples is not None else []
         )
-        metrics["data"] = dict(reply.content["data"]) if "data" in reply.content else {}
+        metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
         metrics["labels"] = dict(reply.content["labels"]) if "labels" in reply.content else {}
         per_client[int(metrics["client"])] = metrics
     order = sorted(per_client)
@@ -302,7 +302,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         translations={str(c): _under(cfg.out, per_client[c]["labels"]["translations"]) for c in order
                       if "translations" in per_client[c]["labels"]},
         samples={str(c): per_client[c]["samples"] for c in order},
-        data={"clients": {str(c): per_client[c]["data"] for c in order}},
+        data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": model_bytes},
         server_time_s={k: round(v, 4) for k, v in server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
@@ -314,6 +314,16 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         Path(cfg.out) / "summary.json",
     )
     return summary
+
+
+def _data_record(record: ConfigRecord) -> dict[str, Any]:
+    """A client's data description, with its per-domain counts as ``{domain: pairs}`` dicts."""
+    data = dict(record)
+    for prefix in ("", "test_"):
+        names, counts = data.pop(f"{prefix}domain_names", None), data.pop(f"{prefix}domain_counts", None)
+        if names is not None and counts is not None:
+            data[f"{prefix}domains"] = {str(n): int(c) for n, c in zip(names, counts)}
+    return data
 
 
 def _under(out: str, path: str) -> str:
@@ -650,13 +660,14 @@ def client_train(msg: Message, context: Context) -> Message:
             diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
                                            session.num_examples)
         payload, phases = env.protocol.client_payload(session)
+        payload = {name: tensor.cpu() for name, tensor in payload.items()}  # the wire is CPU memory
         metrics.update(phases)
         secure.put_payload(content, msg, rnd, payload, session.num_examples, metrics)
     else:
         _evaluate_into(env, session, metrics)
     save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
-    log.info("client %s · round %d · %d steps in %.1f s · train loss %.3f", env.client, rnd,
-             metrics["steps"], metrics["train_s"], metrics["train_loss"])
+    log.info("client %s · round %d · %d steps in %.1f s · %.0f tok/s · train loss %.3f", env.client, rnd,
+             metrics["steps"], metrics["train_s"], metrics["tokens_per_s"], metrics["train_loss"])
     content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
 
@@ -670,6 +681,8 @@ def client_apply(msg: Message, context: Context) -> Message:
     expected = env.protocol.payload_spec(session)
     metrics: dict[str, Any] = {"client": env.client, **env.timings(msg)}
     aggregate = ClientExchange(env, context).read_aggregate(msg, rnd, expected, metrics)
+    device = next(session.model.parameters()).device
+    aggregate = {name: tensor.to(device) for name, tensor in aggregate.items()}
     metrics.update(env.protocol.client_apply(session, aggregate))
     if env.diagnostics:
         metrics["fedavg_distance"] = diagnostics.fedavg_distance(context.run_id, rnd,
@@ -725,7 +738,8 @@ def client_evaluate(msg: Message, context: Context) -> Message:
         labels["translations"] = str(write_translations(Path(str(output_dir)) / "translations.tsv", triples))
     sample = triples[:SAMPLE_TRANSLATIONS]
     content = RecordDict({"metrics": MetricRecord(metrics),
-                          "data": ConfigRecord({**env.workload.describe(), "train_pairs": session.num_examples})})
+                          "data": ConfigRecord({**env.workload.describe(env.client),
+                                                "train_pairs": session.num_examples})})
     if labels:
         content["labels"] = ConfigRecord(labels)
     if sample:

@@ -85,7 +85,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = run_in_process(cfg)
     if args.quiet:
         print(f"test loss {summary['test_loss']} · BLEU {summary['bleu']} · {cfg.out}/summary.json")
+    else:
+        print_samples(summary)
     return 0
+
+
+def print_samples(summary: dict[str, Any]) -> None:
+    """The first client's sample translations (source / reference / hypothesis), on stdout."""
+    client, samples = next(iter(summary.get("samples", {}).items()), (None, []))
+    if not samples:
+        return
+    who = "all shards" if client == "-1" else f"client {client}"
+    print(f"sample translations of the shared test set ({who}; every sentence: "
+          f"{summary.get('translations', {}).get(client, 'translations.tsv')}):")
+    for source, reference, hypothesis in samples:
+        print(f"  source     {source}\n  reference  {reference}\n  hypothesis {hypothesis}\n")
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -101,6 +115,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from .bench.kmeans_bench import main as bench_main
 
         return bench_main(args.rest)
+    if args.what == "federation":
+        from .bench.federation_bench import main as federation_main
+
+        _setup_logging(quiet=True)
+        return federation_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
@@ -271,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(c)
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans"])
+    b.add_argument("what", choices=["kmeans", "federation"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)

@@ -87,6 +87,7 @@ class RunRecorder:
                 "down_total": sum(r["bytes_down"] for r in records),
             },
             "time_s": time_s,
+            "throughput": _throughput(records),
             "events": self.events,
             "machine": {
                 "python": platform.python_version(),
@@ -104,6 +105,14 @@ class RunRecorder:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
         return summary
+
+
+def _throughput(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Training throughput over the run: target tokens (labels, padding excluded) per second of local
+    training, summed over clients (``train_tokens`` / ``train_s`` of every line)."""
+    tokens = sum(int(r.get("train_tokens", 0)) for r in records)
+    seconds = sum(float(r.get("train_s", 0.0)) for r in records if "train_tokens" in r)
+    return {"train_tokens": tokens, "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0}
 
 
 def _mean(values) -> float:

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,12 +20,13 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig
-from .data.batching import encode_pairs, make_batches
-from .data.corpus import Pair, default_cache_dir, load_libreoffice_corpus, load_tsv, load_wmt19
+from .data.batching import encode_pairs, make_batches, make_token_batches
+from .data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
 from .data.split import Splits, split_corpus
 from .data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
 from .evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
-from .models.transformer import Seq2SeqTransformer, TransformerConfig, build_optimizer
+from .models.transformer import Seq2SeqTransformer, TransformerConfig
+from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,11 @@ class Workload:
     corpus_pairs: int
     corpus_sha256: str  # fingerprint of the corpus as loaded (identifies its version in the results)
 
-    def describe(self) -> dict[str, str | int]:
-        """What a run records about its data: corpus identity, split sizes, tokenizer."""
-        return {
+    def describe(self, partition: int | None = None) -> dict[str, str | int | list]:
+        """What a run records about its data: corpus identity, split sizes, tokenizer; with a
+        ``partition``, that client's pairs per domain (``domain_names`` / ``domain_counts``), and the
+        test set's (``test_domain_names`` / ``test_domain_counts``), when the corpus names domains."""
+        out: dict[str, str | int | list] = {
             "corpus_pairs": self.corpus_pairs,
             "corpus_sha256": self.corpus_sha256,
             "test_pairs": len(self.splits.test),
@@ -56,6 +60,15 @@ class Workload:
             "tokenizer": self.tokenizer.name,
             "vocab_size": self.tokenizer.vocab_size,
         }
+        if self.splits.client_domains and partition is not None:
+            counts = (Counter() if partition != ALL_SHARDS else sum(
+                (Counter(d) for d in self.splits.client_domains), Counter()))
+            if partition != ALL_SHARDS:
+                counts.update(self.splits.client_domains[partition])
+            out["domain_names"], out["domain_counts"] = list(counts), list(counts.values())
+            out["test_domain_names"] = list(self.splits.test_domains)
+            out["test_domain_counts"] = list(self.splits.test_domains.values())
+        return out
 
     def shard(self, partition: int) -> list[Pair]:
         """A client's private training pairs (``ALL_SHARDS``: the union, for centralized training)."""
@@ -70,16 +83,18 @@ def cache_dir(cfg: RunConfig) -> Path:
     return Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
 
 
-def load_corpus(cfg: RunConfig) -> list[Pair]:
-    """The configured parallel corpus (Russian source, English target)."""
+def load_corpus(cfg: RunConfig) -> tuple[list[Pair], list[str] | None]:
+    """The configured parallel corpus (Russian source, English target) and each pair's domain
+    (LibreOffice: its help module; TSV: the optional third column; WMT19: none)."""
     if cfg.data.source == "tsv":
-        return load_tsv(cfg.data.path)
+        return load_tsv_domains(cfg.data.path)
     if cfg.data.source == "wmt19":
         d = cfg.data
-        needed = d.client_size * cfg.federation.clients + d.test_size + d.public_size
+        sizes = sum(d.client_sizes) if d.client_sizes else d.client_size * cfg.federation.clients
+        needed = sizes + d.test_size + d.public_size
         # stream only what the split needs (with a margin for duplicates and long pairs), not all of WMT19
-        return load_wmt19("train", limit=2 * needed if d.client_size else None)
-    return load_libreoffice_corpus(cache_dir(cfg), progress=lambda m: log.info("corpus: %s", m))
+        return load_wmt19("train", limit=2 * needed if sizes else None), None
+    return load_libreoffice_domains(cache_dir(cfg), progress=lambda m: log.info("corpus: %s", m))
 
 
 def load_workload(cfg: RunConfig) -> Workload:
@@ -101,7 +116,7 @@ def _load_workload_cached(key: str) -> Workload:
     d = cfg.data
     started = time.perf_counter()
     try:
-        pairs = load_corpus(cfg)
+        pairs, domains = load_corpus(cfg)
         splits = split_corpus(
             pairs,
             n_clients=cfg.federation.clients,
@@ -110,6 +125,10 @@ def _load_workload_cached(key: str) -> Workload:
             public_size=d.public_size,
             seed=cfg.seed,
             max_words=d.max_words or None,
+            domains=domains,
+            partition=d.partition,
+            alpha=d.alpha,
+            client_sizes=d.client_sizes or None,
         )
     except ValueError as exc:
         raise DataError(str(exc)) from exc
@@ -143,15 +162,43 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def device_of(cfg: RunConfig) -> torch.device:
+    """``runtime.device``: ``auto`` is CUDA when this process sees a GPU, else the CPU."""
+    name = cfg.runtime.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("runtime.device = 'cuda' but this process sees no CUDA device "
+                           "(use runtime.device = 'auto' or 'cpu')")
+    return torch.device(name)
+
+
 def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:
-    """The identical initial model every client starts from (seeded from the run seed)."""
+    """The identical initial model every client starts from (seeded from the run seed; built on the
+    CPU, so the same on every device, then moved to ``runtime.device``)."""
     torch.manual_seed(derive_seed(cfg.seed, "model-init"))
-    return Seq2SeqTransformer(workload.model_config)
+    return Seq2SeqTransformer(workload.model_config).to(device_of(cfg))
 
 
 def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
-    return build_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
+    return build_optimizer(model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
+
+
+def training_batches(cfg: RunConfig, pairs_encoded: list[tuple[list[int], list[int]]], pad_id: int, *,
+                     seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of shuffled batches: ``train.batch_tokens`` > 0 gives length-bucketed batches of about
+    that many target tokens, else ``train.batch_size`` sentences."""
+    if cfg.train.batch_tokens:
+        return make_token_batches(pairs_encoded, max_tokens=cfg.train.batch_tokens, pad_id=pad_id, seed=seed)
+    return make_batches(pairs_encoded, batch_size=cfg.train.batch_size, pad_id=pad_id, shuffle=True, seed=seed)
+
+
+def planned_steps(cfg: RunConfig, pairs_encoded: list[tuple[list[int], list[int]]], pad_id: int) -> int:
+    """Optimizer steps this client takes over the whole run (the cosine schedule's length when
+    ``train.decay_steps`` = 0)."""
+    per_epoch = len(training_batches(cfg, pairs_encoded, pad_id, seed=0))
+    return per_epoch * cfg.train.local_epochs * cfg.federation.rounds
 
 
 def train_local(
@@ -164,35 +211,48 @@ def train_local(
     step: Callable[[Seq2SeqTransformer, torch.optim.Optimizer, torch.Tensor, torch.Tensor],
                    tuple[torch.Tensor, int]] | None = None,
 ) -> dict[str, float]:
-    """``local_epochs`` passes of mini-batch Adam over a client's shard; returns loss and timing.
+    """``local_epochs`` passes over a client's shard with the configured recipe (``optim.py``): the
+    learning rate of every step follows the schedule from the optimizer's own step count, gradients
+    are clipped to ``train.clip_norm``. Returns loss, timing and throughput (target tokens / s).
 
-    ``step`` replaces the plain step (loss, backward, optimizer step) on each batch, e.g. SAM or a
-    regularised loss; it returns the batch loss summed over tokens and the token count.
+    ``step`` replaces the plain step (loss, backward, clip, optimizer step) on each batch, e.g. SAM or a
+    regularised loss; it returns the batch loss summed over tokens and the token count. The schedule
+    sets its learning rate too.
     """
     torch.manual_seed(seed)  # dropout masks: reproducible whatever the order clients run in
     model.train()
+    t = cfg.train
+    device = next(model.parameters()).device
+    pad_id = model.config.pad_id
+    total = t.decay_steps or planned_steps(cfg, pairs_encoded, pad_id)
+    done = optimizer_steps(optimizer)
     started = time.perf_counter()
     loss_sum, tokens, steps = 0.0, 0, 0
-    for epoch in range(cfg.train.local_epochs):
-        batches = make_batches(
-            pairs_encoded, batch_size=cfg.train.batch_size, pad_id=model.config.pad_id,
-            shuffle=True, seed=derive_seed(seed, "epoch", epoch),
-        )
-        for src, tgt in batches:
+    for epoch in range(t.local_epochs):
+        for src, tgt in training_batches(cfg, pairs_encoded, pad_id, seed=derive_seed(seed, "epoch", epoch)):
+            src, tgt = src.to(device), tgt.to(device)
+            set_lr(optimizer, lr_at(done + steps + 1, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
+                                    decay_steps=total, min_lr=t.min_lr))
             if step is not None:
                 batch_loss, n_tokens = step(model, optimizer, src, tgt)
             else:
                 optimizer.zero_grad(set_to_none=True)
-                batch_loss, n_tokens = model.loss(src, tgt, label_smoothing=cfg.train.label_smoothing)
+                batch_loss, n_tokens = model.loss(src, tgt, label_smoothing=t.label_smoothing)
                 (batch_loss / max(n_tokens, 1)).backward()
+                if t.clip_norm:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
                 optimizer.step()
             loss_sum += float(batch_loss.detach())
             tokens += int(n_tokens)
             steps += 1
     train_loss = loss_sum / max(tokens, 1)
     if not math.isfinite(train_loss):
-        raise FloatingPointError(f"local training diverged (train loss {train_loss})")
-    return {"train_loss": train_loss, "train_s": time.perf_counter() - started, "steps": steps}
+        raise FloatingPointError(f"local training diverged (train loss {train_loss}); lower train.lr "
+                                 "or set train.clip_norm")
+    elapsed = time.perf_counter() - started
+    return {"train_loss": train_loss, "train_s": elapsed, "steps": steps, "train_tokens": tokens,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "lr": optimizer.param_groups[0]["lr"]}
 
 
 def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload) -> float:

@@ -21,7 +21,7 @@ from torch import Tensor
 from trustformer.data.corpus import Pair
 from trustformer.data.tokenizer import Tokenizer
 
-__all__ = ["EncodedPair", "encode_pairs", "make_batches", "pad_sequences"]
+__all__ = ["EncodedPair", "encode_pairs", "make_batches", "make_token_batches", "pad_sequences"]
 
 EncodedPair = tuple[list[int], list[int]]
 
@@ -75,5 +75,50 @@ def make_batches(
         chunk = [encoded[i] for i in order[start : start + batch_size]]
         src = pad_sequences([s for s, _ in chunk], pad_id)
         tgt = pad_sequences([t for _, t in chunk], pad_id)
+        batches.append((src, tgt))
+    return batches
+
+
+def make_token_batches(
+    encoded: Sequence[EncodedPair],
+    *,
+    max_tokens: int,
+    pad_id: int,
+    seed: int,
+    pool_batches: int = 50,
+) -> list[tuple[Tensor, Tensor]]:
+    """Length-bucketed batches of at most ``max_tokens`` padded target tokens each (B × longest target).
+
+    The pairs are shuffled with ``random.Random(seed)``, cut into pools of about ``pool_batches``
+    batches, each pool sorted by (target, source) length and cut greedily so that padding stays small;
+    the batch order is then shuffled. Every example is used once; a pair longer than ``max_tokens`` gets a
+    batch of its own.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    rng = random.Random(seed)
+    order = list(range(len(encoded)))
+    rng.shuffle(order)
+    mean_len = max(1.0, sum(len(t) for _, t in encoded) / max(len(encoded), 1))
+    pool_size = max(1, int(pool_batches * max_tokens / mean_len))
+    groups: list[list[int]] = []
+    for start in range(0, len(order), pool_size):
+        pool = sorted(order[start:start + pool_size], key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
+        current: list[int] = []
+        longest = 0
+        for i in pool:
+            length = len(encoded[i][1])
+            if current and max(longest, length) * (len(current) + 1) > max_tokens:
+                groups.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, length)
+        if current:
+            groups.append(current)
+    rng.shuffle(groups)
+    batches = []
+    for chunk in groups:
+        src = pad_sequences([encoded[i][0] for i in chunk], pad_id)
+        tgt = pad_sequences([encoded[i][1] for i in chunk], pad_id)
         batches.append((src, tgt))
     return batches

@@ -29,6 +29,9 @@ __all__ = [
     "extract_help_paragraphs",
     "load_libreoffice_corpus",
     "load_tsv",
+    "load_tsv_domains",
+    "load_libreoffice_domains",
+    "help_module",
     "load_wmt19",
     "write_tsv",
 ]
@@ -80,26 +83,40 @@ def default_cache_dir() -> Path:
 
 
 def load_tsv(path: str | os.PathLike[str]) -> list[Pair]:
-    """Read a strict UTF-8 TSV corpus, one ``source<TAB>target`` pair per line.
+    """Read a strict UTF-8 TSV corpus, one ``source<TAB>target`` pair per line (see ``load_tsv_domains``;
+    a domain column, if any, is dropped)."""
+    return load_tsv_domains(path)[0]
 
-    Blank lines are skipped. A line without exactly one tab, with an empty side, or with invalid
-    UTF-8 raises ``ValueError`` naming the file and the 1-based line number; so does a file with
-    no pairs at all.
+
+def load_tsv_domains(path: str | os.PathLike[str]) -> tuple[list[Pair], list[str] | None]:
+    """Read a strict UTF-8 TSV corpus: ``source<TAB>target`` per line, or ``source<TAB>target<TAB>domain``
+    on every line (the domain names the part of the corpus a pair comes from, e.g. a help module).
+
+    Returns the pairs and, for a file with the domain column, the domain of each pair (else ``None``).
+    Blank lines are skipped. A line with the wrong number of tabs (or a different number than the first
+    line), an empty field, or invalid UTF-8 raises ``ValueError`` naming the file and the 1-based line
+    number; so does a file with no pairs at all.
     """
     path = Path(path)
     pairs: list[Pair] = []
+    domains: list[str] = []
+    columns: int | None = None
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            pair = _parse_tsv_line(raw, path, number)
-            if pair is not None:
-                pairs.append(pair)
+            fields = _parse_tsv_line(raw, path, number, columns)
+            if fields is None:
+                continue
+            columns = len(fields)
+            pairs.append((fields[0], fields[1]))
+            if columns == 3:
+                domains.append(fields[2])
     if not pairs:
         raise ValueError(f"{path}: no pairs found (expected one `source<TAB>target` per line)")
-    return pairs
+    return pairs, (domains if columns == 3 else None)
 
 
-def _parse_tsv_line(raw: bytes, path: Path, number: int) -> Pair | None:
-    """Parse one TSV line; ``None`` for a blank line."""
+def _parse_tsv_line(raw: bytes, path: Path, number: int, columns: int | None) -> tuple[str, ...] | None:
+    """Parse one TSV line into 2 or 3 fields (``columns``: what earlier lines had); ``None`` for a blank line."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -108,25 +125,32 @@ def _parse_tsv_line(raw: bytes, path: Path, number: int) -> Pair | None:
     if not line.strip():
         return None
     tabs = line.count("\t")
-    if tabs != 1:
-        raise ValueError(
-            f"{path}, line {number}: expected exactly one tab between source and target, found {tabs}"
-        )
-    source, target = (side.strip() for side in line.split("\t"))
-    for side, text in (("source", source), ("target", target)):
+    if tabs not in (1, 2) or (columns is not None and tabs != columns - 1):
+        expected = {None: "exactly one tab between source and target (or two, with a domain column on every line)",
+                    2: "exactly one tab between source and target, like the lines before",
+                    3: "two tabs (source, target, domain), like the lines before"}[columns]
+        raise ValueError(f"{path}, line {number}: expected {expected}, found {tabs}")
+    fields = tuple(side.strip() for side in line.split("\t"))
+    for name, text in zip(("source", "target", "domain"), fields):
         if not text:
-            raise ValueError(f"{path}, line {number}: empty {side} side")
-    return source, target
+            raise ValueError(f"{path}, line {number}: empty {name} side" if name != "domain"
+                             else f"{path}, line {number}: empty domain column")
+    return fields
 
 
-def write_tsv(pairs: Iterable[Pair], path: str | os.PathLike[str]) -> None:
-    """Write pairs as UTF-8 TSV atomically (temporary file, then ``os.replace``)."""
+def write_tsv(pairs: Iterable[Pair], path: str | os.PathLike[str], domains: Sequence[str] | None = None) -> None:
+    """Write pairs (and a third ``domain`` column when ``domains`` is given) as UTF-8 TSV atomically."""
     path = Path(path)
+    pairs = list(pairs)
+    if domains is not None and len(domains) != len(pairs):
+        raise ValueError(f"{len(domains)} domains for {len(pairs)} pairs")
     lines = []
-    for source, target in pairs:
-        if any(ch in text for text in (source, target) for ch in "\t\n\r"):
-            raise ValueError(f"pair contains a tab or newline and cannot be written as TSV: {source!r}")
-        lines.append(f"{source}\t{target}\n")
+    for i, (source, target) in enumerate(pairs):
+        fields = (source, target) if domains is None else (source, target, domains[i])
+        if any(ch in text for text in fields for ch in "\t\n\r") or not all(fields):
+            raise ValueError(f"pair contains a tab or newline, or an empty field, and cannot be written as TSV: "
+                             f"{source!r}")
+        lines.append("\t".join(fields) + "\n")
     _write_atomic(path, "".join(lines))
 
 
@@ -150,13 +174,22 @@ def _write_atomic(path: Path, text: str) -> None:
 def load_libreoffice_corpus(
     cache_dir: Path | None = None, *, progress: Progress | None = None
 ) -> list[Pair]:
-    """Russian→English pairs aligned from Debian's LibreOffice help packages.
+    """Russian→English pairs aligned from Debian's LibreOffice help packages (see
+    ``load_libreoffice_domains``, which also returns each pair's help module)."""
+    return load_libreoffice_domains(cache_dir, progress=progress)[0]
+
+
+def load_libreoffice_domains(
+    cache_dir: Path | None = None, *, progress: Progress | None = None
+) -> tuple[list[Pair], list[str]]:
+    """Russian→English pairs aligned from Debian's LibreOffice help packages, and the help module
+    (``HELP_MODULES``: writer, calc, impress, draw, base, math, basic, chart, shared) of each pair.
 
     The first call downloads ``libreoffice-help-en-us`` and ``libreoffice-help-ru`` with
     ``apt-get download``, unpacks them with ``dpkg-deb -x``, aligns the help paragraphs and caches the
-    result as ``<cache_dir>/libreoffice-ru-en/<version>/pairs.tsv`` (with ``LICENSE-NOTICE.txt``).
-    Later calls read the cache and never call apt. The result is deduplicated and sorted, so it is
-    identical on every machine for the same package version.
+    result as ``<cache_dir>/libreoffice-ru-en/<version>/pairs.tsv`` (``source<TAB>target<TAB>module``, with
+    ``LICENSE-NOTICE.txt``). Later calls read the cache and never call apt. The result is deduplicated and
+    sorted, so it is identical on every machine for the same package version.
 
     Raises ``CorpusUnavailableError`` when the packages cannot be obtained.
     """
@@ -166,16 +199,24 @@ def load_libreoffice_corpus(
     cached = _find_cached_corpus(corpus_root)
     if cached is not None:
         report(f"using cached corpus {cached}")
-        return load_tsv(cached)
+        pairs, domains = load_tsv_domains(cached)
+        assert domains is not None  # _find_cached_corpus keeps files with the domain column only
+        return pairs, domains
     return _build_libreoffice_corpus(corpus_root, report)
 
 
 def _find_cached_corpus(corpus_root: Path) -> Path | None:
-    """The cached ``pairs.tsv`` of the highest package version, if any."""
-    candidates = [p for p in corpus_root.glob("*/pairs.tsv") if p.is_file()]
+    """The cached ``pairs.tsv`` of the highest package version, if any (one written before the
+    module column existed is ignored, and rebuilt)."""
+    candidates = [p for p in corpus_root.glob("*/pairs.tsv") if p.is_file() and _has_domain_column(p)]
     if not candidates:
         return None
     return max(candidates, key=lambda p: _natural_key(p.parent.name))
+
+
+def _has_domain_column(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.readline().count(b"\t") == 2
 
 
 def _natural_key(text: str) -> list[tuple[int, int | str]]:
@@ -183,8 +224,8 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
     return [(0, int(tok)) if tok.isdigit() else (1, tok) for tok in re.findall(r"\d+|\D+", text)]
 
 
-def _build_libreoffice_corpus(corpus_root: Path, report: Progress) -> list[Pair]:
-    """Download, unpack and align the help packages; write the cache; return the pairs."""
+def _build_libreoffice_corpus(corpus_root: Path, report: Progress) -> tuple[list[Pair], list[str]]:
+    """Download, unpack and align the help packages; write the cache; return the pairs and modules."""
     _require_tools()
     corpus_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=corpus_root, prefix=".build-") as tmp:
@@ -193,23 +234,26 @@ def _build_libreoffice_corpus(corpus_root: Path, report: Progress) -> list[Pair]
         debs = _apt_download(LIBREOFFICE_PACKAGES, work)
         versions = {name: _deb_version(deb) for name, deb in debs.items()}
         target_dir = corpus_root / _version_folder(versions)
-        if (target_dir / "pairs.tsv").is_file():  # built meanwhile by another process
-            report(f"using cached corpus {target_dir / 'pairs.tsv'}")
-            return load_tsv(target_dir / "pairs.tsv")
+        if (target_dir / "pairs.tsv").is_file() and _has_domain_column(target_dir / "pairs.tsv"):
+            report(f"using cached corpus {target_dir / 'pairs.tsv'}")  # built meanwhile by another process
+            pairs, domains = load_tsv_domains(target_dir / "pairs.tsv")
+            return pairs, domains or []
         report("extracting help pages…")
         for deb in debs.values():
             _run(["dpkg-deb", "-x", str(deb), str(work / "tree")], what=f"unpacking {deb.name}")
         help_root = work / "tree" / HELP_ROOT
-        pairs = align_help_trees(help_root / "ru", help_root / "en-US")
-        if not pairs:
+        triples = align_help_modules(help_root / "ru", help_root / "en-US")
+        if not triples:
             raise CorpusUnavailableError(
                 f"no aligned pairs found under {HELP_ROOT} in the unpacked packages. {ALTERNATIVES}"
             )
+        pairs = [(ru, en) for ru, en, _ in triples]
+        domains = [module for _, _, module in triples]
         report(f"aligned {len(pairs)} pairs")
         _write_atomic(target_dir / "LICENSE-NOTICE.txt", _license_notice(versions, len(pairs)))
-        write_tsv(pairs, target_dir / "pairs.tsv")
+        write_tsv(pairs, target_dir / "pairs.tsv", domains)
         report(f"wrote {target_dir / 'pairs.tsv'}")
-    return pairs
+    return pairs, domains
 
 
 def _require_tools() -> None:
@@ -401,25 +445,46 @@ def extract_help_paragraphs(html: str) -> dict[tuple[str, int], str]:
     return out
 
 
+HELP_MODULES = {"swriter": "writer", "scalc": "calc", "simpress": "impress", "sdraw": "draw",
+                "sdatabase": "base", "smath": "math", "sbasic": "basic", "schart": "chart", "shared": "shared"}
+"""Help folders (``text/<folder>/``) and the module name a pair from them is labelled with."""
+
+
+def help_module(relative: Path) -> str:
+    """The LibreOffice module of a help page, from its path under the language folder
+    (``text/scalc/01/…`` → ``calc``); pages outside ``text/<module>/`` are ``other``."""
+    parts = relative.parts
+    if len(parts) >= 3 and parts[0] == "text":
+        return HELP_MODULES.get(parts[1], parts[1])
+    return "other"
+
+
 def align_help_trees(ru_root: Path, en_root: Path) -> list[Pair]:
     """Align the help pages of two language folders into sorted, deduplicated (ru, en) pairs."""
+    return [(ru, en) for ru, en, _ in align_help_modules(ru_root, en_root)]
+
+
+def align_help_modules(ru_root: Path, en_root: Path) -> list[tuple[str, str, str]]:
+    """Sorted, deduplicated (ru, en, module) triples; a pair found in several modules' pages keeps the
+    module of its first page in path order."""
     if not ru_root.is_dir() or not en_root.is_dir():
         raise CorpusUnavailableError(
             f"help folders not found after unpacking ({ru_root.name}, {en_root.name} under "
             f"{HELP_ROOT}). {ALTERNATIVES}"
         )
-    pairs: set[Pair] = set()
+    modules: dict[Pair, str] = {}
     for relative in sorted(p.relative_to(en_root) for p in en_root.rglob("*.html")):
         ru_page = ru_root / relative
         if not ru_page.is_file():
             continue
         en_par = extract_help_paragraphs((en_root / relative).read_text(encoding="utf-8", errors="replace"))
         ru_par = extract_help_paragraphs(ru_page.read_text(encoding="utf-8", errors="replace"))
-        for key in en_par.keys() & ru_par.keys():
+        module = help_module(relative)
+        for key in sorted(en_par.keys() & ru_par.keys()):
             pair = (ru_par[key], en_par[key])
             if _keep_pair(pair):
-                pairs.add(pair)
-    return sorted(pairs)
+                modules.setdefault(pair, module)
+    return sorted((ru, en, module) for (ru, en), module in modules.items())
 
 
 def _keep_pair(pair: Pair) -> bool:

@@ -1,5 +1,5 @@
 """Models trained by Trustformer."""
 
-from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig, build_optimizer
+from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
 
-__all__ = ["Seq2SeqTransformer", "TransformerConfig", "build_optimizer"]
+__all__ = ["Seq2SeqTransformer", "TransformerConfig"]

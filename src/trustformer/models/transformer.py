@@ -33,7 +33,6 @@ from torch import Tensor, nn
 __all__ = [
     "TransformerConfig",
     "Seq2SeqTransformer",
-    "build_optimizer",
     "causal_mask",
     "eval_mode",
     "sinusoidal_positions",
@@ -485,18 +484,3 @@ class Seq2SeqTransformer(nn.Module):
                         if score != neg_inf:
                             finished[b].append((score / max(len(hyp), 1) ** length_penalty, hyp))
         return [max(hyps, key=lambda item: item[0])[1] if hyps else [] for hyps in finished]
-
-
-def build_optimizer(
-    model: nn.Module,
-    *,
-    lr: float = 1e-3,
-    weight_decay: float = 0.01,
-    betas: tuple[float, float] = (0.9, 0.999),
-) -> torch.optim.Optimizer:
-    """Adam with L2-coupled weight decay (``torch.optim.Adam(weight_decay=...)``), as in paper Table II.
-
-    The decay term is added to the gradient before the adaptive scaling (not decoupled as in AdamW)
-    and applies to every parameter, biases and LayerNorm included.
-    """
-    return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)

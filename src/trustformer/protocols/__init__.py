@@ -22,6 +22,10 @@ def get_protocol(cfg: RunConfig) -> FederatedProtocol:
         from .trustformer import Trustformer
 
         return Trustformer(cfg)
+    if name == "fedavg-topk":
+        from .fedavg_topk import FedAvgTopK
+
+        return FedAvgTopK(cfg)
     if name == "dp-fedavg":
         from .dp_fedavg import DPFedAvg
 

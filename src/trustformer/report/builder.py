@@ -71,6 +71,9 @@ def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: s
     doc.image(figs["loss_per_round"], "Figure 4/5 — test loss of every client per round, per method.")
     doc.image(figs["loss_vs_beta"], "Figure 4/5 — final test loss against β with FedAvg, no aggregation and "
                                     "the other methods as references; distance to FedAvg against β.")
+    if "data_per_client" in figs:
+        doc.heading("Data")
+        doc.image(figs["data_per_client"], "Training pairs of every client per domain, and the shared test set's.")
     _samples(doc, runs, out)
     doc.heading("Where this differs from the paper, and why")
     doc.bullets(differences(runs, epochs=epochs))

@@ -6,6 +6,7 @@
   no aggregation, centralized and DP runs as references; and the distance to FedAvg against β
   (Theorem 1: → 0 as β → 1).
 - ``fig6_quality.png``: BLEU, METEOR and BERTScore F1 per client and method (Fig. 6).
+- ``data_per_client.png``: training pairs per client and domain (when the corpus names domains).
 - ``table3_bytes_vs_beta.png``: bytes per round against β relative to a FedAvg model, ours and the
   paper's (Table III as a chart).
 """
@@ -233,9 +234,42 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     return path
 
 
+def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
+    """Pairs of every domain held by each client (stacked bars), and the shared test set's mix; None when
+    no run recorded domains (a corpus without them)."""
+    run = next((r for r in runs if any("domains" in c for c in r.summary.get("data", {}).get("clients", {}).values())),
+               None)
+    if run is None:
+        return None
+    plt = _plt()
+    data = run.summary["data"]
+    clients = {k: v for k, v in data["clients"].items() if "domains" in v}
+    names = sorted({d for c in clients.values() for d in c["domains"]} |
+                   set(next(iter(clients.values())).get("test_domains", {})))
+    bars = [(f"client {k}" if k != "-1" else "all shards", v["domains"]) for k, v in sorted(clients.items())]
+    test = next(iter(clients.values())).get("test_domains")
+    if test:
+        bars.append(("test set", test))
+    fig, ax = plt.subplots(figsize=(1.2 * len(bars) + 3.5, 3.4))
+    bottom = [0.0] * len(bars)
+    for i, name in enumerate(names):
+        heights = [float(counts.get(name, 0)) for _, counts in bars]
+        ax.bar([label for label, _ in bars], heights, bottom=bottom, label=name,
+               color=_CLIENT_COLORS[i % len(_CLIENT_COLORS)])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_ylabel("pairs")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), title="domain")
+    ax.set_title(f"Training pairs per client and domain — partition {data.get('partition', '?')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def all_figures(runs: Sequence[RunResult], folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    return {
+    data = data_per_client(runs, folder / "data_per_client.png")
+    return {**({"data_per_client": data} if data is not None else {}),
         "loss_per_round": loss_per_round(runs, folder / "fig4-5_loss_per_round.png"),
         "loss_vs_beta": final_loss_vs_beta(runs, folder / "fig4-5_final_loss_vs_beta.png"),
         "quality": quality(runs, folder / "fig6_quality.png"),

@@ -1,0 +1,101 @@
+"""FedAvg of top-k sparsified updates: the cheap compression baseline a centroid exchange must beat.
+
+Client: Δ = W_local − W_global (+ the residual it did not send before, with error feedback, Stich et al.
+2018), keeps the ceil(keep·d) coordinates of largest magnitude (``federation.topk_keep``) and sends them
+as (int32 ``indices``, float32 ``values``): the bytes counted include the indices. Server: the
+data-size-weighted mean of the sparse updates (zeros where a client sent nothing), returned sparse on
+the union of the kept coordinates. Every client adopts W_global + mean update, as in FedAvg.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..config import RunConfig
+from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
+from ..wire import PayloadError, TensorSpec
+from .base import ClientSession, Tensors, assign_tensors, trainable_tensors
+
+INDICES, VALUES = "indices", "values"
+GLOBAL, RESIDUAL = "global/", "residual"
+
+
+class FedAvgTopK:
+    name = "fedavg-topk"
+    exchanges = True
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.keep = cfg.federation.topk_keep
+        self.error_feedback = cfg.federation.topk_error_feedback
+
+    # ------------------------------------------------------------------------------ client
+
+    def _global(self, session: ClientSession) -> Tensors:
+        names = [n for n, p in session.model.named_parameters() if p.requires_grad]
+        if all(GLOBAL + n in session.protocol_state for n in names):
+            return {n: session.protocol_state[GLOBAL + n] for n in names}
+        initial = session.initial_tensors()
+        return {n: initial[n].detach().clone() for n in names}
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+        started = time.perf_counter()
+        local, base = trainable_tensors(session.model), self._global(session)
+        update = flatten({n: local[n].double() - base[n].double() for n in base})
+        if self.error_feedback and RESIDUAL in session.protocol_state:
+            update = update + session.protocol_state[RESIDUAL].to(update)
+        indices, values = top_k_sparsify(update, keep_count(update.numel(), self.keep))
+        if self.error_feedback:
+            residual = update.clone()
+            residual[indices] = 0.0
+            session.protocol_state[RESIDUAL] = residual.to(torch.float32)
+        payload = {INDICES: indices.to(index_dtype(update.numel())), VALUES: values.to(torch.float32)}
+        return payload, {"sparsify_s": time.perf_counter() - started, "kept": float(indices.numel())}
+
+    def payload_spec(self, session: ClientSession) -> TensorSpec | None:
+        return None  # the union of kept coordinates varies: checked in client_apply
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+        started = time.perf_counter()
+        base = self._global(session)
+        flat = flatten(base).double()
+        if set(aggregate) != {INDICES, VALUES}:
+            raise PayloadError(f"aggregate from the server: arrays {sorted(aggregate)}, expected {[INDICES, VALUES]}")
+        try:
+            check_sparse(aggregate[INDICES], aggregate[VALUES], flat.numel(), what="aggregate from the server")
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from None
+        flat.index_add_(0, aggregate[INDICES].to(torch.int64).to(flat.device), aggregate[VALUES].double())
+        new_global = unflatten(flat, base)
+        assign_tensors(session.model, new_global)
+        for n, t in new_global.items():
+            session.protocol_state[GLOBAL + n] = t
+        return {"apply_s": time.perf_counter() - started}
+
+    # ------------------------------------------------------------------------------ server
+
+    def check_payload(self, payload: Tensors) -> None:
+        if set(payload) != {INDICES, VALUES}:
+            raise PayloadError(f"sparse update: arrays {sorted(payload)}, expected {[INDICES, VALUES]}")
+        try:
+            check_sparse(payload[INDICES], payload[VALUES], 2**31 - 1, what="sparse update")
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from None
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+        """Σ_k (n_k / n)·sparse Δ_k on the union of the kept coordinates."""
+        started = time.perf_counter()
+        total = float(sum(num_examples))
+        union, inverse = torch.unique(torch.cat([p[INDICES].to(torch.int64) for p in payloads]), sorted=True,
+                                      return_inverse=True)
+        weights = torch.cat([torch.full((p[VALUES].numel(),), n / total, dtype=torch.float64)
+                             for p, n in zip(payloads, num_examples)])
+        values = torch.zeros(union.numel(), dtype=torch.float64)
+        values.index_add_(0, inverse, torch.cat([p[VALUES].double() for p in payloads]) * weights)
+        out = {INDICES: union.to(payloads[0][INDICES].dtype), VALUES: values.to(torch.float32)}
+        return out, {"aggregate_s": time.perf_counter() - started}
+
+
+__all__ = ["FedAvgTopK"]
