@@ -32,3 +32,29 @@ def test_own_corpus_too_small_for_the_split_is_explained(tmp_path, capsys):
     small.write_text("".join(f"привет {i}\thello {i}\n" for i in range(50)), encoding="utf-8")
     assert main(["run", "--preset", "tiny", "--data", str(small), "--out", str(tmp_path / "o")]) == 1
     assert "trustformer: error:" in capsys.readouterr().err
+
+
+def test_own_corpus_without_domains_runs_iid_and_dirichlet_says_it_needs_domains(tmp_path, capsys):
+    corpus = tmp_path / "plain.tsv"
+    corpus.write_text("".join(f"привет номер {i}\thello number {i}\n" for i in range(1800)), encoding="utf-8")
+    base = ["run", "--preset", "tiny", "--data", str(corpus), "--set", "eval.meteor=false",
+            "--set", "eval.bertscore=false", "--quiet"]
+    assert main(base + ["--out", str(tmp_path / "iid")]) == 0
+    assert main(base + ["--out", str(tmp_path / "dir"), "--set", "data.partition=dirichlet"]) == 1
+    err = capsys.readouterr().err
+    assert "needs a domain for every pair" in err and "third column `domain`" in err
+
+
+def test_own_corpus_with_domains_partitions_by_them(tmp_path):
+    import json
+
+    corpus = tmp_path / "domains.tsv"
+    corpus.write_text("".join(f"привет номер {i}\thello number {i}\t{'abc'[i % 3]}\n" for i in range(1800)),
+                      encoding="utf-8")
+    assert main(["run", "--preset", "tiny", "--data", str(corpus), "--set", "eval.meteor=false", "--set",
+                 "eval.bertscore=false", "--set", "data.partition=domain", "--quiet",
+                 "--out", str(tmp_path / "dom")]) == 0
+    clients = json.loads((tmp_path / "dom" / "summary.json").read_text())["data"]["clients"]
+    held = [set(c["domains"]) for c in clients.values()]
+    assert sorted(map(sorted, held)) == [["a"], ["b"], ["c"]]
+    assert all(set(c["test_domains"]) == {"a", "b", "c"} for c in clients.values())
