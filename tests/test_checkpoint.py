@@ -79,6 +79,7 @@ def _results(line):
 @pytest.mark.parametrize("strategy,extra", [
     ("trustformer", {}),  # client-side protocol state (memberships, centroids) in the snapshots
     ("dp-fedavg", {"privacy.noise_multiplier": 0.5, "privacy.sampling_rate": 0.7,  # server-side accountant
+                   "privacy.noise_source": "seeded-not-private",  # the same noise and sampling again
                    "privacy.on_exceed": "continue"}),
 ])
 def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):

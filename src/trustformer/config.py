@@ -151,6 +151,9 @@ class PrivacyConfig:
     blur_bound: float = 0.0  # dp-blur-lus: update norm above which the regulariser acts; 0 = clip_norm
     lus_keep: float = 0.1  # dp-blur-lus: fraction of the update's coordinates kept (largest magnitude)
     lus_noise: str = "kept"  # dp-blur-lus: noise on the kept coordinates only | dense (every coordinate)
+    # where the noise and the client sampling come from: "os" = the operating system's randomness (the only
+    # private choice); "seeded-not-private" = derived from the run seed, which every client knows (debugging only)
+    noise_source: str = "os"
 
     def validate(self) -> None:
         _positive("privacy.epsilon", self.epsilon)
@@ -168,6 +171,7 @@ class PrivacyConfig:
         _at_least("privacy.blur_bound", self.blur_bound, 0.0)
         _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
+        _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
 
 
 @dataclass(frozen=True)
