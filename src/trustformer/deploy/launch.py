@@ -31,7 +31,7 @@ from typing import Any
 
 import tomli_w
 
-from ..config import RunConfig, build_config
+from ..config import ConfigError, RunConfig, build_config
 from .certs import Credentials, CredentialsError, check_public_key, local_runtime_tls, write_credentials
 from .fab import write_app, write_run_config
 
@@ -321,6 +321,9 @@ def wait_for_run(home: str | Path, run_id: int, summary: Path, *, submitted_at: 
 
 def deployment_config(cfg: RunConfig) -> RunConfig:
     """``cfg`` with absolute paths (the ServerApp and ClientApps run in other working directories)."""
+    if cfg.federation.faults:
+        raise ConfigError("federation.faults is applied by the in-process runtime only (trustformer run); "
+                          "a deployment's faults are real ones: remove federation.faults")
     values = cfg.to_dict()
     values["out"] = str(Path(cfg.out).resolve())
     for key in ("path", "cache_dir"):

@@ -79,6 +79,9 @@ class DPFedAvg:
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         return spec_of(dict(session.model.named_parameters()))
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        return spec_of(initial)  # the clipped update Δ of every trainable tensor
+
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
         """W_global ← W_global + noised mean update; the client continues from the new global model."""
         started = time.perf_counter()

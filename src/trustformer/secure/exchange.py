@@ -49,7 +49,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..config import RunConfig
-from ..core.centroids import layer_matrix, num_clusters
 from ..runtime.store import ClientState
 from ..wire import PayloadError, TensorSpec, from_array_record, payload_bytes, spec_of, to_array_record
 from . import codec
@@ -395,11 +394,13 @@ class ServerExchange:
                 specs[node] = _parse_spec(arrays["spec"].tobytes(), f"secagg keys of node {node}")
             except (KeyError, PayloadError) as exc:
                 self._drop(rnd, node, f"secagg keys: {exc}")
-        if specs:
-            encoded = Counter(_spec_json(s) for s in specs.values())
-            majority = encoded.most_common(1)[0][0]
-            for node in [n for n in specs if _spec_json(specs[n]) != majority]:
-                self._drop(rnd, node, "secagg keys: payload names/shapes differ from the other clients'")
+        if specs:  # the payload every client must announce follows from the configuration, not from a vote
+            from ..app import expected_payload_spec as configured_spec  # (late: app imports this module)
+
+            expected = _spec_json(configured_spec(self.cfg))
+            for node in [n for n in specs if _spec_json(specs[n]) != expected]:
+                self._drop(rnd, node, "secagg keys: the announced payload names/shapes differ from those the "
+                                      "run's configuration and protocol give")
                 keys.pop(node)
                 specs.pop(node)
         if len(keys) < params.threshold:
@@ -649,14 +650,10 @@ class ServerExchange:
 
 def expected_payload_spec(cfg: RunConfig, initial: Mapping[str, torch.Tensor]) -> TensorSpec:
     """The names/shapes/dtypes of the payload a client will send (secagg announces it before training)."""
-    if cfg.federation.strategy == "fedavg":
-        return spec_of(initial)
-    if cfg.federation.strategy == "trustformer":
-        out: TensorSpec = {}
-        for name, tensor in initial.items():
-            rows, cols = layer_matrix(tensor).shape
-            out[name] = ((num_clusters(rows, cfg.federation.beta), cols), spec_of({name: tensor})[name][1])
-        return out
+    if cfg.federation.strategy in ("fedavg", "trustformer"):
+        from ..protocols import get_protocol
+
+        return get_protocol(cfg).expected_payload(dict(initial))
     raise ValueError(f"secure aggregation does not support federation.strategy = {cfg.federation.strategy!r}")
 
 
