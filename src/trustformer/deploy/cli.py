@@ -75,6 +75,12 @@ def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Calla
     n.add_argument("--dir", required=True, metavar="DIR", help="this client's folder: state/, output/, logs")
     n.add_argument("--train-file", metavar="FILE.tsv",
                    help="train on this TSV of the client's own pairs instead of its shard of the corpus")
+    n.add_argument("--trusted-key", metavar="FILE.pub",
+                   help="secure.mode tee: the aggregator's attestation public key, a file on this machine "
+                        "(trustformer attest --keygen writes it); the run config's secure.trusted_key is ignored")
+    n.add_argument("--expected-measurement", metavar="HEX",
+                   help="secure.mode tee: the aggregator measurement this client requires (the first line of "
+                        "`trustformer attest` with the run's options); the run config's value is ignored")
     n.add_argument("--give-up-after", type=float, metavar="S",
                    help="exit when the SuperLink has been unreachable this many seconds (default: never)")
     n.add_argument("--wait-registration", type=float, default=300.0, metavar="S",
@@ -248,7 +254,8 @@ def _cmd_client(args: argparse.Namespace, setup_logging) -> int:
 
     setup_logging(quiet=False)
     folder = Path(args.dir)
-    config = node_config(args.partition, folder / "state", folder / "output", args.train_file)
+    config = node_config(args.partition, folder / "state", folder / "output", args.train_file,
+                         trusted_key=args.trusted_key, expected_measurement=args.expected_measurement)
     started = time.monotonic()
     with _stop_on_sigterm():
         while True:

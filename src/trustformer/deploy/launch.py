@@ -385,10 +385,31 @@ def start_server(home: str | Path, creds: Credentials, *, host: str = LOOPBACK, 
 
 
 def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | None = None,
-                train_file: str | Path | None = None) -> dict[str, Any]:
-    """A data owner's node config: which client it is, where its state and translations go."""
+                train_file: str | Path | None = None, *, trusted_key: str | Path | None = None,
+                expected_measurement: str | None = None, pins: dict[str, str] | None = None) -> dict[str, Any]:
+    """A data owner's node config: which client it is, where its state and translations go, and its
+    own trust anchors for ``secure.mode = tee`` (``trusted_key``: the aggregator's public key, a file on
+    this machine; ``expected_measurement``: the measurement it requires; or ``pins`` as made by
+    ``secure.exchange.client_pins``)."""
+    from ..secure.attestation import load_trusted_key
+    from ..secure.exchange import MEASUREMENT_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG
+
     config: dict[str, Any] = {"partition-id": int(partition), "state-dir": str(Path(state_dir).resolve()),
                               "diagnostics": False}
+    config.update(pins or {})
+    if trusted_key is not None:
+        path = Path(trusted_key).expanduser().resolve()
+        try:
+            load_trusted_key(path)
+        except (OSError, ValueError) as exc:
+            raise DeployError(f"--trusted-key {trusted_key}: {exc}") from None
+        config[TRUSTED_KEY_NODE_CONFIG] = str(path)
+    if expected_measurement is not None:
+        value = expected_measurement.strip().lower()
+        if len(value) != 64 or set(value) - set("0123456789abcdef"):
+            raise DeployError(f"--expected-measurement {expected_measurement!r}: expected 64 hex digits, the first "
+                              "line of `trustformer attest` with the run's options")
+        config[MEASUREMENT_NODE_CONFIG] = value
     if output_dir is not None:
         config["output-dir"] = str(Path(output_dir).resolve())
     if train_file is not None:
@@ -488,6 +509,7 @@ class LocalFederation:
             stale.unlink()
         self.nodes: dict[int, Proc] = {}
         self.others: list[Proc] = []
+        self.pins: dict[str, str] = {}  # secure.mode tee: every client's trust anchors (one user runs both sides)
 
     def client_dir(self, partition: int) -> Path:
         return self.root / ("client-all" if partition < 0 else f"client-{partition}")
@@ -508,7 +530,7 @@ class LocalFederation:
         again every few seconds, for up to that long (in a background thread)."""
         assert self.server is not None, "start_server first"
         folder = self.client_dir(partition) if key_name is None else self.root / key_name
-        config = node_config(partition, folder / "state", folder / "output", train_file)
+        config = node_config(partition, folder / "state", folder / "output", train_file, pins=self.pins)
 
         def start() -> Proc:
             assert self.server is not None
@@ -554,9 +576,13 @@ class LocalFederation:
         """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
         one holding every shard). Stops what it started if starting fails."""
         from ..app import expected_nodes
+        from ..secure.attestation import load_signing_key
+        from ..secure.exchange import client_pins, uses_tee
         from ..workload import ALL_SHARDS
 
         fed = cls(root, expected_nodes(cfg))
+        if uses_tee(cfg.secure.mode):
+            fed.pins = client_pins(cfg, load_signing_key(cfg.secure.signing_key) if cfg.secure.signing_key else None)
         try:
             fed.start_server()
             if cfg.federation.strategy == "centralized":

@@ -207,8 +207,11 @@ def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
 
 
 def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
-                   client_app: ClientApp | None = None) -> dict[str, Any]:
-    """Run a whole federation in this process; returns the summary (also written to ``cfg.out``)."""
+                   client_app: ClientApp | None = None, node_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a whole federation in this process; returns the summary (also written to ``cfg.out``).
+
+    ``node_config``: entries added to every client's node config, what each client would set for itself
+    (e.g. its trust anchors ``trusted-key`` and ``expected-measurement``, kept over the runtime's own)."""
     from .. import app as apps
 
     server_app = server_app or apps.server_app
@@ -220,6 +223,8 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     from ..secure import exchange as secure
 
     nodes = node_configs(cfg)
+    for node in nodes:
+        node.update(node_config or {})
     if cfg.runtime.store == "disk" and not cfg.runtime.resume:
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)

@@ -71,7 +71,11 @@ log = logging.getLogger(__name__)
 
 ATTEST, SECAGG = "query.attest", "query.secagg"
 SECURE = "secure"  # message content key of a secure record: {"data": codec bytes} or {"sealed": sealed bytes}
+# The client's own trust anchors live in its node config (set by the client: `trustformer deploy client
+# --trusted-key/--expected-measurement`, or the in-process runtime), never in the run config the server submits.
 PUBLIC_KEY_NODE_CONFIG = "attestation-public-key"  # node_config entry: the aggregator's attestation key (hex)
+TRUSTED_KEY_NODE_CONFIG = "trusted-key"  # node_config entry: a file on the client's machine holding that key
+MEASUREMENT_NODE_CONFIG = "expected-measurement"  # node_config entry: the aggregator measurement the client requires
 WEIGHTED = {"fedavg": lambda cfg: True, "trustformer": lambda cfg: cfg.federation.weighting == "data_size"}
 
 
@@ -98,8 +102,21 @@ _provisioned: dict[int, tuple[Any, str]] = {}  # run id -> (aggregator's signing
 _plain_vectors: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # simulation only: secagg inputs in clear
 
 
+def client_pins(cfg: RunConfig, signing_key=None) -> dict[str, str]:
+    """The node config entries pinning a client's trust anchors when one user runs both sides (the
+    in-process runtime, ``deploy local``): ``secure.trusted_key`` (or the public half of ``signing_key``)
+    and ``secure.expected_measurement`` (or the measurement of ``cfg`` computed here)."""
+    pins = {MEASUREMENT_NODE_CONFIG: cfg.secure.expected_measurement or measurement(cfg)}
+    if cfg.secure.trusted_key:
+        pins[TRUSTED_KEY_NODE_CONFIG] = str(cfg.secure.trusted_key)
+    elif signing_key is not None:
+        pins[PUBLIC_KEY_NODE_CONFIG] = public_key_hex(signing_key)
+    return pins
+
+
 def provision_in_process(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]]) -> None:
-    """tee, in-process: hand the aggregator its signing key and the clients its public key (out of band).
+    """tee, in-process: hand the aggregator its signing key and the clients their pins (out of band): the
+    aggregator's public key and the measurement they require (``client_pins``).
 
     Without ``secure.signing_key`` the key pair is generated for this run only (the summary says so).
     """
@@ -110,9 +127,10 @@ def provision_in_process(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]
     else:
         key, origin = generate_signing_key(), "generated for this run by the in-process runtime"
     _provisioned[run_id] = (key, origin)
-    if not cfg.secure.trusted_key:
-        for node in nodes:
-            node[PUBLIC_KEY_NODE_CONFIG] = public_key_hex(key)
+    pins = client_pins(cfg, key)
+    for node in nodes:
+        for name, value in pins.items():
+            node.setdefault(name, value)
 
 
 def release_in_process(run_id: int) -> None:
@@ -722,7 +740,7 @@ class ClientExchange:
             raise AttestationError(f"this client runs secure.mode = {self.mode!r}, which has no attestation")
         started = time.perf_counter()
         step = str(msg.content["config"]["step"])
-        trusted = self._trusted_key()
+        trusted, pinned = self._trusted_key(), self._pinned_measurement()  # refused here when a pin is missing
         if step == "hello":
             nonce, secret = os.urandom(NONCE_BYTES), X25519PrivateKey.generate()
             for key in [k for k in self.state if k.startswith("channel/")]:
@@ -742,13 +760,11 @@ class ClientExchange:
         secret = X25519PrivateKey.from_private_bytes(bytes(self.state.pop("attest/secret").tolist()))
         self._save()  # the nonce is used once, whatever the outcome
         client_key = secret.public_key().public_bytes_raw()
-        pinned = self.cfg.secure.expected_measurement
         record = msg.content["attest"]
         quote = verify_quote(
             bytes(record["quote"]), bytes(record["signature"]), trusted, nonce=nonce, client_key=client_key,
-            run_id=self.run_id, client=self.env.client, expected_measurement=pinned or measurement(self.cfg),
-            measurement_source="pinned by secure.expected_measurement" if pinned
-            else "computed from this client's configuration and code")
+            run_id=self.run_id, client=self.env.client, expected_measurement=pinned,
+            measurement_source=f"pinned by this client's node config {MEASUREMENT_NODE_CONFIG!r}")
         enclave_key = bytes.fromhex(quote.enclave_key)
         shared = secret.exchange(X25519PublicKey.from_public_bytes(enclave_key))
         keys = derive_session_keys(shared, run_id=self.run_id, client=self.env.client,
@@ -761,12 +777,28 @@ class ClientExchange:
                        reply_to=msg)
 
     def _trusted_key(self):
-        if self.cfg.secure.trusted_key:
-            return load_trusted_key(self.cfg.secure.trusted_key)
-        if PUBLIC_KEY_NODE_CONFIG in self.node_config:
+        """The aggregator key this client trusts: from its own node config only. ``secure.trusted_key`` of
+        the run config is ignored here: the server submits the run config, so it could name its own key."""
+        if self.node_config.get(TRUSTED_KEY_NODE_CONFIG):
+            return load_trusted_key(str(self.node_config[TRUSTED_KEY_NODE_CONFIG]))
+        if self.node_config.get(PUBLIC_KEY_NODE_CONFIG):
             return trusted_key_from_hex(str(self.node_config[PUBLIC_KEY_NODE_CONFIG]))
-        raise AttestationError("attestation: this client trusts no aggregator key: set secure.trusted_key to the "
-                               f"aggregator's public key file (or node_config {PUBLIC_KEY_NODE_CONFIG!r})")
+        raise AttestationError(
+            "attestation refused: this client pins no aggregator key, so it sends nothing: start it with "
+            f"`trustformer deploy client --trusted-key FILE.pub` (node config {TRUSTED_KEY_NODE_CONFIG!r}); the "
+            "run config's secure.trusted_key comes from the server and is not trusted")
+
+    def _pinned_measurement(self) -> str:
+        """The aggregator measurement this client requires: from its own node config only (the run config's
+        ``secure.expected_measurement`` comes from the server)."""
+        pinned = str(self.node_config.get(MEASUREMENT_NODE_CONFIG, "")).strip().lower()
+        if len(pinned) != 64 or set(pinned) - set("0123456789abcdef"):
+            raise AttestationError(
+                "attestation refused: this client pins no aggregator measurement (64 hex digits), so it sends "
+                "nothing: start it with `trustformer deploy client --expected-measurement HEX` (the first line "
+                f"of `trustformer attest` with the run's options; node config {MEASUREMENT_NODE_CONFIG!r}); the "
+                "run config's secure.expected_measurement comes from the server and is not trusted")
+        return pinned
 
     # -- query.secagg
 
