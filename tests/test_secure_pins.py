@@ -74,3 +74,26 @@ def test_a_client_without_its_own_pins_sends_nothing(tmp_path, missing, pattern)
     cfg = tiny(tmp_path, "x", **{"secure.signing_key": str(key), "secure.trusted_key": "",
                                  "secure.expected_measurement": measurement(cfg)})
     refused_before_any_payload(cfg, missing, pattern)
+
+
+def test_the_metrics_of_a_sealed_exchange_travel_sealed(tmp_path):
+    """With tee, a train reply says in clear only which client, which round and how many examples (the
+    seal binds them); its training measurements are inside the sealed record, which the aggregator opens."""
+    clear = []
+
+    def call(message, context):
+        reply = client_app(message, context)
+        if message.metadata.message_type == "train":
+            clear.append(dict(reply.content["metrics"]))
+        return reply
+
+    cfg = tiny(tmp_path, "sealed-metrics", **{"federation.rounds": 2})
+    run_in_process(cfg, client_app=call)
+    assert len(clear) == 6
+    for metrics in clear:
+        assert set(metrics) - {"secure_train_seal_s"} == {"client", "round", "num_examples"}
+    import json
+
+    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    assert len(rows) == 6 and all("event" not in r for r in rows)
+    assert all(r["train_loss"] > 0 and r["steps"] > 0 and "train_s" in r for r in rows)  # opened by the aggregator

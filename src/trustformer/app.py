@@ -787,7 +787,7 @@ def client_train(msg: Message, context: Context) -> Message:
     save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
     log.info("client %s · round %d · %d steps in %.1f s · train loss %.3f", env.client, rnd,
              metrics["steps"], metrics["train_s"], metrics["train_loss"])
-    content["metrics"] = MetricRecord(metrics)
+    content["metrics"] = MetricRecord(secure.clear_metrics(metrics))  # tee: the rest travels sealed
     return Message(content, reply_to=msg)
 
 

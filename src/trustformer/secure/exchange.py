@@ -7,7 +7,8 @@ before round 1 two ``query.attest`` messages per client — the client answers t
 fresh nonce and X25519 key; the second carries the aggregator's signed quote, which the client
 verifies (``attestation.py``) before it trains or sends anything. Every payload then travels
 sealed (``sealing.py``) in a ``secure`` ConfigRecord (``{"sealed": bytes}``): the ``train`` reply
-(bound to the client's example count too) and the ``train.apply`` aggregate, encoded with the safe
+(bound to the client's example count too; its metrics sealed with it as ``metrics.json``, only the
+client id, round and example count left in the clear ``metrics`` record) and the ``train.apply`` aggregate, encoded with the safe
 codec (``codec.py``). A message the aggregator rejects drops that client for the round, like any
 invalid payload; one a client rejects makes its reply an error, with the same effect.
 
@@ -70,6 +71,8 @@ from .tee import NONCE_BYTES, SoftwareTEE, TEEBackend
 log = logging.getLogger(__name__)
 
 ATTEST, SECAGG = "query.attest", "query.secagg"
+SEALED_METRICS = "metrics.json"  # tee: the train reply's metrics (JSON, uint8) inside the sealed record
+CLEAR_METRICS = ("client", "round", "num_examples")  # what a sealed train reply still says in clear
 SECURE = "secure"  # message content key of a secure record: {"data": codec bytes} or {"sealed": sealed bytes}
 # The client's own trust anchors live in its node config (set by the client: `trustformer deploy client
 # --trusted-key/--expected-measurement`, or the in-process runtime), never in the run config the server submits.
@@ -162,6 +165,26 @@ def _unpack(content: RecordDict, open_: Callable[[bytes], bytes] | None, expecte
     if open_ is not None:
         data = open_(data)
     return codec.decode_arrays(data, expected, what=what)
+
+
+def _merge_sealed_metrics(row: dict[str, Any], array: np.ndarray, client: int) -> None:
+    """Add the metrics a client sealed into its train reply to its row (numbers only; never over the
+    fields the server or the clear record set)."""
+    from ..app import SERVER_KEYS  # (late: app imports this module)
+
+    what = f"sealed metrics of client {client}"
+    try:
+        metrics = json.loads(array.tobytes().decode("utf-8")) if array.dtype == np.uint8 else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise codec.CodecError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(metrics, dict):
+        raise codec.CodecError(f"{what}: not a JSON object of numbers")
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise codec.CodecError(f"{what}: {key!r} must be a number")
+        if key in SERVER_KEYS or key in CLEAR_METRICS:
+            raise codec.CodecError(f"{what}: {key!r} may not be set there")
+    row.update(metrics)
 
 
 def _bytes_array(data: bytes) -> np.ndarray:
@@ -472,7 +495,15 @@ class ServerExchange:
         client = row["client"]
         expected = {"masked": ((self._round.server.length,), "uint64")} if self.secagg else None
         arrays = _unpack(reply.content, self._open_from(node, rnd, "train", {"num_examples": int(row["num_examples"])}),
-                         expected, f"payload of client {client}")
+                         None if self.tee else expected, f"payload of client {client}")
+        if self.tee:
+            if SEALED_METRICS not in arrays:
+                raise codec.CodecError(f"payload of client {client}: the sealed record holds no {SEALED_METRICS!r}")
+            _merge_sealed_metrics(row, arrays.pop(SEALED_METRICS), client)
+            if expected is not None:
+                got = {n: (tuple(a.shape), str(a.dtype)) for n, a in arrays.items()}
+                if got != expected:
+                    raise codec.CodecError(f"payload of client {client}: arrays {got}, expected {expected}")
         record_bytes = payload_bytes(RecordDict({SECURE: reply.content[SECURE]}))
         if self.secagg:
             self._round.masked[client] = arrays["masked"]
@@ -689,6 +720,7 @@ class ClientExchange:
         self.run_id = int(context.run_id)
         self.node_config = context.node_config
         self._key = f"{env.key}.secure"
+        self._sealed_keys: set[str] = set()  # metrics put into the sealed train reply
         self.state: dict[str, torch.Tensor] = {}
         if self.mode != "none":
             stored = env.store.load(self._key)
@@ -893,9 +925,17 @@ class ClientExchange:
             metrics["secure_train_secagg_s"] = time.perf_counter() - started - opened.get("t", 0.0)
             if self.tee:
                 metrics["secure_train_open_s"] = opened.get("t", 0.0)
+        if self.tee:  # the metrics record of a sealed exchange travels sealed too
+            sealed = {k: v for k, v in metrics.items() if k not in CLEAR_METRICS}
+            arrays = {**arrays, SEALED_METRICS: _bytes_array(json.dumps(sealed, sort_keys=True).encode())}
+            self._sealed_keys = set(sealed)
         record = _pack(arrays, self._seal(rnd, "train", metrics, "secure_train_seal_s",
                                           bound={"num_examples": int(num_examples)}))
         content[SECURE] = record
+
+    def clear_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The metrics a reply carries in clear: with tee, those sealed into the payload record are left out."""
+        return {k: v for k, v in metrics.items() if k not in self._sealed_keys}
 
     def read_aggregate(self, msg: Message, rnd: int, expected: TensorSpec, metrics: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The aggregate from ``train.apply``, checked against what this client sent (opened first with tee)."""
