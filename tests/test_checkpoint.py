@@ -126,6 +126,7 @@ def test_cli_resume_needs_client_state_on_disk(tmp_path, capsys):
     assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(out), "--quiet",
                  "--set", "eval.meteor=false", "--set", "eval.bertscore=false"]) == 0
     capsys.readouterr()
+    (out / "summary.json").unlink()  # as if it died before its summary (a finished run is refused anyway)
     assert main(["run", "--resume", str(out)]) == 2
     assert "runtime.store = memory" in capsys.readouterr().err
     assert main(["run", "--resume", str(out), "--rounds", "3"]) == 2
