@@ -64,7 +64,7 @@ def test_noise_has_the_configured_standard_deviation():
     sigma, clip, n_clients = 1.7, 0.5, 3
     zeros = [{"w": torch.zeros(400, 1000)} for _ in range(n_clients)]
     mean = noised_mean(zeros, clip_norm=clip, noise_multiplier=sigma, denominator=float(n_clients),
-                       generator=noise_generator(1234))["w"].double()
+                       generator=noise_generator())["w"].double()
     target = sigma * clip / n_clients
     n = mean.numel()
     assert float(mean.std()) == pytest.approx(target, rel=3.5 / math.sqrt(2 * n))
@@ -73,23 +73,104 @@ def test_noise_has_the_configured_standard_deviation():
     assert float((mean.abs() < target).double().mean()) == pytest.approx(0.6827, abs=0.003)
 
 
-def test_noise_is_reproducible_from_its_seed_and_sparse_noise_stays_on_kept_coordinates():
+def test_noise_comes_from_os_randomness_and_sparse_noise_stays_on_kept_coordinates():
     zeros = [{"w": torch.zeros(1000)}]
-    a = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator(7))
-    b = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator(7))
-    c = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator(8))
-    assert torch.equal(a["w"], b["w"]) and not torch.equal(a["w"], c["w"])
+    a = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator())
+    b = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator())
+    assert not torch.equal(a["w"], b["w"])  # two generators from the OS's randomness: different noise
+    # only an explicit seed (privacy.noise_source = "seeded-not-private") reproduces it
+    c = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator(7))
+    d = noised_mean(zeros, clip_norm=1.0, noise_multiplier=1.0, denominator=1.0, generator=noise_generator(7))
+    assert torch.equal(c["w"], d["w"])
 
     dim, sigma, clip = 10_000, 2.0, 0.25
     updates = [(torch.arange(0, 4000, 2), torch.zeros(2000)), (torch.arange(1000, 5000, 4), torch.zeros(1000))]
     union, values = sparse_noised_mean(updates, dim, clip_norm=clip, noise_multiplier=sigma, denominator=2.0,
-                                       generator=noise_generator(3))
+                                       generator=noise_generator())
     expected_union = torch.unique(torch.cat([u for u, _ in updates]))
     assert torch.equal(union, expected_union)  # noise only where some client kept a coordinate
     assert float(values.double().std()) == pytest.approx(sigma * clip / 2.0, rel=0.05)
     none, dense = sparse_noised_mean(updates, dim, clip_norm=clip, noise_multiplier=sigma, denominator=2.0,
-                                     generator=noise_generator(3), noise_on="dense")
+                                     generator=noise_generator(), noise_on="dense")
     assert none is None and dense.shape == (dim,) and int((dense == 0).sum()) == 0
+
+
+def _dp_run(tmp_path, name, **overrides):
+    """A one-round dp-fedavg run on tiny (seed 0) through the Flower apps; returns its summary, the
+    aggregate every client received and the clipped updates the clients sent."""
+    from trustformer.app import client_app
+    from trustformer.config import load_config
+    from trustformer.runtime.inprocess import run_in_process
+
+    seen = {"aggregate": [], "updates": {}}
+
+    def capture(message, context):
+        reply = client_app(message, context)
+        kind = message.metadata.message_type
+        if kind == "train.apply":
+            seen["aggregate"].append({k: torch.from_numpy(message.content["aggregate"][k].numpy().copy())
+                                      for k in message.content["aggregate"]})
+        elif kind == "train" and "payload" in reply.content:
+            seen["updates"][context.node_config["partition-id"]] = {
+                k: torch.from_numpy(reply.content["payload"][k].numpy().copy()) for k in reply.content["payload"]}
+        return reply
+
+    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 1,
+              "federation.strategy": "dp-fedavg", "eval.bleu_size": 2, "eval.meteor": False,
+              "eval.bertscore": False}
+    values.update(overrides)
+    summary = run_in_process(load_config("tiny", None, values), client_app=capture)
+    return summary, seen
+
+
+def test_two_runs_with_the_same_seed_draw_different_noise_that_no_client_can_recompute(tmp_path):
+    """The run seed travels to every client: noise derived from it could be regenerated and removed,
+    giving away the sum of the other clients' updates. By default it comes from the OS's randomness."""
+    from trustformer.workload import derive_seed
+
+    first, seen1 = _dp_run(tmp_path, "a")
+    second, seen2 = _dp_run(tmp_path, "b")
+    assert first["seed"] == second["seed"] == 0
+    assert first["privacy"]["noise_source"] == "os" and first["privacy"]["private"] is True
+    name = next(iter(seen1["aggregate"][0]))
+    # the clients' (clipped) updates are the same in both runs: only the noise differs
+    assert all(torch.equal(seen1["updates"][c][name], seen2["updates"][c][name]) for c in range(3))
+    assert not torch.equal(seen1["aggregate"][0][name], seen2["aggregate"][0][name])
+    # a client that knows the seed regenerates "the noise" the old code drew: it is not the noise added
+    sigma, clip, n = first["privacy"]["noise_multiplier"], first["privacy"]["clip_norm"], 3
+    total = sum(seen1["updates"][c][name].double() for c in range(3))
+    noise = seen1["aggregate"][0][name].double() * n - total  # what the server added, exactly
+    guess = noised_mean([{k: torch.zeros_like(v) for k, v in seen1["aggregate"][0].items()}], clip_norm=clip,
+                        noise_multiplier=sigma, denominator=1.0,
+                        generator=noise_generator(derive_seed(0, "dp-noise", 1)))[name].double()
+    assert float((noise - guess).norm()) > 0.5 * float(noise.norm())
+    assert float(noise.std()) == pytest.approx(sigma * clip, rel=0.2)  # it is the configured noise
+
+
+def test_seeded_not_private_noise_is_reproducible_and_says_so(tmp_path):
+    options = {"privacy.noise_source": "seeded-not-private"}
+    first, seen1 = _dp_run(tmp_path, "a", **options)
+    second, seen2 = _dp_run(tmp_path, "b", **options)
+    assert all(torch.equal(seen1["aggregate"][0][k], seen2["aggregate"][0][k]) for k in seen1["aggregate"][0])
+    assert first["privacy"]["noise_source"] == "seeded-not-private" and first["privacy"]["private"] is False
+
+
+def test_client_sampling_comes_from_os_randomness():
+    """Poisson sampling with the same seed twice: different choices (40 rounds × 3 clients at q = 0.5:
+    equal by chance with probability 2^-120); the seeded mode repeats them."""
+    from trustformer.config import load_config
+    from trustformer.protocols import get_protocol
+
+    def choices(source):
+        cfg = load_config("tiny", None, {"federation.strategy": "dp-fedavg", "federation.rounds": 40,
+                                         "privacy.sampling_rate": 0.5, "privacy.on_exceed": "continue",
+                                         "privacy.noise_source": source})
+        protocol = get_protocol(cfg)
+        protocol.server_begin(3)
+        return [tuple(protocol.server_round(r, [0, 1, 2])) for r in range(1, 41)]
+
+    assert choices("os") != choices("os")
+    assert choices("seeded-not-private") == choices("seeded-not-private")
 
 
 # ------------------------------------------------------------------------------- sparsification

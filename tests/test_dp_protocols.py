@@ -91,7 +91,9 @@ def test_dp_fedsam_with_client_sampling(tmp_path):
     """q = 0.5: each round only the sampled clients train and send; every client adopts the result."""
     cfg = tiny(tmp_path, "sam", **{"federation.strategy": "dp-fedsam", "federation.rounds": 2,
                                    "privacy.sampling_rate": 0.5, "privacy.noise_multiplier": 1.0,
-                                   "privacy.epsilon": 100.0})
+                                   "privacy.epsilon": 100.0,
+                                   # the seed's sampling, known to take some clients and leave others out
+                                   "privacy.noise_source": "seeded-not-private"})
     summary = run_in_process(cfg)
     rows, events = read_rows(cfg)
     assert summary["privacy"]["sampling_rate"] == 0.5 and summary["privacy"]["rounds"] == 2

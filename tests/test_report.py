@@ -157,3 +157,17 @@ def test_report_command(results, tmp_path, capsys):
     empty.mkdir()
     assert main(["report", str(empty)]) == 1
     assert "no finished run found" in capsys.readouterr().err
+
+
+def test_a_dp_run_with_seeded_noise_is_marked_not_private(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, "fedavg", "fedavg", aggregate_s=0.5)
+    folder = write_run(root, "dp", "dp-fedavg", aggregate_s=0.25, losses=(6.0, 6.0, 6.0))
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    summary["privacy"]["noise_source"] = "seeded-not-private"
+    (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    assert [r.label for r in load_runs([root]) if r.strategy == "dp-fedavg"] == \
+        ["DP-FedAvg (seeded noise: NOT private)"]
+    build_report([root], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "seeded noise: NOT private" in text and "protects nothing" in text

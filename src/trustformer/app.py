@@ -7,8 +7,11 @@ One round (``federation.rounds`` of them; the paper's epochs):
 
 1. ``train`` → every client: load its state, train locally; if this round exchanges
    (``round % agg_every == 0``) reply with the protocol's payload, else evaluate and reply.
-2. The server validates the payloads (names, shapes, dtypes, finite values, agreement between
-   clients), drops the clients whose payload is invalid, and aggregates the rest.
+2. The server validates every reply (a metrics record with the right types, the client it claims
+   to be, the round, ``num_examples`` a positive integer ≤ ``federation.max_examples``) and every
+   payload (the names, shapes and dtypes the configuration and protocol give, finite values), drops
+   the clients whose reply is invalid — or whose contribution makes the aggregation raise — with a
+   ``dropped`` event, and aggregates the rest while ``federation.min_clients`` allows.
 3. ``train.apply`` → every valid client: apply the aggregate, evaluate on the shared test set.
 
 After the last round, ``evaluate`` → every client: test loss and translation quality (BLEU, chrF,
@@ -29,7 +32,6 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -51,7 +53,7 @@ from .runtime import diagnostics
 from .runtime.checkpoint import Checkpointer, run_key
 from .runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 from .secure.exchange import ClientExchange, ServerExchange
-from .wire import PayloadError, payload_bytes, to_array_record
+from .wire import PayloadError, payload_bytes, spec_of, to_array_record
 from .workload import (
     ALL_SHARDS,
     DataError,
@@ -153,6 +155,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     choose = getattr(protocol, "server_round", None)
     round_done = getattr(protocol, "server_round_done", None)
     check_payload = getattr(protocol, "check_payload", None)
+    payload_spec: dict | None = None  # what every client's payload must be, from the configuration (lazily)
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
     log.info(
@@ -191,31 +194,39 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         rows: dict[int, dict[str, Any]] = {}
         payloads: dict[int, dict[str, torch.Tensor]] = {}
         for node, (reply, down) in replies.items():
-            row = _reply_row(recorder, rnd, node, reply, down, clients, "train")
+            row = _reply_row(recorder, rnd, node, reply, down, clients, "train", max_examples=fed.max_examples,
+                             expected=fed.clients)
             if row is None:
                 continue
             rows[node] = row
             if exchange:
                 try:
-                    payloads[node] = secure.read_payload(node, rnd, reply, row)
+                    payload = secure.read_payload(node, rnd, reply, row)
+                    if cfg.secure.mode in ("none", "tee"):  # secagg: the masked vector's length is checked
+                        if payload_spec is None:
+                            payload_spec = expected_payload_spec(cfg, protocol)
+                        _check_spec(payload, payload_spec)
                     if check_payload is not None:
-                        check_payload(payloads[node])
-                except (KeyError, PayloadError) as exc:
-                    _drop(recorder, rnd, node, clients, f"invalid payload: {exc}")
+                        check_payload(payload)
+                    payloads[node] = payload
+                except FederationError:
+                    raise
+                except Exception as exc:  # anything a client's reply makes us raise drops that client
+                    _drop(recorder, rnd, node, clients, f"invalid payload: {_describe(exc)}")
                     rows.pop(node)
         if exchange:
-            payloads = _consistent(recorder, rnd, payloads, clients)
             rows = {n: rows[n] for n in payloads}
             _require(len(rows), needed, rnd, "train")
             if rows:
-                aggregate, phases = secure.aggregate(protocol, rnd, payloads, rows)
+                aggregate, phases = _aggregate(secure, protocol, recorder, rnd, payloads, rows, clients, needed)
                 server_phases.update(phases)
                 # with client sampling, every other client (not sampled, or dropped) adopts the aggregate too
                 others = [n for n in node_ids if n not in rows] if choose is not None else []
                 applied = _send(grid, list(rows) + others, APPLY, rnd, secure.apply_content(rnd, aggregate),
                                 timeout=timeout)
                 for node, (reply, down) in applied.items():
-                    apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply")
+                    apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply",
+                                           max_examples=fed.max_examples, expected=fed.clients)
                     if apply_row is None:
                         rows.pop(node, None)
                         continue
@@ -259,15 +270,12 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         if reply.has_error():
             _drop(recorder, rounds_run, node, clients, f"final evaluation failed: {reply.error.reason}")
             continue
-        metrics = dict(reply.content["metrics"])
-        samples = reply.content["samples"] if "samples" in reply.content else None
-        metrics["samples"] = (
-            [list(t) for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
-            if samples is not None else []
-        )
-        metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
-        metrics["labels"] = dict(reply.content["labels"]) if "labels" in reply.content else {}
-        per_client[int(metrics["client"])] = metrics
+        try:
+            client, metrics = _final_metrics(reply, node, clients, fed.clients)
+        except (KeyError, TypeError, ValueError) as exc:
+            _drop(recorder, rounds_run, node, clients, f"invalid reply to evaluate: {_describe(exc)}")
+            continue
+        per_client[client] = metrics
     order = sorted(per_client)
     extra: dict[str, Any] = {}
     if protocol.name == "trustformer":
@@ -353,38 +361,152 @@ def _send(grid: Grid, node_ids, message_type: str, rnd: int, make_content, *,
     return out
 
 
-def _reply_row(recorder, rnd, node, reply, down, clients, step) -> dict[str, Any] | None:
+class ReplyError(ValueError):
+    """A client's reply is malformed: it is dropped from the round, the run goes on."""
+
+
+# metrics keys the server writes itself: a client's reply may not set them
+SERVER_KEYS = frozenset({"event", "node", "reason", "bytes_up", "bytes_down", "exchanged", "sampled", "epsilon",
+                         "beta"})
+
+
+def _client_of(metrics, node: int, clients: dict[int, int], expected: int) -> int:
+    """The client id a reply names, which must be a valid one and the one this node is known as."""
+    from .workload import ALL_SHARDS
+
+    client = metrics.get("client") if hasattr(metrics, "get") else None
+    if isinstance(client, bool) or not isinstance(client, int):
+        raise ReplyError(f"'client' must be an integer, got {client!r}")
+    if not (0 <= client < expected or client == ALL_SHARDS):
+        raise ReplyError(f"'client' = {client} is not a client of this run")
+    if clients.get(node, client) != client:
+        raise ReplyError(f"node {node} is client {clients[node]} but its reply says client {client}")
+    return client
+
+
+def validate_reply(reply: Message, rnd: int, node: int, clients: dict[int, int], step: str, *, expected: int,
+                   max_examples: int) -> tuple[int, dict[str, float | int]]:
+    """The client id and metrics of a ``train`` or ``train.apply`` reply, or a ReplyError saying what is wrong:
+    a ``metrics`` MetricRecord of scalar numbers, the client this node is, the round of the message, and
+    for ``train`` a ``num_examples`` that is an integer in [1, ``federation.max_examples``]."""
+    if "metrics" not in reply.content:
+        raise ReplyError(f"the reply to {step} has no 'metrics' record")
+    record = reply.content["metrics"]
+    if not isinstance(record, MetricRecord):
+        raise ReplyError(f"the 'metrics' record of the reply to {step} is a {type(record).__name__}, "
+                         "not a MetricRecord")
+    metrics = dict(record)
+    client = _client_of(metrics, node, clients, expected)
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ReplyError(f"metric {key!r} must be a number, got {type(value).__name__}")
+        if key in SERVER_KEYS:
+            raise ReplyError(f"metric {key!r} is the server's to write")
+    if metrics.get("round") != rnd:
+        raise ReplyError(f"the reply is for round {metrics.get('round')!r}, not round {rnd} (replayed or stale)")
+    if step == "train":
+        n = metrics.get("num_examples")
+        if not isinstance(n, int) or not 1 <= n <= max_examples:
+            raise ReplyError(f"num_examples = {n!r} must be an integer in [1, {max_examples}] "
+                             "(federation.max_examples)")
+    return client, metrics
+
+
+def _reply_row(recorder, rnd, node, reply, down, clients, step, *, max_examples: int,
+               expected: int) -> dict[str, Any] | None:
     if reply is None:
         _drop(recorder, rnd, node, clients, f"no reply to {step}")
         return None
     if reply.has_error():
         _drop(recorder, rnd, node, clients, f"{step} failed: {reply.error.reason}")
         return None
-    metrics = dict(reply.content["metrics"])
-    client = int(metrics.pop("client"))
+    try:
+        client, metrics = validate_reply(reply, rnd, node, clients, step, expected=expected,
+                                         max_examples=max_examples)
+    except ReplyError as exc:
+        _drop(recorder, rnd, node, clients, f"invalid reply to {step}: {exc}")
+        return None
     clients[node] = client
-    row: dict[str, Any] = {"round": rnd, "client": client}
-    row.update(metrics)
-    row["bytes_down"] = down
-    row["bytes_up"] = payload_bytes(reply.content)
+    row: dict[str, Any] = dict(metrics)
+    row.update(round=rnd, client=client, bytes_down=down, bytes_up=payload_bytes(reply.content))
     return row
 
 
-def _consistent(recorder, rnd, payloads, clients):
-    """Keep the payloads whose names/shapes/dtypes match the majority; drop the others."""
-    if not payloads:
-        return payloads
-    specs = {node: tuple(sorted((k, v[0], v[1]) for k, v in
-                                ((k, (tuple(t.shape), str(t.dtype))) for k, t in p.items())))
-             for node, p in payloads.items()}
-    majority, _count = Counter(specs.values()).most_common(1)[0]
-    kept = {}
-    for node, payload in payloads.items():
-        if specs[node] == majority:
-            kept[node] = payload
-        else:
-            _drop(recorder, rnd, node, clients, "payload names/shapes differ from the other clients'")
-    return kept
+def _final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int
+                   ) -> tuple[int, dict[str, Any]]:
+    """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if malformed)."""
+    record = reply.content["metrics"]
+    if not isinstance(record, MetricRecord):
+        raise ReplyError("the 'metrics' record is not a MetricRecord")
+    metrics: dict[str, Any] = dict(record)
+    client = _client_of(metrics, node, clients, expected)
+    for key in ("test_loss", "bleu", "chrf", "model_bytes"):
+        if isinstance(metrics.get(key), bool) or not isinstance(metrics.get(key), (int, float)):
+            raise ReplyError(f"metric {key!r} must be a number, got {metrics.get(key)!r}")
+    samples = reply.content["samples"] if "samples" in reply.content else None
+    metrics["samples"] = (
+        [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
+        if samples is not None else []
+    )
+    metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
+    metrics["labels"] = {k: str(v) for k, v in dict(reply.content["labels"]).items()} \
+        if "labels" in reply.content else {}
+    return client, metrics
+
+
+def expected_payload_spec(cfg: RunConfig, protocol: FederatedProtocol | None = None
+                          ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The names/shapes/dtypes every client's payload must have, from the configuration and the protocol
+    (the identical initial model gives the shapes): never from what the clients send."""
+    protocol = protocol if protocol is not None else get_protocol(cfg)
+    return protocol.expected_payload(_initial_tensors(cfg.to_json()))
+
+
+def _check_spec(payload: dict[str, torch.Tensor], expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    got = spec_of(payload)
+    if got != expected:
+        missing = sorted(set(expected) - set(got))[:3]
+        extra = sorted(set(got) - set(expected))[:3]
+        wrong = [f"{n} {got[n][0]} {got[n][1]} (expected {expected[n][0]} {expected[n][1]})"
+                 for n in sorted(set(got) & set(expected)) if got[n] != expected[n]][:3]
+        raise PayloadError("payload names/shapes/dtypes differ from those the configuration gives: "
+                           + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                   f"unexpected {extra}" if extra else "",
+                                                   f"wrong {wrong}" if wrong else "") if x))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return text if isinstance(exc, (PayloadError, ReplyError)) else f"{type(exc).__name__}: {text}"
+
+
+def _aggregate(secure, protocol, recorder, rnd, payloads, rows, clients, needed):
+    """The round's aggregate. When the aggregation raises, each contribution is aggregated on its own
+    to find the ones that make it fail: those clients are dropped (a ``dropped`` event each) and the
+    others aggregated, while ``federation.min_clients`` allows."""
+    try:
+        return secure.aggregate(protocol, rnd, payloads, rows)
+    except FederationError:
+        raise
+    except Exception as exc:
+        first = exc
+    culprits = {}
+    for node in list(payloads):
+        try:
+            secure.aggregate(protocol, rnd, {node: payloads[node]}, {node: rows[node]})
+        except FederationError:
+            raise
+        except Exception as exc:  # this client's contribution alone makes the aggregation fail
+            culprits[node] = exc
+    if not culprits:
+        raise FederationError(f"round {rnd}: the aggregation failed with every client's contribution valid on its "
+                              f"own: {_describe(first)}") from first
+    for node, exc in culprits.items():
+        _drop(recorder, rnd, node, clients, f"aggregation failed on its contribution: {_describe(exc)}")
+        payloads.pop(node)
+        rows.pop(node)
+    _require(len(rows), needed, rnd, "aggregate")
+    return secure.aggregate(protocol, rnd, payloads, rows)
 
 
 def _drop(recorder: RunRecorder, rnd: int, node: int, clients: dict[int, int], reason: str) -> None:
@@ -444,7 +566,14 @@ def _identify(grid: Grid, nodes: list[int], clients: dict[int, int], retired: se
             log.warning("node %d did not say which client it is (%s); left out for now", node,
                         "no reply" if reply is None else reply.error.reason)
             continue
-        client = int(reply.content["metrics"]["client"])
+        try:
+            record = reply.content["metrics"]
+            client = record["client"] if isinstance(record, MetricRecord) else None
+            if isinstance(client, bool) or not isinstance(client, int):
+                raise ReplyError(f"'client' must be an integer, got {client!r}")
+        except (KeyError, ReplyError) as exc:
+            log.warning("node %d did not say which client it is (malformed reply: %s); left out for now", node, exc)
+            continue
         for old in [n for n, c in clients.items() if c == client]:
             del clients[old]
             retired.add(old)
@@ -649,7 +778,8 @@ def client_train(msg: Message, context: Context) -> Message:
     secure = ClientExchange(env, context)
     secure.require_session()  # secure.mode tee: nothing is trained or sent without an attested aggregator
     session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
-    metrics: dict[str, Any] = {"client": env.client, "num_examples": session.num_examples, **env.timings(msg)}
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
+                               **env.timings(msg)}
     make_step = getattr(env.protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
     metrics.update(train_local(env.cfg, session.model, optimizer, env.train_encoded,
                                seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
@@ -668,7 +798,7 @@ def client_train(msg: Message, context: Context) -> Message:
     save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
     log.info("client %s · round %d · %d steps in %.1f s · %.0f tok/s · train loss %.3f", env.client, rnd,
              metrics["steps"], metrics["train_s"], metrics["tokens_per_s"], metrics["train_loss"])
-    content["metrics"] = MetricRecord(metrics)
+    content["metrics"] = MetricRecord(secure.clear_metrics(metrics))  # tee: the rest travels sealed
     return Message(content, reply_to=msg)
 
 
@@ -679,7 +809,7 @@ def client_apply(msg: Message, context: Context) -> Message:
     rnd = int(msg.content["config"]["round"])
     session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     expected = env.protocol.payload_spec(session)
-    metrics: dict[str, Any] = {"client": env.client, **env.timings(msg)}
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, **env.timings(msg)}
     aggregate = ClientExchange(env, context).read_aggregate(msg, rnd, expected, metrics)
     device = next(session.model.parameters()).device
     aggregate = {name: tensor.to(device) for name, tensor in aggregate.items()}

@@ -27,7 +27,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_config_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=list(PRESETS), default="small", help="base settings (default: small)")
+    p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
     p.add_argument("--config", metavar="FILE", help="TOML file with any run option (see README)")
     p.add_argument("--strategy", choices=STRATEGIES, help="federated protocol")
     p.add_argument("--rounds", type=int, help="training rounds (local epochs)")
@@ -61,9 +61,10 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     for item in args.set:
         key, value = parse_override(item)
         overrides[key] = value
-    cfg = load_config(args.preset, args.config, overrides)
+    preset = args.preset or "small"
+    cfg = load_config(preset, args.config, overrides)
     if not cfg.out:
-        cfg = load_config(args.preset, args.config, {
+        cfg = load_config(preset, args.config, {
             **overrides, "out": os.path.join("runs", f"{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
         })
     return cfg

@@ -154,6 +154,13 @@ class FederationConfig:
     # whether what it did not send is carried into its next update (error feedback)
     topk_keep: float = 0.1
     topk_error_feedback: bool = True
+    # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
+    # count drops that client from the round: one client must not take over a data-weighted mean
+    max_examples: int = 1_000_000
+    # fault injection, in-process runtime only (README "Fault injection"): strings such as
+    # "client=1,round=2,kind=nan"; kinds: nan, wrong_shape, empty_reply, malformed_reply,
+    # huge_num_examples, replay, dropout, stall (see FAULT_KINDS)
+    faults: tuple[str, ...] = ()
 
     def validate(self) -> None:
         _choice("federation.strategy", self.strategy, STRATEGIES)
@@ -170,6 +177,75 @@ class FederationConfig:
         _at_least("federation.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
         _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
         _in_range("federation.topk_keep", self.topk_keep, 0.0, 1.0, lo_open=True)
+        _at_least("federation.max_examples", self.max_examples, 1)
+        for fault in self.fault_plan():
+            if fault.client >= self.clients or fault.round > self.rounds:
+                raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
+                                  f"{fault.round}, but the run has federation.clients = {self.clients} and "
+                                  f"federation.rounds = {self.rounds}")
+            if fault.kind in PAYLOAD_FAULTS and (self.strategy in ("local", "centralized")
+                                                 or fault.round % self.agg_every):
+                raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, but "
+                                  f"round {fault.round} exchanges none (federation.strategy = {self.strategy!r}, "
+                                  f"federation.agg_every = {self.agg_every})")
+            if fault.kind == "stall" and not self.round_timeout_s > 0:
+                raise ConfigError(f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
+                                  "server stops waiting: set federation.round_timeout_s > 0")
+
+    def fault_plan(self) -> list["Fault"]:
+        """``federation.faults`` parsed (ConfigError naming the bad entry)."""
+        plan = [Fault.parse(text) for text in self.faults]
+        seen = set()
+        for fault in plan:
+            if (fault.client, fault.round) in seen:
+                raise ConfigError(f"federation.faults: more than one fault for client {fault.client} in round "
+                                  f"{fault.round}")
+            seen.add((fault.client, fault.round))
+        return plan
+
+
+FAULT_KINDS = {
+    "nan": "the payload holds a NaN",
+    "wrong_shape": "one payload array loses its last row",
+    "empty_reply": "the reply has no content at all",
+    "malformed_reply": "the metrics record is replaced by one of strings",
+    "huge_num_examples": "the reply claims 10^15 training examples",
+    "replay": "the client's reply to an earlier message is sent again instead",
+    "dropout": "the client's node is gone: the SuperLink's 'Node Unavailable' error instead of a reply",
+    "stall": "the client answers only after the server stopped waiting (federation.round_timeout_s)",
+}
+PAYLOAD_FAULTS = ("nan", "wrong_shape")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: client ``client``'s reply to the ``train`` message of round ``round``."""
+
+    client: int
+    round: int
+    kind: str
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        fields_: dict[str, str] = {}
+        for part in str(text).split(","):
+            key, sep, value = part.partition("=")
+            if not sep or key.strip() not in ("client", "round", "kind") or key.strip() in fields_:
+                raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND")
+            fields_[key.strip()] = value.strip()
+        if set(fields_) != {"client", "round", "kind"}:
+            raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND")
+        if fields_["kind"] not in FAULT_KINDS:
+            raise ConfigError(f"federation.faults: {text!r}: kind {fields_['kind']!r} is not one of: "
+                              f"{', '.join(FAULT_KINDS)}")
+        try:
+            client, rnd = int(fields_["client"]), int(fields_["round"])
+        except ValueError:
+            raise ConfigError(f"federation.faults: {text!r}: client and round must be integers") from None
+        if client < 0 or rnd < 1:
+            raise ConfigError(f"federation.faults: {text!r}: client must be >= 0 and round >= 1")
+        return cls(client=client, round=rnd, kind=fields_["kind"], text=str(text))
 
 
 @dataclass(frozen=True)
@@ -190,6 +266,9 @@ class PrivacyConfig:
     blur_bound: float = 0.0  # dp-blur-lus: update norm above which the regulariser acts; 0 = clip_norm
     lus_keep: float = 0.1  # dp-blur-lus: fraction of the update's coordinates kept (largest magnitude)
     lus_noise: str = "kept"  # dp-blur-lus: noise on the kept coordinates only | dense (every coordinate)
+    # where the noise and the client sampling come from: "os" = the operating system's randomness (the only
+    # private choice); "seeded-not-private" = derived from the run seed, which every client knows (debugging only)
+    noise_source: str = "os"
 
     def validate(self) -> None:
         _positive("privacy.epsilon", self.epsilon)
@@ -207,6 +286,7 @@ class PrivacyConfig:
         _at_least("privacy.blur_bound", self.blur_bound, 0.0)
         _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
+        _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
 
 
 @dataclass(frozen=True)
@@ -427,6 +507,10 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     origin = get_origin(hint)
+    if origin is tuple and get_args(hint)[-1:] == (Ellipsis,):  # tuple[T, ...]: a list of any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r} must be a list")
+        return tuple(_coerce(key, v, get_args(hint)[0]) for v in value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} = {value!r} must be a list")

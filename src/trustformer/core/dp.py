@@ -10,6 +10,7 @@ of participants qN. One such release is a sampled Gaussian mechanism with sensit
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -41,9 +42,23 @@ def clip_by_global_norm(tensors: Mapping[str, torch.Tensor], clip_norm: float) -
     return {n: (t.detach().double() * factor).to(t.dtype) for n, t in tensors.items()}, norm
 
 
-def noise_generator(seed: int) -> torch.Generator:
-    """A CPU generator for the noise of one release (seeded from the run seed, round and purpose)."""
-    return torch.Generator().manual_seed(int(seed))
+NOISE_SOURCES = ("os", "seeded-not-private")  # privacy.noise_source
+
+
+def os_seed() -> int:
+    """63 bits from the operating system's randomness (``secrets``): a seed nobody can recompute."""
+    return secrets.randbits(63)
+
+
+def noise_generator(seed: int | None = None) -> torch.Generator:
+    """A CPU generator for the noise of one release.
+
+    ``seed=None`` (what the DP baselines use unless ``privacy.noise_source = "seeded-not-private"``):
+    seeded from the operating system's randomness, so neither a client nor anyone who knows the run
+    seed can regenerate the noise and subtract it. An explicit ``seed`` makes the noise reproducible
+    — and recomputable by everyone who knows the seed, hence not private.
+    """
+    return torch.Generator().manual_seed(os_seed() if seed is None else int(seed))
 
 
 def gaussian_noise(shape: Sequence[int] | torch.Size, std: float, generator: torch.Generator) -> torch.Tensor:
@@ -200,6 +215,6 @@ def sparse_noised_mean(
 
 
 __all__ = [
-    "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator", "gaussian_noise", "noised_mean",
+    "NOISE_SOURCES", "os_seed", "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator", "gaussian_noise", "noised_mean",
     "flatten", "unflatten", "keep_count", "top_k_sparsify", "index_dtype", "check_sparse", "sparse_noised_mean",
 ]

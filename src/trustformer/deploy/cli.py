@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
 # options of _add_config_options that --resume replaces with the checkpointed run's configuration
-_RUN_OPTIONS = ("strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config", "secure")
+_RUN_OPTIONS = ("preset", "strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config",
+                "secure")
 
 
 def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Callable[[argparse.ArgumentParser], None],
@@ -75,8 +76,15 @@ def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Calla
     n.add_argument("--dir", required=True, metavar="DIR", help="this client's folder: state/, output/, logs")
     n.add_argument("--train-file", metavar="FILE.tsv",
                    help="train on this TSV of the client's own pairs instead of its shard of the corpus")
-    n.add_argument("--give-up-after", type=float, metavar="S",
-                   help="exit when the SuperLink has been unreachable this many seconds (default: never)")
+    n.add_argument("--trusted-key", metavar="FILE.pub",
+                   help="secure.mode tee: the aggregator's attestation public key, a file on this machine "
+                        "(trustformer attest --keygen writes it); the run config's secure.trusted_key is ignored")
+    n.add_argument("--expected-measurement", metavar="HEX",
+                   help="secure.mode tee: the aggregator measurement this client requires (the first line of "
+                        "`trustformer attest` with the run's options); the run config's value is ignored")
+    n.add_argument("--give-up-after", type=float, default=600.0, metavar="S",
+                   help="exit, saying which options to check (--superlink, --ca), when the SuperLink has been "
+                        "unreachable this many seconds (default 600)")
     n.add_argument("--wait-registration", type=float, default=300.0, metavar="S",
                    help="while the SuperLink refuses this client's key (not registered yet), try again for "
                         "up to S seconds (default 300)")
@@ -111,7 +119,14 @@ def run_config(args: argparse.Namespace, resolve_config: Callable[[argparse.Name
         raise ConfigError("--resume continues the checkpointed run with its own configuration; "
                           f"drop {', '.join(given)}")
     overrides: dict[str, Any] = dict(parse_override(item) for item in args.set)
-    return resume_config(args.resume, overrides)
+    cfg = resume_config(args.resume, overrides)
+    from ..runtime.checkpoint import read_checkpoint
+
+    done = read_checkpoint(args.resume).round
+    if done >= cfg.federation.rounds and (Path(args.resume) / "summary.json").exists():
+        raise ConfigError(f"--resume {args.resume}: that run already finished (all {cfg.federation.rounds} "
+                          "round(s) and summary.json); nothing to resume — start a new run with another --out")
+    return cfg
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
@@ -132,16 +147,25 @@ def _cmd_key(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Stop:
+    """Whether SIGTERM arrived (a requested stop, not an interruption)."""
+
+    requested = False
+
+
 @contextmanager
 def _stop_on_sigterm():
-    """While the block runs, SIGTERM ends the command like Ctrl-C does, so its processes are stopped."""
+    """While the block runs, SIGTERM ends the command like Ctrl-C does, so its processes are stopped;
+    the yielded object says whether SIGTERM was the reason."""
+    stop = _Stop()
 
     def handler(_signum, _frame):
+        stop.requested = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield stop
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -163,9 +187,11 @@ def _follow(path: Path, position: int) -> int:
 
 def _cmd_server(args: argparse.Namespace, resolve_config, setup_logging) -> int:
     from .certs import Credentials
-    from .launch import deployment_config, start_server
+    from .launch import check_port_free, deployment_config, preflight, start_server
 
     cfg = deployment_config(run_config(args, resolve_config))
+    preflight(cfg)
+    check_port_free(args.host, args.port)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     creds = Credentials(Path(args.creds)).require_server()
     keys = [Path(k) for k in args.register] if args.register else creds.public_keys()
@@ -183,9 +209,10 @@ def _cmd_server(args: argparse.Namespace, resolve_config, setup_logging) -> int:
 
 def _cmd_local(args: argparse.Namespace, resolve_config, setup_logging) -> int:
     from ..workload import load_workload
-    from .launch import LocalFederation, deployment_config
+    from .launch import LocalFederation, deployment_config, preflight
 
     cfg = deployment_config(run_config(args, resolve_config))
+    preflight(cfg)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     load_workload(cfg)  # corpus and tokenizer built (and cached) here once, not by every client at once
     root = Path(args.dir) if args.dir else Path(cfg.out) / "deployment"
@@ -237,45 +264,64 @@ def _finish(status: str, run_id: int, cfg: RunConfig, superlink) -> int:
 
     summary = Path(cfg.out) / "summary.json"
     if status != "finished:completed":
-        raise DeployError(f"run {run_id} ended as {status}; see {Path(cfg.out) / 'server.log'} and "
-                          f"{superlink.log_path}")
+        reason = getattr(status, "details", "")
+        raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "")
+                          + f"; see {Path(cfg.out) / 'server.log'} and {superlink.log_path}")
     print(f"run {run_id} finished · {summary}")
     return 0
 
 
 def _cmd_client(args: argparse.Namespace, setup_logging) -> int:
-    from .launch import node_config, refused, start_supernode
+    from .launch import node_config
 
     setup_logging(quiet=False)
     folder = Path(args.dir)
-    config = node_config(args.partition, folder / "state", folder / "output", args.train_file)
+    config = node_config(args.partition, folder / "state", folder / "output", args.train_file,
+                         trusted_key=args.trusted_key, expected_measurement=args.expected_measurement)
     started = time.monotonic()
-    with _stop_on_sigterm():
-        while True:
-            proc = start_supernode(folder, args.superlink, args.ca, args.key, config,
-                                   max_wait_s=args.give_up_after, name=f"SuperNode of client {args.partition}")
-            log.info("SuperNode of client %d connecting to %s (TLS, key %s) · state %s · log %s", args.partition,
-                     args.superlink, args.key, folder / "state", proc.log_path)
-            position = int(proc.info["log_start"])
-            try:
-                while proc.alive():
-                    position = _follow(proc.log_path, position)
-                    time.sleep(0.5)
-                _follow(proc.log_path, position)
-            finally:
-                if proc.alive():
-                    proc.stop()
-            was_refused = refused(proc)
-            if not was_refused or time.monotonic() - started > args.wait_registration:
-                break
-            log.warning("the SuperLink refused this client (key not registered yet, or its previous instance "
-                        "still counts as online); trying again in 5 s")
-            time.sleep(5)
+    try:
+        with _stop_on_sigterm() as stop:
+            return _serve_client(args, folder, config, started)
+    except KeyboardInterrupt:
+        if not stop.requested:
+            raise
+        log.info("SuperNode of client %d stopped (SIGTERM)", args.partition)
+        return 0  # a requested stop
+
+
+def _serve_client(args: argparse.Namespace, folder: Path, config: dict[str, Any], started: float) -> int:
+    from .launch import refused, start_supernode
+
+    while True:
+        proc = start_supernode(folder, args.superlink, args.ca, args.key, config,
+                               max_wait_s=args.give_up_after, name=f"SuperNode of client {args.partition}")
+        log.info("SuperNode of client %d connecting to %s (TLS, key %s) · state %s · log %s", args.partition,
+                 args.superlink, args.key, folder / "state", proc.log_path)
+        position = int(proc.info["log_start"])
+        try:
+            while proc.alive():
+                position = _follow(proc.log_path, position)
+                time.sleep(0.5)
+            _follow(proc.log_path, position)
+        finally:
+            if proc.alive():
+                proc.stop()
+        was_refused = refused(proc)
+        if not was_refused or time.monotonic() - started > args.wait_registration:
+            break
+        log.warning("the SuperLink refused this client (key not registered yet, or its previous instance "
+                    "still counts as online); trying again in 5 s")
+        time.sleep(5)
     code = proc.popen.returncode
     if was_refused:
         log.error("the SuperLink refused key %s for %.0f s: is its public key registered on the server "
                   "(trustformer deploy server --register KEY.pub, or flwr supernode register)?", args.key,
                   args.wait_registration)
+    elif code not in (0, -signal.SIGTERM):
+        log.error("the SuperNode of client %d gave up (exit code %s)%s: is the SuperLink running at --superlink "
+                  "%s, and does --ca %s hold the CA that signed its certificate? See %s", args.partition, code,
+                  f" after --give-up-after {args.give_up_after:g} s without the SuperLink"
+                  if args.give_up_after is not None else "", args.superlink, args.ca, proc.log_path)
     log.info("SuperNode of client %d exited (code %s)", args.partition, code)
     return 0 if code in (0, -signal.SIGTERM) else 1
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import tomli_w
 
-from ..config import RunConfig, build_config
+from ..config import ConfigError, RunConfig, build_config
 from .certs import Credentials, CredentialsError, check_public_key, local_runtime_tls, write_credentials
 from .fab import write_app, write_run_config
 
@@ -215,6 +215,7 @@ def start_superlink(home: str | Path, creds: Credentials, *, host: str = LOOPBAC
     creds.require_server()
     home = Path(home).resolve()
     port = port or free_port(host)
+    check_port_free(host, port)
     command = [
         "flower-superlink",
         "--ssl-ca-certfile", str(creds.ca_cert.resolve()),
@@ -233,6 +234,35 @@ def start_superlink(home: str | Path, creds: Credentials, *, host: str = LOOPBAC
         proc.stop()
         raise
     return proc
+
+
+def check_port_free(host: str, port: int) -> None:
+    """DeployError naming ``--port`` when something already listens on ``host:port`` (checked before
+    anything starts: Flower would otherwise report it later as an unavailable SuperLink)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed SuperLink's TIME_WAIT is no user
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise DeployError(f"port {port} on {host} is already in use ({exc.strerror}): another SuperLink or "
+                              "program listens there; stop it or choose another --port") from None
+
+
+def preflight(cfg: RunConfig) -> None:
+    """What a deployed run needs on the server, checked before any process starts: with ``secure.mode``
+    tee the aggregator's signing key (``secure.signing_key``, readable, a private key)."""
+    from ..secure.attestation import load_signing_key
+    from ..secure.exchange import uses_tee
+
+    if uses_tee(cfg.secure.mode):
+        if not cfg.secure.signing_key:
+            raise DeployError(f"secure.mode = {cfg.secure.mode!r} needs the aggregator's attestation signing key: "
+                              "--set secure.signing_key=FILE.key (`trustformer attest --keygen PREFIX` writes a pair; "
+                              "give each client the .pub with `deploy client --trusted-key`)")
+        try:
+            load_signing_key(cfg.secure.signing_key)
+        except (OSError, ValueError) as exc:
+            raise DeployError(f"secure.signing_key = {cfg.secure.signing_key}: {exc}") from None
 
 
 def write_cli_connection(home: str | Path, address: str, ca_cert: str | Path) -> Path:
@@ -291,11 +321,20 @@ def submit_run(home: str | Path, cfg: RunConfig) -> int:
     return int(answer["run-id"])
 
 
-def run_status(home: str | Path, run_id: int) -> str:
-    """The run's status as ``flwr ls`` says it (pending, starting, running, finished:completed, ...)."""
+class RunStatus(str):
+    """A run's status (pending, starting, running, finished:completed, finished:failed, ...) with
+    ``details``: why it ended so, as the SuperLink recorded it (e.g. the ServerApp's exception)."""
+
+    details: str = ""
+
+
+def run_status(home: str | Path, run_id: int) -> RunStatus:
+    """The run's status as ``flwr ls`` says it, with the SuperLink's status details (the failure reason)."""
     answer = flwr_cli(home, "ls", "--run-id", str(run_id), CONNECTION)
     runs = answer.get("runs", [])
-    return str(runs[0]["status"]) if runs else "unknown"
+    status = RunStatus(str(runs[0]["status"]) if runs else "unknown")
+    status.details = str(runs[0].get("status-details", "") or "") if runs else ""
+    return status
 
 
 def wait_for_run(home: str | Path, run_id: int, summary: Path, *, submitted_at: float, timeout_s: float,
@@ -321,6 +360,9 @@ def wait_for_run(home: str | Path, run_id: int, summary: Path, *, submitted_at: 
 
 def deployment_config(cfg: RunConfig) -> RunConfig:
     """``cfg`` with absolute paths (the ServerApp and ClientApps run in other working directories)."""
+    if cfg.federation.faults:
+        raise ConfigError("federation.faults is applied by the in-process runtime only (trustformer run); "
+                          "a deployment's faults are real ones: remove federation.faults")
     values = cfg.to_dict()
     values["out"] = str(Path(cfg.out).resolve())
     for key in ("path", "cache_dir"):
@@ -382,10 +424,31 @@ def start_server(home: str | Path, creds: Credentials, *, host: str = LOOPBACK, 
 
 
 def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | None = None,
-                train_file: str | Path | None = None) -> dict[str, Any]:
-    """A data owner's node config: which client it is, where its state and translations go."""
+                train_file: str | Path | None = None, *, trusted_key: str | Path | None = None,
+                expected_measurement: str | None = None, pins: dict[str, str] | None = None) -> dict[str, Any]:
+    """A data owner's node config: which client it is, where its state and translations go, and its
+    own trust anchors for ``secure.mode = tee`` (``trusted_key``: the aggregator's public key, a file on
+    this machine; ``expected_measurement``: the measurement it requires; or ``pins`` as made by
+    ``secure.exchange.client_pins``)."""
+    from ..secure.attestation import load_trusted_key
+    from ..secure.exchange import MEASUREMENT_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG
+
     config: dict[str, Any] = {"partition-id": int(partition), "state-dir": str(Path(state_dir).resolve()),
                               "diagnostics": False}
+    config.update(pins or {})
+    if trusted_key is not None:
+        path = Path(trusted_key).expanduser().resolve()
+        try:
+            load_trusted_key(path)
+        except (OSError, ValueError) as exc:
+            raise DeployError(f"--trusted-key {trusted_key}: {exc}") from None
+        config[TRUSTED_KEY_NODE_CONFIG] = str(path)
+    if expected_measurement is not None:
+        value = expected_measurement.strip().lower()
+        if len(value) != 64 or set(value) - set("0123456789abcdef"):
+            raise DeployError(f"--expected-measurement {expected_measurement!r}: expected 64 hex digits, the first "
+                              "line of `trustformer attest` with the run's options")
+        config[MEASUREMENT_NODE_CONFIG] = value
     if output_dir is not None:
         config["output-dir"] = str(Path(output_dir).resolve())
     if train_file is not None:
@@ -407,7 +470,9 @@ def start_supernode(home: str | Path, superlink: str, ca_cert: str | Path, priva
     home.mkdir(parents=True, exist_ok=True)
     key = Path(private_key)
     if not key.is_file():
-        raise CredentialsError(f"node private key {key} does not exist")
+        raise CredentialsError(f"node private key {key} does not exist (--key)")
+    if not Path(ca_cert).is_file():
+        raise CredentialsError(f"CA certificate {ca_cert} does not exist (--ca: the federation's ca.crt)")
     node_file = home / "node-config.toml"
     node_file.write_text(tomli_w.dumps(config), encoding="utf-8")
     port = runtime_port or free_port()
@@ -485,6 +550,7 @@ class LocalFederation:
             stale.unlink()
         self.nodes: dict[int, Proc] = {}
         self.others: list[Proc] = []
+        self.pins: dict[str, str] = {}  # secure.mode tee: every client's trust anchors (one user runs both sides)
 
     def client_dir(self, partition: int) -> Path:
         return self.root / ("client-all" if partition < 0 else f"client-{partition}")
@@ -505,7 +571,7 @@ class LocalFederation:
         again every few seconds, for up to that long (in a background thread)."""
         assert self.server is not None, "start_server first"
         folder = self.client_dir(partition) if key_name is None else self.root / key_name
-        config = node_config(partition, folder / "state", folder / "output", train_file)
+        config = node_config(partition, folder / "state", folder / "output", train_file, pins=self.pins)
 
         def start() -> Proc:
             assert self.server is not None
@@ -551,9 +617,13 @@ class LocalFederation:
         """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
         one holding every shard). Stops what it started if starting fails."""
         from ..app import expected_nodes
+        from ..secure.attestation import load_signing_key
+        from ..secure.exchange import client_pins, uses_tee
         from ..workload import ALL_SHARDS
 
         fed = cls(root, expected_nodes(cfg))
+        if uses_tee(cfg.secure.mode):
+            fed.pins = client_pins(cfg, load_signing_key(cfg.secure.signing_key) if cfg.secure.signing_key else None)
         try:
             fed.start_server()
             if cfg.federation.strategy == "centralized":
@@ -596,7 +666,8 @@ def run_local(cfg: RunConfig, root: str | Path, *, timeout_s: float = 3600.0) ->
     with LocalFederation.for_run(root, cfg) as fed:
         run_id, status = fed.run(cfg, timeout_s=timeout_s)
         if status != "finished:completed":
-            raise DeployError(f"run {run_id} ended as {status}; see {Path(deployment_config(cfg).out) / 'server.log'} "
+            reason = getattr(status, "details", "")
+            raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "") + "; see {Path(deployment_config(cfg).out) / 'server.log'} "
                               f"and {fed.server.superlink.log_path}")
     return Path(deployment_config(cfg).out) / "summary.json"
 

@@ -45,6 +45,11 @@ class FederatedProtocol(Protocol):
         """The names/shapes/dtypes a client expects back from the server."""
         ...
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """Server: the names/shapes/dtypes of the payload every client must send, from the run's
+        configuration and the identical initial model's trainable tensors (never from the clients)."""
+        ...
+
     def aggregate(
         self, payloads: Sequence[Tensors], num_examples: Sequence[int]
     ) -> tuple[Tensors, dict[str, float]]:

@@ -53,6 +53,7 @@ class DPBlurLus(DPFedAvg):
         self.blur_lambda = p.blur_lambda
         self.keep = p.lus_keep
         self.noise_on = p.lus_noise
+        self.dim: int | None = None  # server: the model's dimension, from expected_payload
 
     # ------------------------------------------------------------------------------ client
 
@@ -120,13 +121,24 @@ class DPBlurLus(DPFedAvg):
 
     # ------------------------------------------------------------------------------ server
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """``indices`` and ``values`` of ceil(keep·d) coordinates and ``dim`` = d, the model's dimension."""
+        dim = sum(t.numel() for t in initial.values())
+        self.dim = dim
+        kept = keep_count(dim, self.keep)
+        return {INDICES: ((kept,), str(torch.empty(0, dtype=index_dtype(dim)).numpy().dtype)),
+                VALUES: ((kept,), "float32"), DIM: ((1,), "int64")}
+
     def check_payload(self, payload: Tensors) -> None:
-        """A client's sparse update is well formed (names, 1-D, increasing indices within dim)."""
+        """A client's sparse update is well formed (names, 1-D, increasing indices within dim, the
+        model's dim)."""
         if set(payload) != {INDICES, VALUES, DIM}:
             raise PayloadError(f"sparse update: arrays {sorted(payload)}, expected {[DIM, INDICES, VALUES]}")
         dim = payload[DIM]
         if dim.numel() != 1 or dim.dtype != torch.int64 or int(dim[0]) < 1:
             raise PayloadError("sparse update: 'dim' must be one positive int64")
+        if self.dim is not None and int(dim[0]) != self.dim:
+            raise PayloadError(f"sparse update: dim = {int(dim[0])}, the model has {self.dim} coordinates")
         try:
             check_sparse(payload[INDICES], payload[VALUES], int(dim[0]), what="sparse update")
         except ValueError as exc:

@@ -21,6 +21,9 @@ class FedAvg:
     def payload_spec(self, session: ClientSession) -> TensorSpec:
         return spec_of(dict(session.model.named_parameters()))
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        return spec_of(initial)
+
     def aggregate(
         self, payloads: Sequence[Tensors], num_examples: Sequence[int]
     ) -> tuple[Tensors, dict[str, float]]:

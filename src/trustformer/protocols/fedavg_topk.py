@@ -30,6 +30,7 @@ class FedAvgTopK:
     def __init__(self, cfg: RunConfig) -> None:
         self.keep = cfg.federation.topk_keep
         self.error_feedback = cfg.federation.topk_error_feedback
+        self.dim = 2**31 - 1  # server: the model's dimension, from expected_payload
 
     # ------------------------------------------------------------------------------ client
 
@@ -76,11 +77,19 @@ class FedAvgTopK:
 
     # ------------------------------------------------------------------------------ server
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """``indices`` (int32) and ``values`` (float32) of ceil(keep·d) coordinates, d the model's dimension."""
+        self.dim = sum(t.numel() for t in initial.values())
+        kept = keep_count(self.dim, self.keep)
+        index = str(torch.empty(0, dtype=index_dtype(self.dim)).numpy().dtype)
+        return {INDICES: ((kept,), index), VALUES: ((kept,), "float32")}
+
     def check_payload(self, payload: Tensors) -> None:
+        """Strictly increasing indices within the model's dimension, one value each."""
         if set(payload) != {INDICES, VALUES}:
             raise PayloadError(f"sparse update: arrays {sorted(payload)}, expected {[INDICES, VALUES]}")
         try:
-            check_sparse(payload[INDICES], payload[VALUES], 2**31 - 1, what="sparse update")
+            check_sparse(payload[INDICES], payload[VALUES], self.dim, what="sparse update")
         except ValueError as exc:
             raise PayloadError(str(exc)) from None
 

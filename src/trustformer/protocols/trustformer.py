@@ -139,6 +139,14 @@ class Trustformer:
             payload[name] = centroids
         return payload, {"cluster_s": time.perf_counter() - started, "kmeans_iterations": 0.0}
 
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """Per trainable tensor: its centroids, (clusters at β, columns of its layer matrix)."""
+        out: TensorSpec = {}
+        for name, tensor in initial.items():
+            rows, cols = layer_matrix(tensor).shape
+            out[name] = ((num_clusters(rows, self.beta), cols), spec_of({name: tensor})[name][1])
+        return out
+
     def payload_spec(self, session: ClientSession) -> TensorSpec:
         return spec_of({n[len(LOCAL):]: t for n, t in session.protocol_state.items() if n.startswith(LOCAL)})
 

@@ -297,6 +297,10 @@ def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) 
             desc.append(f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?")
             desc[-1] += (", final test loss "
                          + (f"{loss:.3f}" if loss is not None else "—"))
+            if r.noise_not_private:
+                desc[-1] += (" — its noise and client sampling were derived from the run seed "
+                             "(privacy.noise_source = seeded-not-private): anyone who knows the seed can remove the "
+                             "noise, so this ε protects nothing")
         ref = fedavg.mean("test_loss") if fedavg is not None else None
         items.append(
             "**DP baselines.** " + "; ".join(desc) + (f" (FedAvg: {ref:.3f})" if ref is not None else "") + ". "

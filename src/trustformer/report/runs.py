@@ -74,12 +74,21 @@ class RunResult:
         return paper_key(self.strategy, self.beta)
 
     @property
+    def noise_not_private(self) -> bool:
+        """A DP run whose noise and client sampling were derived from the run seed
+        (``privacy.noise_source = "seeded-not-private"``): anyone who knows the seed can remove the noise."""
+        privacy = self.summary.get("privacy")
+        return isinstance(privacy, dict) and privacy.get("noise_source") == "seeded-not-private"
+
+    @property
     def label(self) -> str:
         name = NAMES.get(self.strategy, self.strategy)
         if self.beta is not None:
             name += f" β={self.beta:g}"
         if self.exchanges and self.agg_every != 1:
             name += f", Agg_fr={self.agg_every}"
+        if self.noise_not_private:
+            name += " (seeded noise: NOT private)"
         return name + self.label_suffix
 
     def sort_key(self) -> tuple:

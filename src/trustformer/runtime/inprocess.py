@@ -5,6 +5,15 @@ Flower's protobuf wire format and parsed back on the other side, exactly as a Su
 it, so the protocol code sees real messages (no shared objects between server and clients) and the
 bytes counted are real. Clients run one after another; an exception in a client becomes an error
 reply, as it would in a deployment.
+
+``federation.faults`` (simulation only) are applied here, at the message boundary, to a client's
+reply to the ``train`` message of a round, so the server's real validation and drop path handles
+them: ``nan`` and ``wrong_shape`` corrupt the payload (a sealed or masked record loses its last
+byte), ``empty_reply`` sends no content, ``malformed_reply`` replaces the metrics record by one of
+strings, ``huge_num_examples`` claims 10^15 examples, ``replay`` sends the client's reply to its
+previous ``train`` message again (its previous message of any type in round 1), ``dropout`` answers
+with the SuperLink's "Node Unavailable" error without running the client, ``stall`` runs the
+client and never delivers its reply (the server stops waiting after ``federation.round_timeout_s``).
 """
 
 from __future__ import annotations
@@ -19,22 +28,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from ..config import RunConfig
+from ..config import Fault, RunConfig
 from ..workload import load_workload
 from . import diagnostics
 
 log = logging.getLogger(__name__)
 
 CLIENT_ERROR_CODE = 500  # an exception raised while a client handled a message
+HUGE_NUM_EXAMPLES = 10**15  # what the huge_num_examples fault claims
 
 
 def _wire_copy(message: Message) -> Message:
@@ -48,7 +58,7 @@ class InProcessGrid(Grid):
     """A Flower ``Grid`` that delivers messages to ClientApps living in this process."""
 
     def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]], run_config: dict[str, Any],
-                 *, run_id: int = 1) -> None:
+                 *, run_id: int = 1, faults: Iterable[Fault] = ()) -> None:
         self._run = Run.create_empty(run_id)
         self._client_app = client_app
         self._contexts = {
@@ -58,6 +68,10 @@ class InProcessGrid(Grid):
             for i, cfg in enumerate(node_configs)
         }
         self._replies: dict[str, Message] = {}
+        self._faults = {(f.client, f.round): f for f in faults}
+        self._history: dict[int, dict[str, RecordDict]] = {}  # node -> message type -> content of its last reply
+        self._last: dict[int, RecordDict] = {}  # node -> content of its last reply of any type
+        self.injected: list[tuple[int, int, str]] = []  # (client, round, kind) of the faults applied
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -81,21 +95,95 @@ class InProcessGrid(Grid):
                 raise ValueError(f"message for unknown node {node}")
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             delivered = _wire_copy(message)
-            try:
-                reply = self._client_app(delivered, self._contexts[node])
-            except Exception as exc:  # the client failed: the server gets an error reply
-                log.exception("client node %d failed on %s", node, message.metadata.message_type)
-                reply = Message(Error(CLIENT_ERROR_CODE, f"{type(exc).__name__}: {exc}"), reply_to=delivered)
+            fault = self._fault_for(node, message)
+            if fault is not None and fault.kind == "dropout":  # the node is gone: the SuperLink answers for it
+                reply = Message(Error(int(ErrorCode.NODE_UNAVAILABLE), "Node Unavailable (injected fault: dropout)"),
+                                reply_to=delivered)
+            else:
+                try:
+                    reply = self._client_app(delivered, self._contexts[node])
+                except Exception as exc:  # the client failed: the server gets an error reply
+                    log.exception("client node %d failed on %s", node, message.metadata.message_type)
+                    reply = Message(Error(CLIENT_ERROR_CODE, f"{type(exc).__name__}: {exc}"), reply_to=delivered)
             reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self._replies[message.metadata.message_id] = _wire_copy(reply)
+            if fault is not None and not reply.has_error():
+                reply = self._inject(fault, node, delivered, reply)
+            elif self._faults and not reply.has_error():  # what a replay fault may send again later
+                self._remember(node, message.metadata.message_type, reply)
             ids.append(message.metadata.message_id)
+            if reply is not None:  # None: a stalled reply, never delivered
+                self._replies[message.metadata.message_id] = _wire_copy(reply)
         return ids
+
+    # -- fault injection (federation.faults)
+
+    def _fault_for(self, node: int, message: Message) -> Fault | None:
+        if not self._faults or message.metadata.message_type != "train":
+            return None
+        client = int(self._contexts[node].node_config.get("partition-id", -1))
+        try:
+            rnd = int(message.metadata.group_id)
+        except ValueError:
+            return None
+        return self._faults.get((client, rnd))
+
+    def _remember(self, node: int, message_type: str, reply: Message) -> None:
+        content = _wire_copy(reply).content
+        self._history.setdefault(node, {})[message_type] = content
+        self._last[node] = content
+
+    def _inject(self, fault: Fault, node: int, delivered: Message, reply: Message) -> Message | None:
+        """Client ``fault.client``'s reply to ``train`` of round ``fault.round``, as the fault makes it."""
+        log.warning("injected fault (federation.faults): client %d, round %d, %s", fault.client, fault.round,
+                    fault.kind)
+        self.injected.append((fault.client, fault.round, fault.kind))
+        earlier = self._history.get(node, {}).get("train") or self._last.get(node)
+        self._remember(node, "train", reply)
+        content = reply.content
+        if fault.kind == "stall":
+            return None
+        if fault.kind == "empty_reply":
+            content = RecordDict()
+        elif fault.kind == "malformed_reply":
+            content["metrics"] = ConfigRecord({"client": "one", "num_examples": "many"})
+        elif fault.kind == "huge_num_examples":
+            metrics = content["metrics"]
+            metrics["num_examples"] = HUGE_NUM_EXAMPLES
+        elif fault.kind == "replay":
+            if earlier is None:
+                raise ValueError(f"federation.faults: client {fault.client} has no earlier reply to replay")
+            content = earlier
+        elif fault.kind in ("nan", "wrong_shape"):
+            _corrupt_payload(content, fault.kind)
+        return Message(content, reply_to=delivered)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
+
+
+def _corrupt_payload(content: RecordDict, kind: str) -> None:
+    """``nan``: the first float array of the payload gets a NaN; ``wrong_shape``: the first array loses its
+    last row. A secure record (sealed or masked) loses its last byte instead."""
+    if "payload" in content:
+        record = content["payload"]
+        arrays = {name: record[name].numpy().copy() for name in record}
+        if kind == "nan":
+            name = next(n for n, a in arrays.items() if a.dtype.kind == "f")
+            arrays[name].reshape(-1)[0] = float("nan")
+        else:
+            name = next(iter(arrays))
+            arrays[name] = arrays[name][:-1].copy()
+        content["payload"] = ArrayRecord({n: torch.from_numpy(a) for n, a in arrays.items()})
+        return
+    if "secure" in content:
+        record = content["secure"]
+        key = next(iter(record))
+        record[key] = bytes(record[key])[:-1]
+        return
+    raise ValueError(f"federation.faults: kind {kind} needs a payload, and this reply carries none")
 
 
 def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
@@ -119,8 +207,11 @@ def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
 
 
 def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
-                   client_app: ClientApp | None = None) -> dict[str, Any]:
-    """Run a whole federation in this process; returns the summary (also written to ``cfg.out``)."""
+                   client_app: ClientApp | None = None, node_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a whole federation in this process; returns the summary (also written to ``cfg.out``).
+
+    ``node_config``: entries added to every client's node config, what each client would set for itself
+    (e.g. its trust anchors ``trusted-key`` and ``expected-measurement``, kept over the runtime's own)."""
     from .. import app as apps
 
     server_app = server_app or apps.server_app
@@ -132,11 +223,13 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     from ..secure import exchange as secure
 
     nodes = node_configs(cfg)
+    for node in nodes:
+        node.update(node_config or {})
     if cfg.runtime.store == "disk" and not cfg.runtime.resume:
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
     secure.provision_in_process(cfg, run_id, nodes)  # secure.mode tee: the attestation key pair, out of band
-    grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id)
+    grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id, faults=cfg.federation.fault_plan())
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:

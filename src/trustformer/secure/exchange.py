@@ -7,7 +7,8 @@ before round 1 two ``query.attest`` messages per client — the client answers t
 fresh nonce and X25519 key; the second carries the aggregator's signed quote, which the client
 verifies (``attestation.py``) before it trains or sends anything. Every payload then travels
 sealed (``sealing.py``) in a ``secure`` ConfigRecord (``{"sealed": bytes}``): the ``train`` reply
-(bound to the client's example count too) and the ``train.apply`` aggregate, encoded with the safe
+(bound to the client's example count too; its metrics sealed with it as ``metrics.json``, only the
+client id, round and example count left in the clear ``metrics`` record) and the ``train.apply`` aggregate, encoded with the safe
 codec (``codec.py``). A message the aggregator rejects drops that client for the round, like any
 invalid payload; one a client rejects makes its reply an error, with the same effect.
 
@@ -49,7 +50,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..config import RunConfig
-from ..core.centroids import layer_matrix, num_clusters
 from ..runtime.store import ClientState
 from ..wire import PayloadError, TensorSpec, from_array_record, payload_bytes, spec_of, to_array_record
 from . import codec
@@ -71,8 +71,14 @@ from .tee import NONCE_BYTES, SoftwareTEE, TEEBackend
 log = logging.getLogger(__name__)
 
 ATTEST, SECAGG = "query.attest", "query.secagg"
+SEALED_METRICS = "metrics.json"  # tee: the train reply's metrics (JSON, uint8) inside the sealed record
+CLEAR_METRICS = ("client", "round", "num_examples")  # what a sealed train reply still says in clear
 SECURE = "secure"  # message content key of a secure record: {"data": codec bytes} or {"sealed": sealed bytes}
+# The client's own trust anchors live in its node config (set by the client: `trustformer deploy client
+# --trusted-key/--expected-measurement`, or the in-process runtime), never in the run config the server submits.
 PUBLIC_KEY_NODE_CONFIG = "attestation-public-key"  # node_config entry: the aggregator's attestation key (hex)
+TRUSTED_KEY_NODE_CONFIG = "trusted-key"  # node_config entry: a file on the client's machine holding that key
+MEASUREMENT_NODE_CONFIG = "expected-measurement"  # node_config entry: the aggregator measurement the client requires
 WEIGHTED = {"fedavg": lambda cfg: True, "trustformer": lambda cfg: cfg.federation.weighting == "data_size"}
 
 
@@ -99,8 +105,21 @@ _provisioned: dict[int, tuple[Any, str]] = {}  # run id -> (aggregator's signing
 _plain_vectors: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # simulation only: secagg inputs in clear
 
 
+def client_pins(cfg: RunConfig, signing_key=None) -> dict[str, str]:
+    """The node config entries pinning a client's trust anchors when one user runs both sides (the
+    in-process runtime, ``deploy local``): ``secure.trusted_key`` (or the public half of ``signing_key``)
+    and ``secure.expected_measurement`` (or the measurement of ``cfg`` computed here)."""
+    pins = {MEASUREMENT_NODE_CONFIG: cfg.secure.expected_measurement or measurement(cfg)}
+    if cfg.secure.trusted_key:
+        pins[TRUSTED_KEY_NODE_CONFIG] = str(cfg.secure.trusted_key)
+    elif signing_key is not None:
+        pins[PUBLIC_KEY_NODE_CONFIG] = public_key_hex(signing_key)
+    return pins
+
+
 def provision_in_process(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]]) -> None:
-    """tee, in-process: hand the aggregator its signing key and the clients its public key (out of band).
+    """tee, in-process: hand the aggregator its signing key and the clients their pins (out of band): the
+    aggregator's public key and the measurement they require (``client_pins``).
 
     Without ``secure.signing_key`` the key pair is generated for this run only (the summary says so).
     """
@@ -111,9 +130,10 @@ def provision_in_process(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]
     else:
         key, origin = generate_signing_key(), "generated for this run by the in-process runtime"
     _provisioned[run_id] = (key, origin)
-    if not cfg.secure.trusted_key:
-        for node in nodes:
-            node[PUBLIC_KEY_NODE_CONFIG] = public_key_hex(key)
+    pins = client_pins(cfg, key)
+    for node in nodes:
+        for name, value in pins.items():
+            node.setdefault(name, value)
 
 
 def release_in_process(run_id: int) -> None:
@@ -145,6 +165,26 @@ def _unpack(content: RecordDict, open_: Callable[[bytes], bytes] | None, expecte
     if open_ is not None:
         data = open_(data)
     return codec.decode_arrays(data, expected, what=what)
+
+
+def _merge_sealed_metrics(row: dict[str, Any], array: np.ndarray, client: int) -> None:
+    """Add the metrics a client sealed into its train reply to its row (numbers only; never over the
+    fields the server or the clear record set)."""
+    from ..app import SERVER_KEYS  # (late: app imports this module)
+
+    what = f"sealed metrics of client {client}"
+    try:
+        metrics = json.loads(array.tobytes().decode("utf-8")) if array.dtype == np.uint8 else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise codec.CodecError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(metrics, dict):
+        raise codec.CodecError(f"{what}: not a JSON object of numbers")
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise codec.CodecError(f"{what}: {key!r} must be a number")
+        if key in SERVER_KEYS or key in CLEAR_METRICS:
+            raise codec.CodecError(f"{what}: {key!r} may not be set there")
+    row.update(metrics)
 
 
 def _bytes_array(data: bytes) -> np.ndarray:
@@ -395,11 +435,13 @@ class ServerExchange:
                 specs[node] = _parse_spec(arrays["spec"].tobytes(), f"secagg keys of node {node}")
             except (KeyError, PayloadError) as exc:
                 self._drop(rnd, node, f"secagg keys: {exc}")
-        if specs:
-            encoded = Counter(_spec_json(s) for s in specs.values())
-            majority = encoded.most_common(1)[0][0]
-            for node in [n for n in specs if _spec_json(specs[n]) != majority]:
-                self._drop(rnd, node, "secagg keys: payload names/shapes differ from the other clients'")
+        if specs:  # the payload every client must announce follows from the configuration, not from a vote
+            from ..app import expected_payload_spec as configured_spec  # (late: app imports this module)
+
+            expected = _spec_json(configured_spec(self.cfg))
+            for node in [n for n in specs if _spec_json(specs[n]) != expected]:
+                self._drop(rnd, node, "secagg keys: the announced payload names/shapes differ from those the "
+                                      "run's configuration and protocol give")
                 keys.pop(node)
                 specs.pop(node)
         if len(keys) < params.threshold:
@@ -453,7 +495,15 @@ class ServerExchange:
         client = row["client"]
         expected = {"masked": ((self._round.server.length,), "uint64")} if self.secagg else None
         arrays = _unpack(reply.content, self._open_from(node, rnd, "train", {"num_examples": int(row["num_examples"])}),
-                         expected, f"payload of client {client}")
+                         None if self.tee else expected, f"payload of client {client}")
+        if self.tee:
+            if SEALED_METRICS not in arrays:
+                raise codec.CodecError(f"payload of client {client}: the sealed record holds no {SEALED_METRICS!r}")
+            _merge_sealed_metrics(row, arrays.pop(SEALED_METRICS), client)
+            if expected is not None:
+                got = {n: (tuple(a.shape), str(a.dtype)) for n, a in arrays.items()}
+                if got != expected:
+                    raise codec.CodecError(f"payload of client {client}: arrays {got}, expected {expected}")
         record_bytes = payload_bytes(RecordDict({SECURE: reply.content[SECURE]}))
         if self.secagg:
             self._round.masked[client] = arrays["masked"]
@@ -649,14 +699,10 @@ class ServerExchange:
 
 def expected_payload_spec(cfg: RunConfig, initial: Mapping[str, torch.Tensor]) -> TensorSpec:
     """The names/shapes/dtypes of the payload a client will send (secagg announces it before training)."""
-    if cfg.federation.strategy == "fedavg":
-        return spec_of(initial)
-    if cfg.federation.strategy == "trustformer":
-        out: TensorSpec = {}
-        for name, tensor in initial.items():
-            rows, cols = layer_matrix(tensor).shape
-            out[name] = ((num_clusters(rows, cfg.federation.beta), cols), spec_of({name: tensor})[name][1])
-        return out
+    if cfg.federation.strategy in ("fedavg", "trustformer"):
+        from ..protocols import get_protocol
+
+        return get_protocol(cfg).expected_payload(dict(initial))
     raise ValueError(f"secure aggregation does not support federation.strategy = {cfg.federation.strategy!r}")
 
 
@@ -674,6 +720,7 @@ class ClientExchange:
         self.run_id = int(context.run_id)
         self.node_config = context.node_config
         self._key = f"{env.key}.secure"
+        self._sealed_keys: set[str] = set()  # metrics put into the sealed train reply
         self.state: dict[str, torch.Tensor] = {}
         if self.mode != "none":
             stored = env.store.load(self._key)
@@ -725,7 +772,7 @@ class ClientExchange:
             raise AttestationError(f"this client runs secure.mode = {self.mode!r}, which has no attestation")
         started = time.perf_counter()
         step = str(msg.content["config"]["step"])
-        trusted = self._trusted_key()
+        trusted, pinned = self._trusted_key(), self._pinned_measurement()  # refused here when a pin is missing
         if step == "hello":
             nonce, secret = os.urandom(NONCE_BYTES), X25519PrivateKey.generate()
             for key in [k for k in self.state if k.startswith("channel/")]:
@@ -745,13 +792,11 @@ class ClientExchange:
         secret = X25519PrivateKey.from_private_bytes(bytes(self.state.pop("attest/secret").tolist()))
         self._save()  # the nonce is used once, whatever the outcome
         client_key = secret.public_key().public_bytes_raw()
-        pinned = self.cfg.secure.expected_measurement
         record = msg.content["attest"]
         quote = verify_quote(
             bytes(record["quote"]), bytes(record["signature"]), trusted, nonce=nonce, client_key=client_key,
-            run_id=self.run_id, client=self.env.client, expected_measurement=pinned or measurement(self.cfg),
-            measurement_source="pinned by secure.expected_measurement" if pinned
-            else "computed from this client's configuration and code")
+            run_id=self.run_id, client=self.env.client, expected_measurement=pinned,
+            measurement_source=f"pinned by this client's node config {MEASUREMENT_NODE_CONFIG!r}")
         enclave_key = bytes.fromhex(quote.enclave_key)
         shared = secret.exchange(X25519PublicKey.from_public_bytes(enclave_key))
         keys = derive_session_keys(shared, run_id=self.run_id, client=self.env.client,
@@ -764,12 +809,28 @@ class ClientExchange:
                        reply_to=msg)
 
     def _trusted_key(self):
-        if self.cfg.secure.trusted_key:
-            return load_trusted_key(self.cfg.secure.trusted_key)
-        if PUBLIC_KEY_NODE_CONFIG in self.node_config:
+        """The aggregator key this client trusts: from its own node config only. ``secure.trusted_key`` of
+        the run config is ignored here: the server submits the run config, so it could name its own key."""
+        if self.node_config.get(TRUSTED_KEY_NODE_CONFIG):
+            return load_trusted_key(str(self.node_config[TRUSTED_KEY_NODE_CONFIG]))
+        if self.node_config.get(PUBLIC_KEY_NODE_CONFIG):
             return trusted_key_from_hex(str(self.node_config[PUBLIC_KEY_NODE_CONFIG]))
-        raise AttestationError("attestation: this client trusts no aggregator key: set secure.trusted_key to the "
-                               f"aggregator's public key file (or node_config {PUBLIC_KEY_NODE_CONFIG!r})")
+        raise AttestationError(
+            "attestation refused: this client pins no aggregator key, so it sends nothing: start it with "
+            f"`trustformer deploy client --trusted-key FILE.pub` (node config {TRUSTED_KEY_NODE_CONFIG!r}); the "
+            "run config's secure.trusted_key comes from the server and is not trusted")
+
+    def _pinned_measurement(self) -> str:
+        """The aggregator measurement this client requires: from its own node config only (the run config's
+        ``secure.expected_measurement`` comes from the server)."""
+        pinned = str(self.node_config.get(MEASUREMENT_NODE_CONFIG, "")).strip().lower()
+        if len(pinned) != 64 or set(pinned) - set("0123456789abcdef"):
+            raise AttestationError(
+                "attestation refused: this client pins no aggregator measurement (64 hex digits), so it sends "
+                "nothing: start it with `trustformer deploy client --expected-measurement HEX` (the first line "
+                f"of `trustformer attest` with the run's options; node config {MEASUREMENT_NODE_CONFIG!r}); the "
+                "run config's secure.expected_measurement comes from the server and is not trusted")
+        return pinned
 
     # -- query.secagg
 
@@ -864,9 +925,17 @@ class ClientExchange:
             metrics["secure_train_secagg_s"] = time.perf_counter() - started - opened.get("t", 0.0)
             if self.tee:
                 metrics["secure_train_open_s"] = opened.get("t", 0.0)
+        if self.tee:  # the metrics record of a sealed exchange travels sealed too
+            sealed = {k: v for k, v in metrics.items() if k not in CLEAR_METRICS}
+            arrays = {**arrays, SEALED_METRICS: _bytes_array(json.dumps(sealed, sort_keys=True).encode())}
+            self._sealed_keys = set(sealed)
         record = _pack(arrays, self._seal(rnd, "train", metrics, "secure_train_seal_s",
                                           bound={"num_examples": int(num_examples)}))
         content[SECURE] = record
+
+    def clear_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The metrics a reply carries in clear: with tee, those sealed into the payload record are left out."""
+        return {k: v for k, v in metrics.items() if k not in self._sealed_keys}
 
     def read_aggregate(self, msg: Message, rnd: int, expected: TensorSpec, metrics: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The aggregate from ``train.apply``, checked against what this client sent (opened first with tee)."""
