@@ -155,7 +155,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     from ..cli import resolve_config
 
     extra = [f"{k}={json.dumps(v)}" for k, v in FAST_EVAL.items()]
-    if args.preset == "small" and not args.no_default_setting:
+    if (args.preset or "small") == "small" and not args.no_default_setting:
         given = {item.partition("=")[0] for item in args.set}
         if args.clients is None:
             args.clients = DEFAULT_SETTING["federation.clients"]

@@ -101,3 +101,13 @@ def assign_tensors(model: torch.nn.Module, tensors: Tensors) -> None:
     with torch.no_grad():
         for name, value in tensors.items():
             params[name].copy_(value.to(params[name].dtype))
+
+
+def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
+    """The last global model a client holds in its protocol state under ``prefix`` (before its first
+    exchange: the identical initial model)."""
+    names = [n for n, p in session.model.named_parameters() if p.requires_grad]
+    if all(prefix + n in session.protocol_state for n in names):
+        return {n: session.protocol_state[prefix + n] for n in names}
+    initial = session.initial_tensors()
+    return {n: initial[n].detach().clone() for n in names}

@@ -30,7 +30,7 @@ from ..core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_mul
 from ..core.dp import clip_by_global_norm, noise_generator, noised_mean
 from ..wire import TensorSpec, spec_of
 from ..workload import derive_seed
-from .base import ClientSession, LocalStep, Tensors, assign_tensors, trainable_tensors
+from .base import ClientSession, LocalStep, Tensors, assign_tensors, held_global, trainable_tensors
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,7 @@ class DPFedAvg:
 
     def global_tensors(self, session: ClientSession) -> Tensors:
         """The last global model this client holds (round 1: the identical initial model)."""
-        names = [n for n, p in session.model.named_parameters() if p.requires_grad]
-        if all(GLOBAL + n in session.protocol_state for n in names):
-            return {n: session.protocol_state[GLOBAL + n] for n in names}
-        initial = session.initial_tensors()
-        return {n: initial[n].detach().clone() for n in names}
+        return held_global(session, GLOBAL)
 
     def local_update(self, session: ClientSession) -> Tensors:
         """Δ = W_local − W_global for every trainable tensor."""

@@ -17,7 +17,7 @@ import torch
 from ..config import RunConfig
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
-from .base import ClientSession, Tensors, assign_tensors, trainable_tensors
+from .base import ClientSession, Tensors, assign_tensors, held_global, trainable_tensors
 
 INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
@@ -34,16 +34,9 @@ class FedAvgTopK:
 
     # ------------------------------------------------------------------------------ client
 
-    def _global(self, session: ClientSession) -> Tensors:
-        names = [n for n, p in session.model.named_parameters() if p.requires_grad]
-        if all(GLOBAL + n in session.protocol_state for n in names):
-            return {n: session.protocol_state[GLOBAL + n] for n in names}
-        initial = session.initial_tensors()
-        return {n: initial[n].detach().clone() for n in names}
-
     def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
         started = time.perf_counter()
-        local, base = trainable_tensors(session.model), self._global(session)
+        local, base = trainable_tensors(session.model), held_global(session, GLOBAL)
         update = flatten({n: local[n].double() - base[n].double() for n in base})
         if self.error_feedback and RESIDUAL in session.protocol_state:
             update = update + session.protocol_state[RESIDUAL].to(update)
@@ -60,7 +53,7 @@ class FedAvgTopK:
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
         started = time.perf_counter()
-        base = self._global(session)
+        base = held_global(session, GLOBAL)
         flat = flatten(base).double()
         if set(aggregate) != {INDICES, VALUES}:
             raise PayloadError(f"aggregate from the server: arrays {sorted(aggregate)}, expected {[INDICES, VALUES]}")
