@@ -230,3 +230,20 @@ def test_lr_decay_follows_local_epochs_and_travels_with_the_optimizer():
     assert r["lr"] == pytest.approx(0.01 / 2.5)  # the last step started after 1.5 local epochs
     with pytest.raises(TaskConfigError, match="^lr_decay"):
         ImageTaskConfig(lr_decay=-1)
+
+
+def test_figures_are_written(tmp_path, digits):
+    from trustformer.tasks.figures import mask_figure, partition_figure
+
+    truth = np.zeros((6, 5), bool)
+    truth[1:4, 1:4] = True
+    pred = np.zeros((6, 5), bool)
+    pred[1:4, 2:5] = True
+    samples = [{"unit": "axial-090", "image": np.random.default_rng(0).random((6, 5)), "truth": truth,
+                "prediction": pred}]
+    out = mask_figure(samples, tmp_path / "masks.png", title="test")
+    assert out.stat().st_size > 1000
+    counts = digits.shard_class_counts(digits.client_shards(3, "dirichlet", seed=0, alpha=0.3))
+    assert partition_figure(counts, digits.train.classes, tmp_path / "split.png").exists()
+    with pytest.raises(ValueError, match="clients × 10 classes"):
+        partition_figure([[1, 2]], digits.train.classes, tmp_path / "bad.png")
