@@ -128,7 +128,7 @@ def load_brain_extraction(
     keep = [k for k in range(t1.shape[2]) if brain[:, :, k].mean() >= min_foreground]
     if not keep:
         raise SegDataError("no axial slice holds enough brain (min_foreground too high)")
-    # slice k as an image: rows anterior→posterior reversed (top of the image = anterior), columns R→L
+    # slice k as an image, rotated so that anterior is at the top and the subject's left on the left
     images = np.stack([np.rot90(t1[:, :, k]) for k in keep])[:, None].copy()
     masks = np.stack([np.rot90(brain[:, :, k]) for k in keep])[:, None].astype(np.uint8).copy()
     img, msk = downsample(torch.from_numpy(images), torch.from_numpy(masks), downsample_factor)

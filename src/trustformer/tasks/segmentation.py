@@ -9,7 +9,7 @@ Offline, the default is brain extraction on Debian's ``mricron-data`` T1 templat
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -236,8 +236,12 @@ class SegmentationTask:
                  "truth": data.masks[i, 0].numpy(), "prediction": (probs[i, 0] > self.config.threshold).numpy()}
                 for i in range(len(data))]
 
+    @cached_property
+    def parameter_count(self) -> int:
+        """Number of parameters of the model (built once, on the CPU)."""
+        return count_parameters(UNet(self.model_config))
+
     def describe(self) -> dict[str, Any]:
-        model = UNet(self.model_config)
         return {
             "task": self.name,
             "dataset": self.config.dataset,
@@ -248,8 +252,8 @@ class SegmentationTask:
             "image_shape": list(self.train.images.shape[1:]),
             "foreground_fraction_test": float(self.test.masks.float().mean()),
             "model": f"U-Net (depth {self.config.depth}, base width {self.config.base_width}, norm {self.config.norm})",
-            "parameters": count_parameters(model),
-            "model_bytes_float32": 4 * count_parameters(model),
+            "parameters": self.parameter_count,
+            "model_bytes_float32": 4 * self.parameter_count,
             "config": self.config.to_dict(),
         }
 
