@@ -109,14 +109,14 @@ _R50 = resnet50_config()
 IMAGE_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dataset="digits", layers=(1, 1), widths=(8, 16), stem_stride=1, optimizer="adam", lr=0.01,
                  batch_size=32, weight_decay=0.0),
-    "small": dict(dataset="fashion-mnist", layers=(1, 1, 1), widths=(16, 32, 64), stem_stride=2, lr=0.05,
-                  momentum=0.9, weight_decay=5e-4, batch_size=128),
+    "small": dict(dataset="fashion-mnist", layers=(1, 1, 1), widths=(16, 32, 64), stem_stride=2, lr=0.03,
+                  lr_decay=0.3, momentum=0.9, weight_decay=5e-4, batch_size=32),
     "paper": dict(dataset="cifar10", block="bottleneck", layers=_R50.layers, widths=_R50.widths, stem="cifar",
                   stem_stride=1, stem_width=64, optimizer="sgd", lr=0.01, lr_decay=0.01, momentum=0.9,
                   weight_decay=5e-4, batch_size=128, augment="crop-flip"),
 }
 #: Epochs (rounds × local epochs) each preset is meant for.
-IMAGE_PRESET_EPOCHS = {"tiny": 2, "small": 6, "paper": 250}
+IMAGE_PRESET_EPOCHS = {"tiny": 2, "small": 8, "paper": 250}
 
 
 def image_preset(name: str, **overrides: Any) -> ImageTaskConfig:
