@@ -58,7 +58,10 @@ def fedavg_average(states: list[dict[str, torch.Tensor]], weights: list[int]) ->
             for name in states[0]}
 
 
-def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, seed: int, log=print) -> list[dict]:
+def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, seed: int, log=print,
+        figure: str = "") -> list[dict]:
+    """Train for ``epochs`` (rounds) and return one row per epoch; ``figure``: also draw the
+    final model's test masks (segmentation) or the clients' class counts (classification)."""
     started = time.perf_counter()
     model = task.build_model(seed)
     rows: list[dict] = []
@@ -94,6 +97,16 @@ def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, s
         shown = " · ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "train_s", "eval_s", "elapsed_s"))
         log(f"epoch {epoch}/{epochs} · {shown} · train {train_s:.1f} s, eval {eval_s:.1f} s · "
             f"elapsed {row['elapsed_s']:.0f} s")
+    if figure:
+        from .figures import mask_figure, partition_figure
+
+        if task.name == "segmentation":
+            mask_figure(task.sample_predictions(model, n=6), figure,
+                        title=f"{clients} client(s), {epochs} epoch(s): Dice {rows[-1]['dice']:.3f}")
+        else:
+            partition_figure(task.shard_class_counts(shards), task.train.classes, figure,
+                             title=f"{partition} split over {clients} client(s)")
+        log(f"wrote {figure}")
     return rows
 
 
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", default="", help="also write one JSON line per epoch to this file")
+    ap.add_argument("--figure", default="", help="PNG: test masks (segmentation) or class counts per client")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--epochs and --clients must be ≥ 1")
     task = make_task(args.task, args.preset, overrides, args.seed)
     rows = run(task, epochs=args.epochs, clients=args.clients, partition=args.partition,
-               local_epochs=args.local_epochs, seed=args.seed, log=lambda m: print(m, flush=True))
+               local_epochs=args.local_epochs, seed=args.seed, log=lambda m: print(m, flush=True),
+               figure=args.figure)
     if args.json:
         with open(args.json, "w") as f:
             header = {"task": task.name, "preset": args.preset, "overrides": {k: list(v) if isinstance(v, tuple) else v
