@@ -106,6 +106,10 @@ _R50 = resnet50_config()
 #: 5.1), 250 epochs, for a GPU; ``data_dir`` must name the CIFAR-10 folder. Its stem is the CIFAR one (3×3, stride 1) that 32×32 inputs need;
 #: 23.5M parameters, 94 MB in float32 (FedPC quotes 35 MB for its ResNet-50 FIXUP, which no ResNet-50
 #: in float32 matches; Section 5.4).
+#: Measured for ``small`` (``python -m trustformer.tasks.bench``, one torch thread on a shared 2-core
+#: CPU, full test set): centralized 8 epochs → accuracy 0.903 in 231 s; FedAvg over 3 IID clients,
+#: 8 rounds of one local epoch → 0.897 in 235 s (0.884 after 5 rounds, 145 s); FedAvg over FedPC's
+#: stratified split (17,460 / 27,510 / 15,030 images) → 0.895 in 248 s.
 IMAGE_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dataset="digits", layers=(1, 1), widths=(8, 16), stem_stride=1, optimizer="adam", lr=0.01,
                  batch_size=32, weight_decay=0.0),
