@@ -31,3 +31,15 @@ if [ ! -f /usr/share/wordnet/data.noun ] && [ -z "${WNSEARCHDIR:-}" ] && command
          "(or --set eval.meteor=false)" >&2
   fi
 fi
+# Image tasks: Fashion-MNIST (image classification) and the ch2 MRI template with its skull-stripped
+# version (segmentation) come from Debian, offline.
+if { [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
+     || [ ! -f /usr/share/mricron/templates/ch2bet.nii.gz ]; } && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-cache show dataset-fashion-mnist >/dev/null 2>&1 || apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      dataset-fashion-mnist mricron-data >/dev/null
+  else
+    echo "note: the image tasks need 'sudo apt-get install dataset-fashion-mnist mricron-data'" >&2
+  fi
+fi
