@@ -43,3 +43,19 @@ def test_tiny_benchmark_prints_and_writes_the_table(tmp_path, capsys):
     if not math.isnan(rows["fedavg"]["gain_retained"]):
         assert rows["fedavg"]["gain_retained"] == pytest.approx(1.0)
         assert rows["local"]["gain_retained"] == pytest.approx(0.0)
+
+
+def test_reuse_takes_only_a_finished_run_of_the_same_configuration(tmp_path):
+    from trustformer.bench.federation_bench import _finished
+    from trustformer.config import load_config
+
+    cfg = load_config("tiny", None, {"out": str(tmp_path / "run")})
+    assert _finished(cfg) is None  # nothing there
+    (tmp_path / "run").mkdir()
+    summary = {"config": cfg.to_dict(), "rounds": cfg.federation.rounds, "time_s": {"total": 1.0}}
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    assert _finished(cfg) == summary
+    other = load_config("tiny", None, {"out": str(tmp_path / "run"), "train.lr": 0.5})
+    assert _finished(other) is None  # another configuration in the same folder is trained again
+    (tmp_path / "run" / "summary.json").write_text("{not json")
+    assert _finished(cfg) is None

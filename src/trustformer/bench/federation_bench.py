@@ -12,7 +12,7 @@ of FedAvg's, wall time, and the **gain retained** (L_local − L) / (L_local −
 loss: 1 = all of FedAvg's gain, 0 = no better than training alone.
 
 The default setting (``DEFAULT_SETTING``, "domain-3x1000") is non-IID: 3 clients that each hold
-different LibreOffice help modules (``data.partition = "domain"``), 1,000 pairs each, 8 rounds of the
+different LibreOffice help modules (``data.partition = "domain"``), 1,000 pairs each, 10 rounds of the
 ``small`` model and recipe. There FedAvg clearly beats training alone (README "Federation benchmark":
 the measured gap). ``--preset``, ``--data``, ``--clients``, ``--rounds`` and ``--set`` change it, so the
 same comparison runs on any corpus and partition; ``--preset tiny`` is a fast smoke form.
@@ -36,7 +36,7 @@ DEFAULT_SETTING: dict[str, Any] = {
     "data.partition": "domain",
     "data.client_size": 1000,
     "federation.clients": 3,
-    "federation.rounds": 8,
+    "federation.rounds": 10,
 }
 """The benchmark's named non-IID setting ("domain-3x1000"), applied on top of the preset for ``small``."""
 
@@ -144,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memberships", default="shared,local",
                    help="trustformer membership modes to run (default: shared,local)")
     p.add_argument("--json", metavar="FILE", help="also write the table and the setting as JSON")
+    p.add_argument("--reuse", action="store_true",
+                   help="take a run whose folder under --out holds a finished summary of exactly the same "
+                        "configuration from there instead of training it again (continues an interrupted benchmark)")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -171,7 +174,19 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     return resolve_config(args)
 
 
-def run_one(cfg: RunConfig, run: BenchRun, out: Path) -> None:
+def _finished(cfg: RunConfig) -> dict[str, Any] | None:
+    """The summary of a finished run of exactly this configuration in its folder, if there is one."""
+    path = Path(cfg.out) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if summary.get("config") != cfg.to_dict() or summary.get("rounds") != cfg.federation.rounds:
+        return None
+    return summary
+
+
+def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False) -> None:
     from ..config import load_config
     from ..runtime.inprocess import run_in_process
 
@@ -182,9 +197,14 @@ def run_one(cfg: RunConfig, run: BenchRun, out: Path) -> None:
     flat.update(run.overrides)
     flat["out"] = str(out / run.label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", ""))
     run_cfg = load_config(cfg.preset, None, flat)
-    started = time.perf_counter()
-    summary = run_in_process(run_cfg)
-    run.wall_s = time.perf_counter() - started
+    previous = _finished(run_cfg) if reuse else None
+    if previous is not None:
+        summary = previous
+        run.wall_s = float(summary["time_s"]["total"])
+    else:
+        started = time.perf_counter()
+        summary = run_in_process(run_cfg)
+        run.wall_s = time.perf_counter() - started
     run.test_loss = [float(x) for x in summary["test_loss"]]
     run.bleu = [float(x) for x in summary["bleu"]]
     run.up_bytes = float(summary["bytes"]["up_per_client_per_round"])
@@ -202,9 +222,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{f' (alpha {d.alpha:g})' if d.partition == 'dirichlet' else ''} · "
           f"{d.client_sizes or d.client_size or 'all'} pairs per client · {f.rounds} rounds · "
           f"{len(runs)} runs · output {out}", file=sys.stderr, flush=True)
+    for run in runs:
+        every = run.overrides.get("federation.agg_every", 1)
+        if every > f.rounds:
+            print(f"warning: {run.label} never exchanges in {f.rounds} rounds (its row is training alone); "
+                  f"use --rounds >= {every} for a byte-matched baseline", file=sys.stderr, flush=True)
     started = time.perf_counter()
     for i, run in enumerate(runs, start=1):
-        run_one(cfg, run, out)
+        run_one(cfg, run, out, reuse=args.reuse)
         elapsed = time.perf_counter() - started
         eta = elapsed / i * (len(runs) - i)
         print(f"[{i}/{len(runs)}] {run.label}: test loss {run.loss_mean:.3f} · BLEU {run.bleu_mean:.2f} · "
