@@ -268,3 +268,32 @@ def test_image_runs_are_reproducible_and_disk_store_equals_memory(tmp_path, imag
         "federation.strategy": "local", "runtime.store": "disk"}))
     assert again["test_loss"] == pytest.approx(local["test_loss"], abs=1e-6)
     assert again["dice"] == pytest.approx(local["dice"], abs=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def test_report_of_image_runs_has_their_quality_columns_and_figures(tmp_path, image_runs):
+    from trustformer.report import build_report, load_runs
+    from trustformer.report.tables import quality_per_client_table, quality_table
+
+    folders = [Path(cfg.out) for (task, strategy), (cfg, _) in image_runs.items()
+               if strategy in ("fedavg", "centralized", "trustformer")]
+    runs = load_runs(folders)
+    table = quality_table(runs)
+    assert {"task", "accuracy", "Dice", "IoU", "pixel accuracy"} <= set(table.columns)
+    assert "BLEU" not in table.columns and "METEOR" not in table.columns
+    fedavg = next(row for row, r in zip(table.rows, runs) if r.task == "segmentation" and r.strategy == "fedavg")
+    _, summary = image_runs["segmentation", "fedavg"]
+    assert fedavg[table.columns.index("Dice")] == f"{summary['dice'][0]:.4f}"
+    assert "dice" in quality_per_client_table(runs).columns
+
+    files = build_report(folders, tmp_path / "report")
+    assert files.figures["class_counts"].read_bytes()[:4] == b"\x89PNG"
+    masks = [name for name in files.figures if name.startswith("masks:")]
+    assert len(masks) == 3  # one per segmentation run
+    text = files.markdown.read_text(encoding="utf-8")
+    assert "Predicted masks" in text and "class_counts_per_client.png" in text
+    assert "Sample translations" not in text
+    one_task = quality_table(load_runs([Path(image_runs["image-classification", "fedavg"][0].out)]))
+    assert one_task.columns[:5] == ["method", "rounds", "clients", "final test loss (nats/image)", "accuracy"]
