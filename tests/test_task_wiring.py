@@ -56,6 +56,7 @@ def test_translation_numbers_are_unchanged_by_the_task_layer(tmp_path, strategy)
     assert summary["task"] == "translation"
     assert {"bleu", "chrf", "meteor", "bertscore_f1", "translations", "samples"} <= set(summary)
     assert "tokens_per_s" in rows[0] and "accuracy" not in summary
+    assert "tokens_per" not in summary["time_s"]  # a rate, not the seconds of a phase
 
 
 # ------------------------------------------------------------------------------------ configuration
@@ -204,6 +205,9 @@ def test_every_protocol_runs_an_image_task_and_reports_its_metrics(image_runs, t
         assert all(math.isfinite(r["test_loss"]) and r["num_examples"] > 0 and "examples_per_s" in r for r in rows)
         clients = summary["data"]["clients"]
         assert len(clients) == n and all(c["task"] == task for c in clients.values())
+        assert "examples_per" not in summary["time_s"] and summary["time_s"]["train"] > 0
+        examples = sum(r["examples"] for r in rows)
+        assert summary["throughput"]["train_examples"] == examples > 0
 
 
 def test_classification_summary_has_per_class_accuracy_and_class_counts(image_runs):

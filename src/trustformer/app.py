@@ -55,7 +55,7 @@ from .runtime import diagnostics
 from .runtime.checkpoint import Checkpointer, run_key
 from .runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 from .secure.exchange import ClientExchange, ServerExchange
-from .tasks.run import FINAL_METRICS, load_task
+from .tasks.run import FINAL_METRICS, RunTask, load_task
 from .wire import PayloadError, payload_bytes, spec_of, to_array_record
 from .workload import ALL_SHARDS, derive_seed
 
@@ -644,7 +644,7 @@ class ClientEnv:
 
     cfg: RunConfig
     client: int
-    task: Any  # tasks/run.py: TranslationTask or ImageRunTask
+    task: RunTask  # tasks/run.py: TranslationTask or ImageRunTask
     protocol: FederatedProtocol
     store: MemoryStore | DiskStore
     shard: Any  # the client's training examples, in the task's own form

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from ..config import RunConfig
-from .base import LocalStep, derive_seed
+from .base import LocalStep
 
 # the scores every client's final evaluation reply must carry (numbers, besides test_loss and model_bytes);
 # summary.json lists each per client
@@ -34,7 +34,46 @@ ALL_SHARDS = -1  # partition id of the centralized client (as workload.ALL_SHARD
 MASK_SAMPLES = 4  # segmentation: test slices a client draws beside the truth at the end
 
 
-def load_task(cfg: RunConfig):
+class RunTask(Protocol):
+    """What the round loop asks of the task of a run (``TranslationTask``, ``ImageRunTask``).
+
+    - ``shard(client, train_file="")``: the client's training examples (``ALL_SHARDS``: every shard);
+      ``len()`` is the ``num_examples`` the client reports;
+    - ``describe(client)``: JSON values recorded in ``summary.json["data"]``;
+    - ``initial_model()``: the identical initial model (seeded from the run seed) on ``runtime.device``;
+    - ``new_optimizer(model)``; ``label_smoothing``: of the task's loss, for a protocol's own step;
+    - ``train_local(model, optimizer, shard, *, seed, step=None)``: one round of local training,
+      returning at least ``train_loss``, ``steps`` and ``train_s``;
+    - ``test_loss(model)``: on the shared held-out test set;
+    - ``final_metrics(model, output_dir)``: (scores, string labels, samples) of the final evaluation,
+      the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line.
+    """
+
+    name: str
+
+    def shard(self, client: int, train_file: str = "") -> Any: ...
+
+    def describe(self, client: int) -> dict[str, Any]: ...
+
+    def initial_model(self) -> torch.nn.Module: ...
+
+    def new_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer: ...
+
+    @property
+    def label_smoothing(self) -> float: ...
+
+    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
+                    step: LocalStep | None = None) -> dict[str, float]: ...
+
+    def test_loss(self, model: torch.nn.Module) -> float: ...
+
+    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
+                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]: ...
+
+    def final_log(self, metrics: dict[str, Any]) -> str: ...
+
+
+def load_task(cfg: RunConfig) -> RunTask:
     """The run task of ``cfg.task`` (cached per process and configuration; the image data sets are
     cached by the task modules, the translation workload by ``workload.py``)."""
     return _load_task(cfg.to_json())
@@ -160,9 +199,4 @@ class ImageRunTask:
                 f"pixel accuracy {metrics['pixel_accuracy']:.4f}")
 
 
-def local_seed(cfg: RunConfig, client: int, rnd: int) -> int:
-    """The seed of a client's local training in a round (the same for every task)."""
-    return derive_seed(cfg.seed, "train", client, rnd)
-
-
-__all__ = ["ALL_SHARDS", "FINAL_METRICS", "ImageRunTask", "load_task", "local_seed"]
+__all__ = ["ALL_SHARDS", "FINAL_METRICS", "RunTask", "ImageRunTask", "load_task"]
