@@ -140,6 +140,7 @@ def quality_table(runs: Sequence[RunResult]) -> Table:
     t = Table("quality", f"Final test loss and {what} per method (mean over clients; range in brackets)", columns)
     if len(tasks) > 1:
         columns.insert(1, "task")
+        t.left = 2  # method and task: text
     for r in runs:
         up, _down = r.bytes_per_exchange()
         eps = (r.summary.get("privacy") or {}).get("epsilon") if isinstance(r.summary.get("privacy"), dict) else None
