@@ -699,7 +699,8 @@ def client_env(context: Context) -> ClientEnv:
     state_dir = node_cfg.get("state-dir")
     store = DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
     task, shard = _client_data(cfg.to_json(), client, str(node_cfg.get("train-file", "")))
-    return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=store, shard=shard, diagnostics=bool(node_cfg.get("diagnostics", False)),
+    return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=store, shard=shard,
+                     diagnostics=bool(node_cfg.get("diagnostics", False)),
                      load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
 
 

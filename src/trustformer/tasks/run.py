@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
+from ..workload import ALL_SHARDS, device_of
 from .base import LocalStep
 
 # the scores every client's final evaluation reply must carry (numbers, besides test_loss and model_bytes);
 # summary.json lists each per client
 FINAL_METRICS = {"translation": ("bleu", "chrf"), "image-classification": ("accuracy",),
                  "segmentation": ("dice", "iou", "pixel_accuracy")}
-ALL_SHARDS = -1  # partition id of the centralized client (as workload.ALL_SHARDS)
 MASK_SAMPLES = 4  # segmentation: test slices a client draws beside the truth at the end
 
 
@@ -95,8 +95,6 @@ class ImageRunTask:
     ``runtime.device``."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from ..workload import device_of
-
         self.cfg = cfg
         self.name = cfg.task
         device = device_of(cfg)
