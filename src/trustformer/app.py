@@ -14,8 +14,12 @@ One round (``federation.rounds`` of them; the paper's epochs):
    ``dropped`` event, and aggregates the rest while ``federation.min_clients`` allows.
 3. ``train.apply`` → every valid client: apply the aggregate, evaluate on the shared test set.
 
-After the last round, ``evaluate`` → every client: test loss and translation quality (BLEU, chrF,
-METEOR, BERTScore F1); each client writes its own ``translations.tsv`` where its node config says.
+After the last round, ``evaluate`` → every client: test loss and the task's final metrics
+(translation: BLEU, chrF, METEOR, BERTScore F1, and each client writes its own ``translations.tsv``
+where its node config says; image classification: accuracy and per-class accuracy; segmentation:
+Dice, IoU, pixel accuracy, and each client draws ``masks.png``). The task (``config.task``,
+``tasks/run.py``) supplies the data, model, optimizer, local training and scores; the round loop and
+the protocols only move tensors.
 The server writes ``metrics.jsonl`` and ``summary.json`` to the run's output folder.
 
 A protocol may add optional hooks (``protocols/base.py``): its own local training step, a check
@@ -44,8 +48,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .config import RunConfig
-from .data.batching import encode_pairs
-from .data.corpus import load_tsv
 from .metrics import RunRecorder
 from .protocols import ClientSession, FederatedProtocol, get_protocol
 from .protocols.base import trainable_tensors
@@ -53,19 +55,9 @@ from .runtime import diagnostics
 from .runtime.checkpoint import Checkpointer, run_key
 from .runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 from .secure.exchange import ClientExchange, ServerExchange
+from .tasks.run import FINAL_METRICS, RunTask, load_task
 from .wire import PayloadError, payload_bytes, spec_of, to_array_record
-from .workload import (
-    ALL_SHARDS,
-    DataError,
-    Workload,
-    derive_seed,
-    initial_model,
-    load_workload,
-    new_optimizer,
-    test_loss,
-    train_local,
-    translation_scores,
-)
+from .workload import ALL_SHARDS, derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +263,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
             _drop(recorder, rounds_run, node, clients, f"final evaluation failed: {reply.error.reason}")
             continue
         try:
-            client, metrics = _final_metrics(reply, node, clients, fed.clients)
+            client, metrics = _final_metrics(reply, node, clients, fed.clients, cfg.task)
         except (KeyError, TypeError, ValueError) as exc:
             _drop(recorder, rounds_run, node, clients, f"invalid reply to evaluate: {_describe(exc)}")
             continue
@@ -301,27 +293,54 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         config=cfg.to_dict(),
         client_ids=order,
         test_loss=[per_client[c]["test_loss"] for c in order],
-        bleu=[per_client[c]["bleu"] for c in order],
-        chrf=[per_client[c]["chrf"] for c in order],
-        meteor=[per_client[c].get("meteor") for c in order],
-        bertscore_f1=[per_client[c].get("bertscore_f1") for c in order],
-        bertscore_model=next((per_client[c]["labels"]["bertscore_model"] for c in order
-                              if "bertscore_model" in per_client[c]["labels"]), None),
-        translations={str(c): _under(cfg.out, per_client[c]["labels"]["translations"]) for c in order
-                      if "translations" in per_client[c]["labels"]},
-        samples={str(c): per_client[c]["samples"] for c in order},
+        **_task_summary(cfg, per_client, order),
         data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": model_bytes},
         server_time_s={k: round(v, 4) for k, v in server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
         **extra,
     )
+    first = FINAL_METRICS[cfg.task][0]
     log.info(
-        "done in %.1f s · test loss %s · BLEU %s · wrote %s",
-        summary["time_s"]["total"], _fmt_list(summary["test_loss"]), _fmt_list(summary["bleu"], 2),
-        Path(cfg.out) / "summary.json",
+        "done in %.1f s · test loss %s · %s %s · wrote %s",
+        summary["time_s"]["total"], _fmt_list(summary["test_loss"]), first.upper() if first == "bleu" else first,
+        _fmt_list(summary[first], 2 if first == "bleu" else 4), Path(cfg.out) / "summary.json",
     )
     return summary
+
+
+def _task_summary(cfg: RunConfig, per_client: dict[int, dict[str, Any]], order: list[int]) -> dict[str, Any]:
+    """The task's fields of ``summary.json``, each a list over clients in ``client_ids`` order (or a
+    dict by client). Translation: ``bleu``, ``chrf``, ``meteor``, ``bertscore_f1``, ``bertscore_model``,
+    ``translations``, ``samples``. Image classification: ``accuracy`` and ``per_class_accuracy``
+    (client → class → accuracy). Segmentation: ``dice``, ``iou``, ``pixel_accuracy``, their per-image
+    means, and ``figures`` (``masks``: client → the figure of predicted beside true masks it drew)."""
+    out: dict[str, Any] = {"task": cfg.task}
+    if cfg.task == "translation":
+        out.update(
+            bleu=[per_client[c]["bleu"] for c in order],
+            chrf=[per_client[c]["chrf"] for c in order],
+            meteor=[per_client[c].get("meteor") for c in order],
+            bertscore_f1=[per_client[c].get("bertscore_f1") for c in order],
+            bertscore_model=next((per_client[c]["labels"]["bertscore_model"] for c in order
+                                  if "bertscore_model" in per_client[c]["labels"]), None),
+            translations={str(c): _under(cfg.out, per_client[c]["labels"]["translations"]) for c in order
+                          if "translations" in per_client[c]["labels"]},
+            samples={str(c): per_client[c]["samples"] for c in order},
+        )
+        return out
+    for key in FINAL_METRICS[cfg.task]:
+        out[key] = [per_client[c][key] for c in order]
+    if cfg.task == "image-classification":
+        out["per_class_accuracy"] = {
+            str(c): dict(zip(per_client[c]["data"].get("classes", []), per_client[c].get("per_class_accuracy", [])))
+            for c in order}
+    else:
+        for key in ("dice_per_image", "iou_per_image"):
+            out[key] = [per_client[c].get(key) for c in order]
+        out["figures"] = {"masks": {str(c): _under(cfg.out, per_client[c]["labels"]["masks"]) for c in order
+                                    if "masks" in per_client[c]["labels"]}}
+    return out
 
 
 def _data_record(record: ConfigRecord) -> dict[str, Any]:
@@ -432,17 +451,22 @@ def _reply_row(recorder, rnd, node, reply, down, clients, step, *, max_examples:
     return row
 
 
-def _final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int
-                   ) -> tuple[int, dict[str, Any]]:
-    """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if malformed)."""
+def _final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int,
+                   task: str = "translation") -> tuple[int, dict[str, Any]]:
+    """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if
+    malformed): ``test_loss``, ``model_bytes`` and the task's scores (``FINAL_METRICS``) must be numbers."""
     record = reply.content["metrics"]
     if not isinstance(record, MetricRecord):
         raise ReplyError("the 'metrics' record is not a MetricRecord")
     metrics: dict[str, Any] = dict(record)
     client = _client_of(metrics, node, clients, expected)
-    for key in ("test_loss", "bleu", "chrf", "model_bytes"):
+    for key in ("test_loss", *FINAL_METRICS[task], "model_bytes"):
         if isinstance(metrics.get(key), bool) or not isinstance(metrics.get(key), (int, float)):
             raise ReplyError(f"metric {key!r} must be a number, got {metrics.get(key)!r}")
+    per_class = metrics.get("per_class_accuracy")
+    if per_class is not None and (not isinstance(per_class, list)
+                                  or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)):
+        raise ReplyError(f"metric 'per_class_accuracy' must be a list of accuracies in [0, 1], got {per_class!r}")
     samples = reply.content["samples"] if "samples" in reply.content else None
     metrics["samples"] = (
         [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
@@ -616,14 +640,14 @@ def _fmt_list(values, digits: int = 3) -> str:
 
 @dataclass(frozen=True)
 class ClientEnv:
-    """What a client node knows: the run config, its partition, the workload and its state store."""
+    """What a client node knows: the run config, its partition, the task, its training shard and its state store."""
 
     cfg: RunConfig
     client: int
-    workload: Workload
+    task: RunTask  # tasks/run.py: TranslationTask or ImageRunTask
     protocol: FederatedProtocol
     store: MemoryStore | DiskStore
-    train_encoded: list[tuple[list[int], list[int]]]
+    shard: Any  # the client's training examples, in the task's own form
     diagnostics: bool = False  # simulation only: report fedavg_distance (needs every client's weights)
     load_s: float = 0.0  # seconds this message spent building the client's data (every message, deployed)
     startup_s: float = 0.0  # deployed: seconds from the start of this message's ClientApp process to here
@@ -674,9 +698,9 @@ def client_env(context: Context) -> ClientEnv:
     client = client_id(context)
     state_dir = node_cfg.get("state-dir")
     store = DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
-    workload, encoded = _client_data(cfg.to_json(), client, str(node_cfg.get("train-file", "")))
-    return ClientEnv(cfg=cfg, client=client, workload=workload, protocol=get_protocol(cfg), store=store,
-                     train_encoded=encoded, diagnostics=bool(node_cfg.get("diagnostics", False)),
+    task, shard = _client_data(cfg.to_json(), client, str(node_cfg.get("train-file", "")))
+    return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=store, shard=shard,
+                     diagnostics=bool(node_cfg.get("diagnostics", False)),
                      load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
 
 
@@ -697,26 +721,15 @@ def _process_age_s(now: float) -> float:
 @lru_cache(maxsize=4)
 def _initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
     cfg = RunConfig.from_json(cfg_json)
-    return trainable_tensors(initial_model(cfg, load_workload(cfg)))
+    return trainable_tensors(load_task(cfg).initial_model())
 
 
 @lru_cache(maxsize=16)
 def _client_data(cfg_json: str, client: int, train_file: str = ""):
-    """The shared workload and the client's encoded training pairs: its shard, or the pairs of its
-    own ``train_file`` (at most ``data.max_words`` words per side, like the corpus split)."""
-    cfg = RunConfig.from_json(cfg_json)
-    workload = load_workload(cfg)
-    if not train_file:
-        return workload, encode_pairs(workload.shard(client), workload.tokenizer, max_len=cfg.model.max_len)
-    try:
-        pairs = load_tsv(train_file)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"client {client}: train-file {train_file}: {exc}") from exc
-    limit = cfg.data.max_words
-    pairs = [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
-    if not pairs:
-        raise DataError(f"client {client}: train-file {train_file} has no pair of at most {limit} words per side")
-    return workload, encode_pairs(pairs, workload.tokenizer, max_len=cfg.model.max_len)
+    """The run's task and the client's training shard (translation: its encoded pairs, or those of
+    its own ``train_file``; see the task's ``shard``)."""
+    task = load_task(RunConfig.from_json(cfg_json))
+    return task, task.shard(client, train_file)
 
 
 class SavedOptimizerState:
@@ -735,11 +748,11 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
     """Rebuild the client's model, optimizer and protocol state as saved at or before the point ``upto``
     (round, TRAINED | ROUND_END) of the round loop; none saved yet: the shared initial model.
     ``train=False``: the optimizer's saved state is kept as it is, without building an optimizer."""
-    model = initial_model(env.cfg, env.workload)
+    model = env.task.initial_model()
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = new_optimizer(env.cfg, model)
+        optimizer = env.task.new_optimizer(model)
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -749,7 +762,7 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
             optimizer.load_state_dict(state.optimizer)
         protocol_state = dict(state.protocol)
     session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
-                            num_examples=len(env.train_encoded),
+                            num_examples=len(env.shard), label_smoothing=env.task.label_smoothing,
                             initial_tensors=lambda: _initial_tensors(env.cfg.to_json()),
                             protocol_state=protocol_state, diagnostics=env.diagnostics)
     return session, optimizer
@@ -765,7 +778,7 @@ def save_session(env: ClientEnv, session: ClientSession, optimizer: torch.optim.
 
 def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, Any]) -> None:
     started = time.perf_counter()
-    metrics["test_loss"] = test_loss(env.cfg, session.model, env.workload)
+    metrics["test_loss"] = env.task.test_loss(session.model)
     metrics["eval_s"] = time.perf_counter() - started
 
 
@@ -781,9 +794,9 @@ def client_train(msg: Message, context: Context) -> Message:
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
                                **env.timings(msg)}
     make_step = getattr(env.protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
-    metrics.update(train_local(env.cfg, session.model, optimizer, env.train_encoded,
-                               seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
-                               step=make_step(session) if make_step is not None else None))
+    metrics.update(env.task.train_local(session.model, optimizer, env.shard,
+                                        seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
+                                        step=make_step(session) if make_step is not None else None))
     content = RecordDict()
     if exchange:
         if env.diagnostics:
@@ -796,8 +809,10 @@ def client_train(msg: Message, context: Context) -> Message:
     else:
         _evaluate_into(env, session, metrics)
     save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
-    log.info("client %s · round %d · %d steps in %.1f s · %.0f tok/s · train loss %.3f", env.client, rnd,
-             metrics["steps"], metrics["train_s"], metrics["tokens_per_s"], metrics["train_loss"])
+    rate, unit = ((metrics["tokens_per_s"], "tok/s") if "tokens_per_s" in metrics
+                  else (metrics.get("examples_per_s", 0.0), "examples/s"))
+    log.info("client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f", env.client, rnd,
+             metrics["steps"], metrics["train_s"], rate, unit, metrics["train_loss"])
     content["metrics"] = MetricRecord(secure.clear_metrics(metrics))  # tee: the rest travels sealed
     return Message(content, reply_to=msg)
 
@@ -843,45 +858,39 @@ def client_secagg(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def client_evaluate(msg: Message, context: Context) -> Message:
-    """Final evaluation: test loss; decoded translations scored with BLEU, chrF, METEOR, BERTScore.
+    """Final evaluation: test loss and the task's metrics (translation: decoded translations scored
+    with BLEU, chrF, METEOR, BERTScore; image classification: accuracy and per-class accuracy;
+    segmentation: Dice, IoU, pixel accuracy).
 
-    Only the scores and three sample translations go back to the server. Where the node config
-    names an ``output-dir`` (the in-process runtime sets ``<out>/client-<id>``; a deployed SuperNode
-    may set its own), the client also writes every decoded test sentence to
-    ``<output-dir>/translations.tsv`` itself, on its own machine: the full set of translations says
-    more about a client's model than the scores do, so it never crosses the wire.
+    Only the scores (and, for translation, three sample translations) go back to the server. Where
+    the node config names an ``output-dir`` (the in-process runtime sets ``<out>/client-<id>``; a
+    deployed SuperNode may set its own), the client also writes every decoded test sentence to
+    ``<output-dir>/translations.tsv`` (segmentation: ``masks.png``, a few predicted masks beside the
+    truth) itself, on its own machine: what a client's model outputs says more about it than the
+    scores do, so it never crosses the wire.
     """
     env = client_env(context)
     rnd = int(msg.content["config"]["round"])
     session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
-    scores, triples = translation_scores(env.cfg, session.model, env.workload)
-    labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
-    metrics.update({k: v for k, v in scores.items() if not isinstance(v, str)})
+    output_dir = context.node_config.get("output-dir")
+    scores, labels, samples = env.task.final_metrics(session.model, str(output_dir) if output_dir else None)
+    scores.pop("test_loss", None)  # the task's own copy of what _evaluate_into measured
+    metrics.update(scores)
     # what the whole model costs under the same serializer (the size of a FedAvg payload)
     metrics["model_bytes"] = payload_bytes(
         RecordDict({"payload": to_array_record(trainable_tensors(session.model))})
     )
-    output_dir = context.node_config.get("output-dir")
-    if output_dir:
-        labels["translations"] = str(write_translations(Path(str(output_dir)) / "translations.tsv", triples))
-    sample = triples[:SAMPLE_TRANSLATIONS]
-    content = RecordDict({"metrics": MetricRecord(metrics),
-                          "data": ConfigRecord({**env.workload.describe(env.client),
-                                                "train_pairs": session.num_examples})})
+    data = env.task.describe(env.client)
+    if env.cfg.task == "translation":
+        data["train_pairs"] = session.num_examples
+    content = RecordDict({"metrics": MetricRecord(metrics), "data": ConfigRecord(data)})
     if labels:
         content["labels"] = ConfigRecord(labels)
-    if sample:
-        content["samples"] = ConfigRecord({
-            "source": [s for s, _, _ in sample],
-            "reference": [r for _, r, _ in sample],
-            "hypothesis": [h for _, _, h in sample],
-        })
-    log.info("client %s · final test loss %.3f · BLEU %.2f · chrF %.2f%s%s", env.client, metrics["test_loss"],
-             metrics["bleu"], metrics["chrf"],
-             f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "",
-             f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else "")
+    if samples:
+        content["samples"] = ConfigRecord(samples)
+    log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
     return Message(content, reply_to=msg)
 
 

@@ -8,14 +8,15 @@ import os
 import sys
 from typing import Any
 
-from .config import PRESETS, SECURE_MODES, STRATEGIES, ConfigError, RunConfig, load_config, parse_override
+from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="train one federation (in one process) and write metrics.jsonl and summary.json",
-        description="Train a Transformer across several clients. Options override --config, "
+        description="Train a model across several clients: a Transformer on translation (default), a FIXUP "
+        "ResNet on image classification or a U-Net on segmentation (--task). Options override --config, "
         "which overrides --preset.",
     )
     _add_config_options(p)
@@ -29,6 +30,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 def _add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
     p.add_argument("--config", metavar="FILE", help="TOML file with any run option (see README)")
+    p.add_argument("--task", choices=TASKS,
+                   help="learning task (default: translation); the preset's values follow the task")
     p.add_argument("--strategy", choices=STRATEGIES, help="federated protocol")
     p.add_argument("--rounds", type=int, help="training rounds (local epochs)")
     p.add_argument("--clients", type=int, help="number of data owners")
@@ -46,6 +49,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     overrides: dict[str, Any] = {
+        "task": getattr(args, "task", None),
         "federation.strategy": args.strategy,
         "federation.rounds": args.rounds,
         "federation.clients": args.clients,
@@ -64,8 +68,9 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     preset = args.preset or "small"
     cfg = load_config(preset, args.config, overrides)
     if not cfg.out:
+        task = "" if cfg.task == "translation" else f"{cfg.task}-"
         cfg = load_config(preset, args.config, {
-            **overrides, "out": os.path.join("runs", f"{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
+            **overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
         })
     return cfg
 
@@ -84,7 +89,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     check_metrics(cfg)  # before any training, not after it
     summary = run_in_process(cfg)
-    if args.quiet:
+    from .tasks.run import FINAL_METRICS
+
+    if cfg.task != "translation":
+        scores = " · ".join(f"{key} {summary[key]}" for key in FINAL_METRICS[cfg.task])
+        print(f"test loss {summary['test_loss']} · {scores} · {summary['time_s']['total']:.0f} s · "
+              f"{cfg.out}/summary.json")
+    elif args.quiet:
         print(f"test loss {summary['test_loss']} · BLEU {summary['bleu']} · {cfg.out}/summary.json")
     else:
         print_samples(summary)
@@ -270,6 +281,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .evaluation.meteor import WordNetUnavailableError
     from .report import ReportError
     from .workload import DataError
+    from .tasks.base import TaskConfigError
+    from .tasks.image_data import ImageDataError
+    from .tasks.seg_data import SegDataError
     from .deploy.certs import CredentialsError
     from .deploy.launch import DeployError
     from .runtime.checkpoint import CheckpointError
@@ -277,7 +291,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (CheckpointError, CredentialsError, DeployError,
             CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
             FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError,
-            AttestationError)
+            AttestationError, TaskConfigError, ImageDataError, SegDataError)
 
 
 def build_parser() -> argparse.ArgumentParser:

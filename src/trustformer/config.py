@@ -25,7 +25,13 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
 
 
-PARTITIONS = ("iid", "domain", "dirichlet")
+PARTITIONS = ("iid", "domain", "dirichlet", "stratified")
+TASKS = ("translation", "image-classification", "segmentation")
+# data.partition values each task accepts (domain: translation corpora with domains; stratified: FedPC's
+# class-stratified imbalanced split of the image tasks; dirichlet needs class labels)
+TASK_PARTITIONS = {"translation": ("iid", "domain", "dirichlet"),
+                   "image-classification": ("iid", "stratified", "dirichlet"),
+                   "segmentation": ("iid", "stratified")}
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -48,7 +54,8 @@ class DataConfig:
     max_words: int = 30  # drop pairs longer than this (words, either side); 0 = keep all
     # how the client pool is divided (data/split.py): iid | domain (disjoint domains per client) |
     # dirichlet (Dirichlet(alpha) share of every domain per client); domains: LibreOffice help modules,
-    # or a TSV file's third column
+    # or a TSV file's third column. Image tasks (tasks/partition.py): iid | stratified (FedPC's
+    # class-stratified shards of random sizes) | dirichlet (label skew; image-classification only)
     partition: str = "iid"
     alpha: float = 0.5  # dirichlet concentration: small = skewed, large = close to iid
     client_sizes: tuple[int, ...] = ()  # pairs of each client (unequal shards); () = client_size for all
@@ -321,6 +328,89 @@ class RuntimeConfig:
         _choice("runtime.store", self.store, ("memory", "disk"))
 
 
+def _task_section_error(section: str, exc: Exception) -> "ConfigError":
+    """A task module's TaskConfigError ("lr must be > 0; …") as a ConfigError naming the config key."""
+    return ConfigError(f"{section}.{exc}")
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """``task = "image-classification"`` (``tasks/image.py``): data, FIXUP ResNet and local SGD/Adam.
+    Defaults are the ``small`` preset (Fashion-MNIST, basic blocks 1-1-1 of widths 16/32/64)."""
+
+    dataset: str = "fashion-mnist"  # fashion-mnist | digits (scikit-learn's, fast tests) | cifar10
+    data_dir: str = ""  # fashion-mnist: idx folder ("" = Debian's dataset-fashion-mnist); cifar10: required
+    train_size: int = 0  # 0 = the whole training set, else a seeded random subset
+    test_size: int = 0  # 0 = the whole test set, else its first test_size images
+    block: str = "basic"  # basic | bottleneck
+    layers: tuple[int, ...] = (1, 1, 1)  # residual blocks per stage
+    widths: tuple[int, ...] = (16, 32, 64)  # channels per stage
+    stem: str = "cifar"  # cifar (3x3 conv) | imagenet (7x7 conv + max-pool)
+    stem_stride: int = 2
+    stem_width: int = 0  # 0 = widths[0]
+    optimizer: str = "sgd"  # sgd (with momentum) | adam
+    lr: float = 0.03
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_decay: float = 0.3  # lr / (1 + lr_decay * local epochs done): FedPC's step-based decay
+    batch_size: int = 32
+    label_smoothing: float = 0.0
+    augment: str = "none"  # none | flip | crop-flip
+    eval_batch_size: int = 1000
+
+    def task_config(self):
+        """The task module's validated ``ImageTaskConfig`` (ConfigError naming ``image.<key>``)."""
+        from .tasks.base import TaskConfigError
+        from .tasks.image import ImageTaskConfig
+
+        try:
+            return ImageTaskConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+        except TaskConfigError as exc:
+            raise _task_section_error("image", exc) from None
+
+    def validate(self) -> None:
+        self.task_config()
+
+
+@dataclass(frozen=True)
+class SegmentationConfig:
+    """``task = "segmentation"`` (``tasks/segmentation.py``): data, U-Net and local Adam. Defaults are
+    the ``small`` preset (MRI brain extraction at 108x90, U-Net depth 3, width 8, GroupNorm)."""
+
+    dataset: str = "mri-brain"  # mri-brain (Debian's mricron-data) | lgg (kaggle_3m folder)
+    data_dir: str = ""  # mri-brain: folder of ch2.nii.gz + ch2bet.nii.gz ("" = Debian's); lgg: required
+    downsample: int = 2  # mri-brain: integer resolution reduction
+    size: int = 128  # lgg: slices resized to size x size
+    test_fraction: float = 0.2  # units (patients; slices for mri-brain) held out as the shared test set
+    depth: int = 3
+    base_width: int = 8
+    norm: str = "group"  # group | instance | none (no running statistics anywhere)
+    groups: int = 8
+    optimizer: str = "adam"  # adam | sgd
+    lr: float = 3e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_decay: float = 0.0
+    batch_size: int = 8
+    label_smoothing: float = 0.0
+    augment: str = "flip"  # none | flip
+    threshold: float = 0.5  # probability above which a pixel is foreground
+    eval_batch_size: int = 16
+
+    def task_config(self):
+        """The task module's validated ``SegTaskConfig`` (ConfigError naming ``segmentation.<key>``)."""
+        from .tasks.base import TaskConfigError
+        from .tasks.segmentation import SegTaskConfig
+
+        try:
+            return SegTaskConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+        except TaskConfigError as exc:
+            raise _task_section_error("segmentation", exc) from None
+
+    def validate(self) -> None:
+        self.task_config()
+
+
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
 SECAGG_STRATEGIES = ("fedavg", "trustformer")  # aggregates that are a (weighted) mean of the payloads
 
@@ -368,6 +458,7 @@ class RunConfig:
     seed: int = 0
     out: str = ""  # default: runs/<strategy>-<preset>-seed<seed>
     preset: str = "small"
+    task: str = "translation"  # translation | image-classification | segmentation
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -376,10 +467,20 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     secure: SecureConfig = field(default_factory=SecureConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
+    segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
 
     def validate(self) -> "RunConfig":
         _choice("preset", self.preset, tuple(PRESETS))
+        _choice("task", self.task, TASKS)
         _at_least("seed", self.seed, 0)
+        if self.data.partition not in TASK_PARTITIONS[self.task]:
+            raise ConfigError(f"data.partition = {self.data.partition!r} does not apply to task = {self.task!r} "
+                              f"(one of: {', '.join(TASK_PARTITIONS[self.task])})")
+        if self.task == "image-classification":  # the selected task's section, through the task's own checks
+            self.image.validate()
+        elif self.task == "segmentation":
+            self.segmentation.validate()
         for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy):
             section.validate()
         self.secure.validate()
@@ -427,6 +528,42 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# What each preset changes for an image task (on top of PRESETS[preset] and the section defaults, which
+# are the `small` values): the tasks' recommended presets (tasks/image.py IMAGE_PRESETS, tasks/segmentation.py
+# SEG_PRESETS, where they were measured; tests/test_task_wiring.py checks the two agree) and the rounds
+# (epochs) each is meant for.
+TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "image-classification": {
+        "tiny": {"image": {"dataset": "digits", "layers": [1, 1], "widths": [8, 16], "stem_stride": 1,
+                           "optimizer": "adam", "lr": 0.01, "lr_decay": 0.0, "weight_decay": 0.0,
+                           "batch_size": 32},
+                 "federation": {"rounds": 2}},
+        "small": {"federation": {"rounds": 8}},
+        "paper": {"image": {"dataset": "cifar10", "block": "bottleneck", "layers": [3, 4, 6, 3],
+                            "widths": [64, 128, 256, 512], "stem": "cifar", "stem_stride": 1, "stem_width": 64,
+                            "optimizer": "sgd", "lr": 0.01, "lr_decay": 0.01, "momentum": 0.9,
+                            "weight_decay": 5e-4, "batch_size": 128, "augment": "crop-flip"},
+                  "federation": {"rounds": 250}},
+    },
+    "segmentation": {
+        "tiny": {"segmentation": {"downsample": 4, "depth": 2, "base_width": 4, "groups": 4, "lr": 1e-2,
+                                  "batch_size": 8},
+                 "federation": {"rounds": 2}},
+        "small": {"federation": {"rounds": 30}},
+        "paper": {"segmentation": {"dataset": "lgg", "size": 256, "depth": 4, "base_width": 64, "groups": 8,
+                                   "optimizer": "adam", "lr": 0.01, "lr_decay": 0.1, "batch_size": 16,
+                                   "augment": "flip"},
+                  "federation": {"rounds": 35}},
+    },
+}
+
+
+def _apply_preset(merged: dict[str, Any], preset: str, task: str) -> None:
+    _deep_update(merged, PRESETS[preset])
+    if task in TASK_PRESETS:
+        _deep_update(merged, TASK_PRESETS[task][preset])
+
+
 def load_config(
     preset: str = "small",
     config_file: str | Path | None = None,
@@ -435,8 +572,7 @@ def load_config(
     """Resolve preset < TOML file < overrides (dotted keys, e.g. ``federation.rounds``)."""
     if preset not in PRESETS:
         raise ConfigError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}")
-    merged: dict[str, Any] = {"preset": preset}
-    _deep_update(merged, PRESETS[preset])
+    file_values: dict[str, Any] = {}
     if config_file is not None:
         path = Path(config_file)
         try:
@@ -447,11 +583,15 @@ def load_config(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         if "preset" in file_values and file_values["preset"] != preset:
             # a file may name its own preset; it is applied first, then the file on top
-            merged = {"preset": file_values["preset"]}
-            if file_values["preset"] not in PRESETS:
-                raise ConfigError(f"preset = {file_values['preset']!r} is not one of {', '.join(PRESETS)}")
-            _deep_update(merged, PRESETS[file_values["preset"]])
-        _deep_update(merged, file_values)
+            preset = file_values["preset"]
+            if preset not in PRESETS:
+                raise ConfigError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}")
+    # the task picks the preset's per-task values (the command line's task over the file's)
+    task = (overrides or {}).get("task") or file_values.get("task") or "translation"
+    _choice("task", task, TASKS)
+    merged: dict[str, Any] = {"preset": preset}
+    _apply_preset(merged, preset, task)
+    _deep_update(merged, file_values)
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

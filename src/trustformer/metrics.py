@@ -21,6 +21,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 PHASE_SUFFIX = "_s"
+RATE_SUFFIX = "_per_s"  # a rate (tokens_per_s, examples_per_s), not seconds of a phase
 
 
 class RunRecorder:
@@ -71,7 +72,7 @@ class RunRecorder:
         phase_totals: dict[str, float] = defaultdict(float)
         for r in records:
             for key, value in r.items():
-                if key.endswith(PHASE_SUFFIX) and isinstance(value, (int, float)):
+                if key.endswith(PHASE_SUFFIX) and not key.endswith(RATE_SUFFIX) and isinstance(value, (int, float)):
                     phase_totals[key[: -len(PHASE_SUFFIX)]] += float(value)
         # server phases are copied onto every client's line of their round; count them once
         for key, value in fields.get("server_time_s", {}).items():
@@ -109,10 +110,16 @@ class RunRecorder:
 
 def _throughput(records: list[dict[str, Any]]) -> dict[str, float]:
     """Training throughput over the run: target tokens (labels, padding excluded) per second of local
-    training, summed over clients (``train_tokens`` / ``train_s`` of every line)."""
+    training, summed over clients (``train_tokens`` / ``train_s`` of every line); for the image tasks
+    also ``train_examples`` (images) and ``train_examples_per_s``."""
     tokens = sum(int(r.get("train_tokens", 0)) for r in records)
     seconds = sum(float(r.get("train_s", 0.0)) for r in records if "train_tokens" in r)
-    return {"train_tokens": tokens, "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0}
+    out = {"train_tokens": tokens, "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0}
+    if any("examples" in r for r in records):
+        examples = sum(int(r.get("examples", 0)) for r in records)
+        seconds = sum(float(r.get("train_s", 0.0)) for r in records if "examples" in r)
+        out.update(train_examples=examples, train_examples_per_s=round(examples / seconds, 1) if seconds > 0 else 0.0)
+    return out
 
 
 def _mean(values) -> float:

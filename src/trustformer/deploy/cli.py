@@ -208,13 +208,13 @@ def _cmd_server(args: argparse.Namespace, resolve_config, setup_logging) -> int:
 
 
 def _cmd_local(args: argparse.Namespace, resolve_config, setup_logging) -> int:
-    from ..workload import load_workload
+    from ..tasks.run import load_task
     from .launch import LocalFederation, deployment_config, preflight
 
     cfg = deployment_config(run_config(args, resolve_config))
     preflight(cfg)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
-    load_workload(cfg)  # corpus and tokenizer built (and cached) here once, not by every client at once
+    load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once
     root = Path(args.dir) if args.dir else Path(cfg.out) / "deployment"
     with _stop_on_sigterm(), LocalFederation.for_run(root, cfg) as fed:
         log.info("SuperLink on %s (TLS, SuperNode authentication) · log %s · %d SuperNode(s), logs %s",

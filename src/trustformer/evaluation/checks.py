@@ -11,7 +11,10 @@ from ..config import RunConfig
 
 def check_metrics(cfg: RunConfig) -> None:
     """Raise WordNetUnavailableError / BERTScoreUnavailableError (naming what is missing) when METEOR
-    or BERTScore is on and cannot run here. Cheap: finds files, loads no model."""
+    or BERTScore is on and cannot run here. Cheap: finds files, loads no model. Translation only (the
+    image tasks score with accuracy, Dice and IoU)."""
+    if cfg.task != "translation":
+        return
     if cfg.eval.meteor:
         from ..workload import cache_dir
         from .meteor import wordnet_folder

@@ -31,6 +31,12 @@ class ClientSession:
     initial_tensors: Callable[[], "Tensors"]  # the identical initial model's trainable tensors
     protocol_state: Tensors = field(default_factory=dict)
     diagnostics: bool = False  # simulation only: a protocol may report extra (non-private) measurements
+    # the label smoothing of the task's loss, for a protocol's own local step (None: train.label_smoothing)
+    label_smoothing: float | None = None
+
+    @property
+    def smoothing(self) -> float:
+        return self.cfg.train.label_smoothing if self.label_smoothing is None else self.label_smoothing
 
 
 class FederatedProtocol(Protocol):

@@ -62,7 +62,7 @@ class DPBlurLus(DPFedAvg):
         base = self.global_tensors(session)
         names = [n for n, p in session.model.named_parameters() if p.requires_grad]
         anchors = [base[n] for n in names]
-        smoothing, bound, lam = self.cfg.train.label_smoothing, self.blur_bound, self.blur_lambda
+        smoothing, bound, lam = session.smoothing, self.blur_bound, self.blur_lambda
 
         def step(model, optimizer, src, tgt):
             params = dict(model.named_parameters())

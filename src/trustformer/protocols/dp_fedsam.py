@@ -24,7 +24,7 @@ class DPFedSAM(DPFedAvg):
         self.rho = cfg.privacy.sam_rho
 
     def local_step(self, session: ClientSession) -> LocalStep:
-        smoothing = self.cfg.train.label_smoothing
+        smoothing = session.smoothing
         rho = self.rho
 
         def step(model, optimizer, src, tgt):

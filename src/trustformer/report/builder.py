@@ -59,7 +59,10 @@ def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: s
     by_name = {t.name: t for t in all_tables}
     doc.heading("Main results")
     doc.table(by_name["quality"], files=_files(out, "quality", "quality_per_client"))
-    doc.image(figs["quality"], "Figure 6 — BLEU, METEOR and BERTScore F1 per client and method.")
+    translation = any(r.task == "translation" for r in runs) or not runs
+    doc.image(figs["quality"], "Figure 6 — BLEU, METEOR and BERTScore F1 per client and method." if translation
+              else "Accuracy (classification) or Dice, IoU and pixel accuracy (segmentation) per client and "
+                   "method, on the shared held-out test set.")
     doc.heading("Communication (Table III)")
     doc.table(by_name["table3_bytes"], files=_files(out, "table3_bytes"))
     doc.image(figs["bytes_vs_beta"], "Table III as a chart — bytes per client per round relative to a FedAvg "
@@ -71,10 +74,20 @@ def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: s
     doc.image(figs["loss_per_round"], "Figure 4/5 — test loss of every client per round, per method.")
     doc.image(figs["loss_vs_beta"], "Figure 4/5 — final test loss against β with FedAvg, no aggregation and "
                                     "the other methods as references; distance to FedAvg against β.")
-    if "data_per_client" in figs:
+    if "data_per_client" in figs or "class_counts" in figs:
         doc.heading("Data")
+    if "data_per_client" in figs:
         doc.image(figs["data_per_client"], "Training pairs of every client per domain, and the shared test set's.")
-    _samples(doc, runs, out)
+    if "class_counts" in figs:
+        doc.image(figs["class_counts"], "Training images of every client per class (the data partition).")
+    masks = {name.split(":", 1)[1]: path for name, path in figs.items() if name.startswith("masks:")}
+    if masks:
+        doc.heading("Predicted masks")
+        for label, path in masks.items():
+            doc.image(path, f"{label} — held-out test slices: the image, the true mask, the first client's "
+                            "predicted mask, and the overlay (green: both, red: missed, blue: false positive).")
+    if translation:
+        _samples(doc, runs, out)
     doc.heading("Where this differs from the paper, and why")
     doc.bullets(differences(runs, epochs=epochs))
     _setup(doc, runs, context)

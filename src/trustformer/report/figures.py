@@ -5,8 +5,12 @@
 - ``fig4-5_final_loss_vs_beta.png``: final test loss against β for Trustformer with FedAvg,
   no aggregation, centralized and DP runs as references; and the distance to FedAvg against β
   (Theorem 1: → 0 as β → 1).
-- ``fig6_quality.png``: BLEU, METEOR and BERTScore F1 per client and method (Fig. 6).
+- ``fig6_quality.png``: BLEU, METEOR and BERTScore F1 per client and method (Fig. 6); for image runs
+  only, accuracy or Dice, IoU and pixel accuracy instead.
 - ``data_per_client.png``: training pairs per client and domain (when the corpus names domains).
+- ``class_counts_per_client.png``: image classification, examples per client and class.
+- ``masks-<run>.png``: segmentation, a few test slices with the true and the predicted mask (drawn
+  by the run's first client).
 - ``table3_bytes_vs_beta.png``: bytes per round against β relative to a FedAvg model, ours and the
   paper's (Table III as a chart).
 """
@@ -14,11 +18,13 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Sequence
 
 from . import paper
 from .runs import RunResult
+from .tables import TASK_QUALITY
 
 DPI = 130
 _CLIENT_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -152,9 +158,14 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
     plt = _plt()
     metrics = [("bleu", "BLEU (sacreBLEU, 0–100)", 100.0), ("meteor", "METEOR (0–1)", 1.0),
                ("bertscore_f1", "BERTScore F1 (0–1)", 1.0)]
+    translation = any(r.task == "translation" for r in runs) or not runs
+    if not translation:  # image runs only: their own scores
+        metrics = [(key, f"{title} (0–1)", 1.0) for task in ("image-classification", "segmentation")
+                   if any(r.task == task for r in runs) for key, title, _ in TASK_QUALITY[task]]
     bert = next((r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")), None)
     width = max(9.0, 1.1 * len(runs) + 3)
-    fig, axes = plt.subplots(1, 3, figsize=(min(width, 22), 4.6))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(min(width, 22), 4.6), squeeze=False)
+    axes = axes[0]
     clients = sorted({c for r in runs for c in r.client_ids})
     n_c = max(len(clients), 1)
     bar = 0.8 / n_c
@@ -187,7 +198,8 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
             ax.text(0.5, 0.5, "not computed", ha="center", va="center", transform=ax.transAxes)
         else:
             ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Translation quality of every client's final model on the held-out test sentences (Fig. 6)")
+    fig.suptitle("Translation quality of every client's final model on the held-out test sentences (Fig. 6)"
+                 if translation else "Quality of every client's final model on the held-out test images")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -266,10 +278,44 @@ def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
     return path
 
 
+def class_counts(runs: Sequence[RunResult], path: Path) -> Path | None:
+    """Image classification: examples of each class held by each client (FedPC's Figures 2 and 3), from
+    the first classification run whose clients recorded ``class_counts``; None without one."""
+    from ..tasks.figures import partition_figure
+
+    for r in runs:
+        clients = r.summary.get("data", {}).get("clients", {})
+        rows = [(k, v) for k, v in sorted(clients.items(), key=lambda kv: int(kv[0])) if "class_counts" in v]
+        if r.task == "image-classification" and rows and all(k != "-1" for k, _ in rows):
+            classes = [str(c) for c in rows[0][1].get("classes", range(len(rows[0][1]["class_counts"])))]
+            return partition_figure([v["class_counts"] for _, v in rows], classes, path,
+                                    title=f"Examples per client and class — {r.label}, partition "
+                                          f"{r.summary['data'].get('partition', '?')}")
+    return None
+
+
+def mask_figures(runs: Sequence[RunResult], folder: Path) -> dict[str, Path]:
+    """Segmentation: the predicted-beside-true masks each run's first client drew (``masks.png``),
+    copied into the report's figures as ``masks-<run folder>.png``."""
+    out = {}
+    for r in runs:
+        masks = (r.summary.get("figures") or {}).get("masks") or {}
+        first = next(iter(masks.values()), None)
+        if r.task == "segmentation" and first and (r.path / first).is_file():
+            target = folder / f"masks-{r.path.name}.png"
+            shutil.copyfile(r.path / first, target)
+            out[r.label] = target
+    return out
+
+
 def all_figures(runs: Sequence[RunResult], folder: Path) -> dict[str, Path]:
+    """Every figure of the report by name (``masks:<method>``: one per segmentation run)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = data_per_client(runs, folder / "data_per_client.png")
+    counts = class_counts(runs, folder / "class_counts_per_client.png")
+    masks = {f"masks:{label}": path for label, path in mask_figures(runs, folder).items()}
     return {**({"data_per_client": data} if data is not None else {}),
+        **({"class_counts": counts} if counts is not None else {}), **masks,
         "loss_per_round": loss_per_round(runs, folder / "fig4-5_loss_per_round.png"),
         "loss_vs_beta": final_loss_vs_beta(runs, folder / "fig4-5_final_loss_vs_beta.png"),
         "quality": quality(runs, folder / "fig6_quality.png"),

@@ -36,6 +36,11 @@ class RunResult:
         return self.summary.get("config", {})
 
     @property
+    def task(self) -> str:
+        """``translation`` (also for runs from before the task layer), ``image-classification`` or ``segmentation``."""
+        return str(self.summary.get("task", self.config.get("task", "translation")))
+
+    @property
     def strategy(self) -> str:
         return str(self.summary.get("strategy", self.config.get("federation", {}).get("strategy", "?")))
 

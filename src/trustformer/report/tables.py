@@ -110,48 +110,82 @@ def _spread(values: Sequence[float | None], digits: int) -> str:
 # ----------------------------------------------------------------------------------------- quality
 
 
+# the quality columns of each task: (summary key, column title, digits)
+TASK_QUALITY: dict[str, list[tuple[str, str, int]]] = {
+    "translation": [("bleu", "BLEU", 2), ("chrf", "chrF", 2), ("meteor", "METEOR", 3),
+                    ("bertscore_f1", "BERTScore F1", 3)],
+    "image-classification": [("accuracy", "accuracy", 4)],
+    "segmentation": [("dice", "Dice", 4), ("iou", "IoU", 4), ("pixel_accuracy", "pixel accuracy", 4)],
+}
+TEST_LOSS_UNIT = {"translation": "nats/token", "image-classification": "nats/image",
+                  "segmentation": "BCE + soft Dice per image"}
+
+
+def _tasks(runs: Sequence[RunResult]) -> list[str]:
+    """The tasks of the runs, in TASK_QUALITY order (translation alone when there is no run)."""
+    present = {r.task for r in runs}
+    return [t for t in TASK_QUALITY if t in present] or ["translation"]
+
+
 def quality_table(runs: Sequence[RunResult]) -> Table:
-    """The main table: final test loss and translation quality per method (mean over clients, range)."""
-    bert_models = sorted({r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")})
-    columns = ["method", "rounds", "clients", "final test loss (nats/token)", "BLEU", "chrF", "METEOR",
-               "BERTScore F1", "distance to FedAvg", "up KiB/round", "privacy ε", "wall time (s)"]
-    t = Table("quality", "Final test loss and translation quality per method (mean over clients; range in brackets)",
-              columns)
+    """The main table: final test loss and the task's quality per method (mean over clients, range):
+    translation BLEU, chrF, METEOR, BERTScore F1; image classification accuracy; segmentation Dice,
+    IoU and pixel accuracy. A report of runs of several tasks has the columns of each."""
+    tasks = _tasks(runs)
+    quality = [q for task in tasks for q in TASK_QUALITY[task]]
+    loss_unit = TEST_LOSS_UNIT[tasks[0]] if len(tasks) == 1 else "task's loss"
+    columns = ["method", "rounds", "clients", f"final test loss ({loss_unit})", *[title for _, title, _ in quality],
+               "distance to FedAvg", "up KiB/round", "privacy ε", "wall time (s)"]
+    what = "translation quality" if tasks == ["translation"] else "quality"
+    t = Table("quality", f"Final test loss and {what} per method (mean over clients; range in brackets)", columns)
+    if len(tasks) > 1:
+        columns.insert(1, "task")
+        t.left = 2  # method and task: text
     for r in runs:
         up, _down = r.bytes_per_exchange()
         eps = (r.summary.get("privacy") or {}).get("epsilon") if isinstance(r.summary.get("privacy"), dict) else None
-        t.rows.append([
-            r.label, r.rounds, len(r.client_ids),
-            _spread(r.per_client("test_loss"), 3), _spread(r.per_client("bleu"), 2), _spread(r.per_client("chrf"), 2),
-            _spread(r.per_client("meteor"), 3), _spread(r.per_client("bertscore_f1"), 3),
-            _spread(r.per_client("fedavg_distance"), 4) if r.summary.get("fedavg_distance") else None,
-            up / KIB if up is not None else None, eps, r.summary.get("time_s", {}).get("total"),
-        ])
+        row = [r.label, r.rounds, len(r.client_ids), _spread(r.per_client("test_loss"), 3),
+               *[_spread(r.per_client(key), digits) for key, _, digits in quality],
+               _spread(r.per_client("fedavg_distance"), 4) if r.summary.get("fedavg_distance") else None,
+               up / KIB if up is not None else None, eps, r.summary.get("time_s", {}).get("total")]
+        if len(tasks) > 1:
+            row.insert(1, r.task)
+        t.rows.append(row)
     t.formats = {"up KiB/round": _num(1), "wall time (s)": _num(1), "privacy ε": lambda v: f"{v:.3g}"}
-    t.notes = [
-        "Scores are on the first eval.bleu_size decoded test sentences (greedy unless eval.beam_size > 1); "
-        "BLEU and chrF are sacreBLEU corpus scores (0–100), METEOR the mean sentence METEOR with WordNet "
-        "synonyms (0–1), BERTScore the mean F1 (0–1).",
-        "BERTScore model: " + ("; ".join(bert_models) if bert_models else "none (switched off)")
-        + ". Not comparable with BERTScore from another model (published BERTScore uses roberta-large).",
-        "Distance to FedAvg: ‖W_i − W_FedAvg‖/‖W_FedAvg‖ after the last exchange, where W_FedAvg is the "
-        "data-weighted mean of the same round's local models (simulation-only diagnostic; 0 for FedAvg).",
-        "The paper publishes its quality results (Fig. 6) only as a chart: no numbers to put beside these.",
-    ]
+    notes = []
+    if "translation" in tasks:
+        bert_models = sorted({r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")})
+        notes += [
+            "Scores are on the first eval.bleu_size decoded test sentences (greedy unless eval.beam_size > 1); "
+            "BLEU and chrF are sacreBLEU corpus scores (0–100), METEOR the mean sentence METEOR with WordNet "
+            "synonyms (0–1), BERTScore the mean F1 (0–1).",
+            "BERTScore model: " + ("; ".join(bert_models) if bert_models else "none (switched off)")
+            + ". Not comparable with BERTScore from another model (published BERTScore uses roberta-large).",
+        ]
+    if "image-classification" in tasks:
+        notes.append("Accuracy: the fraction of the whole shared test set classified correctly (0–1); per-class "
+                     "accuracy per client is in summary.json (per_class_accuracy).")
+    if "segmentation" in tasks:
+        notes.append("Dice, IoU and pixel accuracy pooled over every pixel of the held-out test slices (0–1); "
+                     "FedPC's Table 3 'accuracy' is pixel accuracy.")
+    notes.append("Distance to FedAvg: ‖W_i − W_FedAvg‖/‖W_FedAvg‖ after the last exchange, where W_FedAvg is the "
+                 "data-weighted mean of the same round's local models (simulation-only diagnostic; 0 for FedAvg).")
+    if "translation" in tasks:
+        notes.append("The paper publishes its quality results (Fig. 6) only as a chart: no numbers to put beside "
+                     "these.")
+    t.notes = notes
     return t
 
 
 def quality_per_client_table(runs: Sequence[RunResult]) -> Table:
     """Long form of the quality table: one row per run and client (CSV for further analysis)."""
-    columns = ["method", "strategy", "beta", "agg_every", "client", "test_loss", "bleu", "chrf", "meteor",
-               "bertscore_f1", "fedavg_distance", "run"]
+    keys = ["test_loss", *[key for task in _tasks(runs) for key, _, _ in TASK_QUALITY[task]], "fedavg_distance"]
+    columns = ["method", "strategy", "beta", "agg_every", "client", *keys, "run"]
     t = Table("quality_per_client", "Final scores per client", columns)
     for r in runs:
         for i, c in enumerate(r.client_ids):
-            vals = {k: r.per_client(k)[i] if i < len(r.per_client(k)) else None
-                    for k in ("test_loss", "bleu", "chrf", "meteor", "bertscore_f1", "fedavg_distance")}
-            t.rows.append([r.label, r.strategy, r.beta, r.agg_every, c, vals["test_loss"], vals["bleu"],
-                           vals["chrf"], vals["meteor"], vals["bertscore_f1"], vals["fedavg_distance"], r.path.name])
+            vals = [r.per_client(k)[i] if i < len(r.per_client(k)) else None for k in keys]
+            t.rows.append([r.label, r.strategy, r.beta, r.agg_every, c, *vals, r.path.name])
     return t
 
 

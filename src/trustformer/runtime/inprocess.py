@@ -38,7 +38,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from ..config import Fault, RunConfig
-from ..workload import load_workload
+from ..tasks.run import load_task
 from . import diagnostics
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     server_app = server_app or apps.server_app
     client_app = client_app or apps.client_app
     torch.set_num_threads(cfg.runtime.threads or os.cpu_count() or 1)
-    load_workload(cfg)  # data problems surface here, before any client starts
+    load_task(cfg)  # data problems surface here, before any client starts
     run_id = int(time.time_ns() % (1 << 62))
     run_config = {apps.CONFIG_KEY: cfg.to_json()}
     from ..secure import exchange as secure

@@ -1,6 +1,8 @@
-"""Learning tasks other than translation: image classification and segmentation (FedPC's experiments).
+"""The learning tasks: translation, image classification and segmentation (FedPC's experiments).
 
-- :mod:`.base`: the ``Task`` protocol every task implements and the shared training loop;
+- :mod:`.run`: the task of a run (``config.task``) as the round loop uses it;
+- :mod:`.translation`: translation (``workload.py``) behind that interface;
+- :mod:`.base`: the ``Task`` protocol the image tasks implement and their shared training loop;
 - :mod:`.image_data`, :mod:`.seg_data`: offline data (Fashion-MNIST, digits, CIFAR-10; MRI brain
   extraction, LGG);
 - :mod:`.partition`: IID, FedPC's class-stratified imbalanced and Dirichlet client splits;

@@ -1,0 +1,200 @@
+"""The task of a run, as the round loop (``trustformer.app``) uses it, chosen by the config's ``task``.
+
+Every run task gives the round loop the same things: a client's training shard (``ALL_SHARDS``: the
+union, for centralized training) and a description of it, the identical initial model on
+``runtime.device``, the local optimizer, one round of local training (a protocol's own step, e.g.
+SAM, replaces the plain one), the loss on the shared test set, and the final metrics. The protocols
+never see a task: they only move the model's tensors.
+
+- ``translation``: :class:`~trustformer.tasks.translation.TranslationTask` (``workload.py``);
+- ``image-classification`` / ``segmentation``: :class:`ImageRunTask` around the
+  :class:`~trustformer.tasks.base.Task` of ``tasks/image.py`` / ``tasks/segmentation.py``.
+
+Built once per process and configuration (the data are deterministic for a seed, so every client
+process builds the same shards).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..workload import ALL_SHARDS, device_of
+from .base import LocalStep
+
+# the scores every client's final evaluation reply must carry (numbers, besides test_loss and model_bytes);
+# summary.json lists each per client
+FINAL_METRICS = {"translation": ("bleu", "chrf"), "image-classification": ("accuracy",),
+                 "segmentation": ("dice", "iou", "pixel_accuracy")}
+MASK_SAMPLES = 4  # segmentation: test slices a client draws beside the truth at the end
+
+
+class RunTask(Protocol):
+    """What the round loop asks of the task of a run (``TranslationTask``, ``ImageRunTask``).
+
+    - ``shard(client, train_file="")``: the client's training examples (``ALL_SHARDS``: every shard);
+      ``len()`` is the ``num_examples`` the client reports;
+    - ``describe(client)``: JSON values recorded in ``summary.json["data"]``;
+    - ``initial_model()``: the identical initial model (seeded from the run seed) on ``runtime.device``;
+    - ``new_optimizer(model)``; ``label_smoothing``: of the task's loss, for a protocol's own step;
+    - ``train_local(model, optimizer, shard, *, seed, step=None)``: one round of local training,
+      returning at least ``train_loss``, ``steps`` and ``train_s``;
+    - ``test_loss(model)``: on the shared held-out test set;
+    - ``final_metrics(model, output_dir)``: (scores, string labels, samples) of the final evaluation,
+      the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line.
+    """
+
+    name: str
+
+    def shard(self, client: int, train_file: str = "") -> Any: ...
+
+    def describe(self, client: int) -> dict[str, Any]: ...
+
+    def initial_model(self) -> torch.nn.Module: ...
+
+    def new_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer: ...
+
+    @property
+    def label_smoothing(self) -> float: ...
+
+    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
+                    step: LocalStep | None = None) -> dict[str, float]: ...
+
+    def test_loss(self, model: torch.nn.Module) -> float: ...
+
+    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
+                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]: ...
+
+    def final_log(self, metrics: dict[str, Any]) -> str: ...
+
+
+def load_task(cfg: RunConfig) -> RunTask:
+    """The run task of ``cfg.task`` (cached per process and configuration; the image data sets are
+    cached by the task modules, the translation workload by ``workload.py``)."""
+    return _load_task(cfg.to_json())
+
+
+@lru_cache(maxsize=4)
+def _load_task(cfg_json: str):
+    cfg = RunConfig.from_json(cfg_json)
+    if cfg.task == "translation":
+        from .translation import TranslationTask
+
+        return TranslationTask(cfg)
+    return ImageRunTask(cfg)
+
+
+class ImageRunTask:
+    """Image classification or segmentation as a run task: the task module's data, model and training
+    with the run's seed, clients, ``data.partition`` / ``data.alpha``, ``train.local_epochs`` and
+    ``runtime.device``."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.task
+        device = device_of(cfg)
+        if cfg.task == "image-classification":
+            from .image import ImageClassificationTask
+
+            self.task = ImageClassificationTask(cfg.image.task_config(), seed=cfg.seed, device=device)
+        elif cfg.task == "segmentation":
+            from .segmentation import SegmentationTask
+
+            self.task = SegmentationTask(cfg.segmentation.task_config(), seed=cfg.seed, device=device)
+        else:  # pragma: no cover - RunConfig.validate rejects other tasks
+            raise ValueError(f"task = {cfg.task!r} is not an image task")
+        self.shards = self.task.client_shards(cfg.federation.clients, cfg.data.partition, cfg.seed,
+                                              alpha=cfg.data.alpha)
+
+    # data
+    def shard(self, client: int, train_file: str = ""):
+        if train_file:
+            raise ValueError(f"node config 'train-file' applies to task = 'translation' only, not {self.name!r}")
+        if client == ALL_SHARDS:
+            return self._union()
+        if not 0 <= client < len(self.shards):
+            raise ValueError(f"partition {client} out of range 0..{len(self.shards) - 1}")
+        return self.shards[client]
+
+    def _union(self):
+        if self.name == "segmentation":
+            units = np.sort(np.concatenate([s.unit_ids() for s in self.shards]))
+            return self.task.train.select_units(units)
+        idx = self.task.partition_indices(self.cfg.federation.clients, self.cfg.data.partition, self.cfg.seed,
+                                          alpha=self.cfg.data.alpha)
+        return self.task.train.subset(np.sort(np.concatenate(idx)))
+
+    def describe(self, client: int) -> dict[str, Any]:
+        """What a run records about the data: the task's description (flattened to JSON scalars and
+        lists) and, for classification, this client's examples per class (``class_counts``)."""
+        out: dict[str, Any] = {}
+        for key, value in self.task.describe().items():
+            if key == "config":
+                continue
+            out[key] = value
+        shard = self.shard(client)
+        out["train_examples"] = len(shard)
+        if self.name == "image-classification":
+            out["class_counts"] = [int(x) for x in np.bincount(shard.labels.numpy(),
+                                                               minlength=self.task.train.num_classes)]
+        else:
+            out["train_units"] = int(len(shard.unit_ids()))
+        return out
+
+    # model and training
+    def initial_model(self) -> torch.nn.Module:
+        return self.task.build_model(self.cfg.seed)
+
+    def new_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return self.task.build_optimizer(model)
+
+    @property
+    def label_smoothing(self) -> float:
+        return float(self.task.config.label_smoothing)
+
+    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
+                    step: LocalStep | None = None) -> dict[str, float]:
+        return self.task.train_local(model, optimizer, shard, seed=seed, epochs=self.cfg.train.local_epochs,
+                                     step=step)
+
+    # evaluation
+    def test_loss(self, model: torch.nn.Module) -> float:
+        return self.task.test_loss(model)
+
+    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
+                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]:
+        """(scores, labels, samples). Classification: ``accuracy`` and ``per_class_accuracy`` (a list in
+        the order of the data description's ``classes``). Segmentation: ``dice``, ``iou``,
+        ``pixel_accuracy`` and the per-image means; with an ``output_dir``, the client also draws a few
+        test slices with their true and predicted masks to ``<output_dir>/masks.png`` itself."""
+        scores = self.task.final_metrics(model)
+        labels: dict[str, str] = {}
+        metrics: dict[str, Any] = {}
+        for key, value in scores.items():
+            if key == "per_class_accuracy":
+                metrics[key] = [float(v) for v in value.values()]
+            else:
+                metrics[key] = float(value)
+        if self.name == "segmentation" and output_dir:
+            from .figures import mask_figure
+
+            path = Path(output_dir) / "masks.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            mask_figure(self.task.sample_predictions(model, MASK_SAMPLES), path,
+                        title=f"{self.task.config.dataset}: predicted masks beside the truth")
+            labels["masks"] = str(path)
+        return metrics, labels, {}
+
+    def final_log(self, metrics: dict[str, Any]) -> str:
+        if self.name == "image-classification":
+            return f"accuracy {metrics['accuracy']:.4f}"
+        return (f"Dice {metrics['dice']:.4f} · IoU {metrics['iou']:.4f} · "
+                f"pixel accuracy {metrics['pixel_accuracy']:.4f}")
+
+
+__all__ = ["ALL_SHARDS", "FINAL_METRICS", "RunTask", "ImageRunTask", "load_task"]

@@ -1,0 +1,90 @@
+"""Translation (the Trustformer paper's task) behind the same interface as the image tasks.
+
+A thin wrapper of ``workload.py``: the corpus split, the SentencePiece/HF tokenizer, the seq2seq
+Transformer, the configured optimizer recipe and ``workload.train_local``, unchanged, so a translation
+run gives the same numbers as before the task layer existed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..data.batching import encode_pairs
+from ..data.corpus import load_tsv
+from .. import workload as wl
+from .base import LocalStep
+
+
+class TranslationTask:
+    """The run-level task of ``task = "translation"`` (see :class:`~trustformer.tasks.run.RunTask`)."""
+
+    name = "translation"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.workload = wl.load_workload(cfg)
+
+    # data
+    def shard(self, client: int, train_file: str = "") -> list[tuple[list[int], list[int]]]:
+        """A client's encoded training pairs: its shard (``ALL_SHARDS``: every shard), or the pairs of its
+        own ``train_file`` (at most ``data.max_words`` words per side, like the corpus split)."""
+        cfg, workload = self.cfg, self.workload
+        if not train_file:
+            return encode_pairs(workload.shard(client), workload.tokenizer, max_len=cfg.model.max_len)
+        try:
+            pairs = load_tsv(train_file)
+        except (OSError, ValueError) as exc:
+            raise wl.DataError(f"client {client}: train-file {train_file}: {exc}") from exc
+        limit = cfg.data.max_words
+        pairs = [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
+        if not pairs:
+            raise wl.DataError(f"client {client}: train-file {train_file} has no pair of at most {limit} words "
+                               "per side")
+        return encode_pairs(pairs, workload.tokenizer, max_len=cfg.model.max_len)
+
+    def describe(self, client: int) -> dict[str, Any]:
+        return self.workload.describe(client)
+
+    # model and training
+    def initial_model(self) -> torch.nn.Module:
+        return wl.initial_model(self.cfg, self.workload)
+
+    def new_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return wl.new_optimizer(self.cfg, model)
+
+    @property
+    def label_smoothing(self) -> float:
+        return self.cfg.train.label_smoothing
+
+    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
+                    step: LocalStep | None = None) -> dict[str, float]:
+        return wl.train_local(self.cfg, model, optimizer, shard, seed=seed, step=step)
+
+    # evaluation
+    def test_loss(self, model: torch.nn.Module) -> float:
+        return wl.test_loss(self.cfg, model, self.workload)
+
+    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
+                      ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
+        """(scores, labels, samples): BLEU, chrF, METEOR, BERTScore; decoded test sentences written to
+        ``<output_dir>/translations.tsv`` on the client's machine; three sample translations."""
+        from ..app import SAMPLE_TRANSLATIONS, write_translations
+
+        scores, triples = wl.translation_scores(self.cfg, model, self.workload)
+        labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
+        metrics = {k: v for k, v in scores.items() if not isinstance(v, str)}
+        if output_dir:
+            labels["translations"] = str(write_translations(Path(output_dir) / "translations.tsv", triples))
+        sample = triples[:SAMPLE_TRANSLATIONS]
+        samples = {"source": [s for s, _, _ in sample], "reference": [r for _, r, _ in sample],
+                   "hypothesis": [h for _, _, h in sample]} if sample else {}
+        return metrics, labels, samples
+
+    def final_log(self, metrics: dict[str, Any]) -> str:
+        return (f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"
+                + (f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "")
+                + (f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else ""))
