@@ -162,3 +162,31 @@ def test_server_time_is_counted_once_per_round(runs):
     per_round = {r["round"]: r["aggregate_s"] for r in rows}
     assert summary["time_s"]["aggregate"] == pytest.approx(sum(per_round.values()), abs=1e-3)
     assert summary["server_time_s"]["aggregate_s"] == pytest.approx(sum(per_round.values()), abs=1e-3)
+
+
+def test_server_shows_who_is_connected_while_it_waits(tmp_path, caplog):
+    """Fewer client nodes than expected: the server says who is connected while it waits, then goes on
+    with the min_clients it has (real in-process grid and ClientApps answering the identification query)."""
+    import logging
+
+    from trustformer import app
+    from trustformer.runtime.inprocess import InProcessGrid, node_configs
+
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    cfg = tiny(tmp_path, "wait")
+    grid = InProcessGrid(client_app, node_configs(cfg)[:2], {app.CONFIG_KEY: cfg.to_json()}, run_id=7)
+    clients: dict[int, int] = {}
+    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+    try:
+        with caplog.at_level(logging.INFO, logger="trustformer"):
+            nodes = app._connected_clients(grid, clients, set(), want=3, need=2, wait_s=1.0, timeout=None)
+        with pytest.raises(FederationError, match="federation.min_clients"):
+            app._connected_clients(grid, clients, set(), want=3, need=3, wait_s=0.5, timeout=None)
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+    assert sorted(clients[n] for n in nodes) == [0, 1]
+    shown = [r.getMessage() for r in caplog.records if "waiting for client nodes" in r.getMessage()]
+    assert shown and "2 of 3 connected (clients 0, 1)" in shown[0] and "federation.node_wait_s" in shown[0]

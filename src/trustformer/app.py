@@ -610,11 +610,19 @@ def _connected_clients(grid: Grid, clients: dict[int, int], retired: set[int], *
                        wait_s: float, timeout: float | None) -> list[int]:
     """The connected clients' node ids in client order: waits up to ``wait_s`` seconds for ``want``
     of them; fewer than ``need`` after that is a FederationError."""
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    shown: tuple[int, ...] | None = None
     while True:
         nodes = _identify(grid, sorted(grid.get_node_ids()), clients, retired, timeout)
         if len(nodes) >= want:
             return nodes
+        connected = tuple(sorted(clients[n] for n in nodes))
+        if connected != shown:  # who is connected so far, each time it changes
+            log.info("waiting for client nodes: %d of %d connected (client%s %s) · %.0f s of %.0f s "
+                     "(federation.node_wait_s)", len(nodes), want, "" if len(nodes) == 1 else "s",
+                     ", ".join(map(str, connected)) or "none", time.monotonic() - started, wait_s)
+            shown = connected
         if time.monotonic() > deadline:
             if len(nodes) >= need:
                 return nodes

@@ -176,8 +176,38 @@ def _die_with_parent() -> None:
         pass
 
 
+_GROUP_REAPER = """
+import os, signal, sys, time
+group = int(sys.argv[1])
+def alive():
+    try:
+        os.killpg(group, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+def end(*_):
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.monotonic() + wait
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, end)
+while alive():
+    time.sleep(1.0)
+"""
+"""The reaper of one spawned process group: it gets SIGTERM when the process that spawned the group dies
+(even by SIGKILL) and then ends the whole group, grandchildren included — e.g. the ``flwr-serverapp``
+a SuperLink starts, which a death signal on the SuperLink alone would leave behind. It exits by itself
+once the group is gone."""
+
+
 def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Path | None = None) -> Proc:
-    """Start ``command`` in a session of its own, stdout and stderr to ``log_path``."""
+    """Start ``command`` in a session of its own, stdout and stderr to ``log_path``. On Linux every
+    process of that session dies with the process that called this (``_GROUP_REAPER``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
     # the death signal follows the thread that forks: only from the main thread, which lives as long as we do
@@ -186,6 +216,9 @@ def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Pat
         popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=flower_env(home), cwd=str(cwd or home), start_new_session=True,
                                  preexec_fn=_die_with_parent if tie else None)
+    if tie:  # the group's own session id is the child's pid (start_new_session)
+        subprocess.Popen([sys.executable, "-c", _GROUP_REAPER, str(popen.pid)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(command))
     return Proc(name, popen, log_path)
 
