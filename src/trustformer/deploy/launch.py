@@ -178,14 +178,14 @@ def _die_with_parent() -> None:
 
 _GROUP_REAPER = """
 import os, signal, sys, time
-group = int(sys.argv[1])
+group, parent = int(sys.argv[1]), int(sys.argv[2])
 def alive():
     try:
         os.killpg(group, 0)
         return True
     except (ProcessLookupError, PermissionError):
         return False
-def end(*_):
+def end():
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(group, sig)
@@ -194,15 +194,18 @@ def end(*_):
         deadline = time.monotonic() + wait
         while alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, end)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 while alive():
-    time.sleep(1.0)
+    if os.getppid() != parent:
+        end()
+        break
+    time.sleep(0.3)
 """
-"""The reaper of one spawned process group: it gets SIGTERM when the process that spawned the group dies
-(even by SIGKILL) and then ends the whole group, grandchildren included — e.g. the ``flwr-serverapp``
-a SuperLink starts, which a death signal on the SuperLink alone would leave behind. It exits by itself
-once the group is gone."""
+"""The reaper of one spawned process group: once the process that spawned the group is gone (even by
+SIGKILL: the reaper is then re-parented, which it checks every 0.3 s) it ends the whole group,
+grandchildren included — e.g. the ``flwr-serverapp`` a SuperLink starts, which a death signal on the
+SuperLink alone would leave behind. It exits by itself once the group is gone."""
 
 
 def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Path | None = None) -> Proc:
@@ -217,8 +220,8 @@ def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Pat
                                  env=flower_env(home), cwd=str(cwd or home), start_new_session=True,
                                  preexec_fn=_die_with_parent if tie else None)
     if tie:  # the group's own session id is the child's pid (start_new_session)
-        subprocess.Popen([sys.executable, "-c", _GROUP_REAPER, str(popen.pid)], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        subprocess.Popen([sys.executable, "-c", _GROUP_REAPER, str(popen.pid), str(os.getpid())],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(command))
     return Proc(name, popen, log_path)
 
