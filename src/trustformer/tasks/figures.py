@@ -47,11 +47,7 @@ def mask_figure(samples: Sequence[dict], path: str | Path, *, title: str = "") -
             ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def partition_figure(counts: Sequence[Sequence[int]], classes: Sequence[str], path: str | Path, *,
@@ -72,6 +68,11 @@ def partition_figure(counts: Sequence[Sequence[int]], classes: Sequence[str], pa
     ax.legend(fontsize=6, bbox_to_anchor=(1.01, 1), loc="upper left")
     if title:
         ax.set_title(title)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str | Path) -> Path:
+    """Lay out, write as PNG and close a figure."""
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)
