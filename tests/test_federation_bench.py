@@ -17,7 +17,7 @@ def test_plan_has_byte_matched_baselines_per_beta():
     every = {r.beta: r.overrides["federation.agg_every"] for r in runs if "federation.agg_every" in r.overrides}
     assert every == {0.1: 10, 0.5: 2}
     keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.strategy == "fedavg-topk"}
-    assert keep == {0.1: 0.1, 0.5: 0.5}
+    assert keep == {0.1: 0.05, 0.5: 0.25}  # an index travels with every value: β/2 costs β of the bytes
     assert gain_retained(4.0, local=5.0, fedavg=4.0) == 1.0 and gain_retained(5.0, 5.0, 4.0) == 0.0
     assert math.isnan(gain_retained(4.0, local=4.0, fedavg=4.5))
 
@@ -32,7 +32,7 @@ def test_tiny_benchmark_prints_and_writes_the_table(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = {r["run"]: r for r in result["rows"]}
     assert set(rows) == {"local", "fedavg", "trustformer β=0.5 shared", "fedavg every 2 (β=0.5)",
-                         "fedavg-topk 0.5 (β=0.5)"}
+                         "fedavg-topk 0.25 (β=0.5)"}
     assert rows["fedavg"]["upload_vs_fedavg"] == 1.0
     assert rows["local"]["upload_vs_fedavg"] < 0.05
     assert rows["fedavg every 2 (β=0.5)"]["upload_vs_fedavg"] == pytest.approx(0.5, abs=0.05)

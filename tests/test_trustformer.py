@@ -1,16 +1,20 @@
-"""The Trustformer protocol end to end on the tiny preset, checked on the real wire format."""
+"""The Trustformer protocol end to end on the tiny preset, through the protocol class and the real wire."""
 
 import json
 
 import pytest
 import torch
 
-from trustformer.app import client_app
-from trustformer.config import load_config
-from trustformer.core.centroids import layer_matrix, num_clusters
+from trustformer.app import FederationError, client_app
+from trustformer.config import ConfigError, load_config
+from trustformer.core.centroids import cluster_means, layer_matrix
 from trustformer.protocols import trustformer as trustformer_module
+from trustformer.protocols.trustformer import PAYLOAD, Trustformer
 from trustformer.runtime.inprocess import run_in_process
-from trustformer.workload import initial_model, load_workload
+from trustformer.wire import from_array_record, payload_bytes
+from flwr.app import RecordDict
+
+ALIGNED = ("shared", "tracked", "rotating", "focused")
 
 
 def tiny(tmp_path, name, **overrides):
@@ -19,12 +23,88 @@ def tiny(tmp_path, name, **overrides):
     return load_config("tiny", None, values)
 
 
-def test_beta_one_reproduces_fedavg_exactly(tmp_path):
-    fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.strategy": "fedavg"}))
-    tf = run_in_process(tiny(tmp_path, "tf", **{"federation.beta": 1.0}))
-    assert tf["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)
-    assert max(tf["fedavg_distance"]) < 1e-6
-    assert tf["beta"] == 1.0
+def initial(cfg):
+    from trustformer.workload import initial_model, load_workload
+
+    return {n: p.detach() for n, p in initial_model(cfg, load_workload(cfg)).named_parameters()}
+
+
+class Spy:
+    """Wraps the protocol class's own client steps: records each client's trained model, what it
+    sent and its memberships (client_payload), and its model after the exchange (client_apply)."""
+
+    def __init__(self, monkeypatch):
+        self.trained, self.sent, self.labels, self.applied, self.received = {}, {}, {}, {}, {}
+        real_payload, real_apply = Trustformer.client_payload, Trustformer.client_apply
+        spy = self
+
+        def client_payload(self, session):
+            payload, phases = real_payload(self, session)
+            key = (session.round, session.client)
+            spy.trained[key] = {n: p.detach().clone() for n, p in session.model.named_parameters()}
+            spy.sent[key] = {n: t.clone() for n, t in payload.items()}
+            spy.labels[key] = {n[len(trustformer_module.LABELS):]: t.clone() for n, t in session.protocol_state.items()
+                               if n.startswith(trustformer_module.LABELS)}
+            return payload, phases
+
+        def client_apply(self, session, aggregate):
+            out = real_apply(self, session, aggregate)
+            spy.received[(session.round, session.client)] = {n: t.clone() for n, t in aggregate.items()}
+            spy.applied[(session.round, session.client)] = {n: p.detach().clone() for n, p in session.model.named_parameters()}
+            return out
+
+        monkeypatch.setattr(Trustformer, "client_payload", client_payload)
+        monkeypatch.setattr(Trustformer, "client_apply", client_apply)
+
+
+def _distance(a, b):
+    return sum(float((a[n] - b[n]).pow(2).sum()) for n in a) ** 0.5
+
+
+def _fedavg(models):
+    return {n: sum(m[n] for m in models) / len(models) for n in models[0]}
+
+
+@pytest.mark.parametrize("mode", ALIGNED)
+def test_exchange_moves_every_client_towards_the_fedavg_of_the_local_models(tmp_path, monkeypatch, mode):
+    """At β < 1 every client ends the exchange closer to the FedAvg of the round's locally trained
+    models, and its cluster means equal the FedAvg model's exactly (a no-op apply fails both)."""
+    spy = Spy(monkeypatch)
+    cfg = tiny(tmp_path, mode, **{"federation.beta": 0.25, "federation.memberships": mode})
+    run_in_process(cfg)
+    layout = Trustformer(cfg).clusters(initial(cfg))
+    for rnd in (1, 2):
+        local = [spy.trained[(rnd, c)] for c in range(3)]
+        mean = _fedavg(local)
+        for c in range(3):
+            after = spy.applied[(rnd, c)]
+            assert _distance(after, mean) < _distance(local[c], mean) - 1e-4, (mode, rnd, c)
+            for name, (k, _f) in layout.items():
+                labels = spy.labels[(rnd, c)][name]
+                got, _ = cluster_means(layer_matrix(after[name]), labels, k)
+                want, _ = cluster_means(layer_matrix(mean[name]), labels, k)
+                assert torch.allclose(got, want, atol=1e-5), (mode, name)
+
+
+def test_memberships_agree_across_clients_and_the_server_can_derive_them(tmp_path, monkeypatch):
+    for mode in ALIGNED:
+        spy = Spy(monkeypatch)
+        cfg = tiny(tmp_path, f"agree-{mode}", **{"federation.beta": 0.25, "federation.memberships": mode,
+                                                 "federation.rounds": 3})
+        run_in_process(cfg)
+        protocol, init = Trustformer(cfg), initial(cfg)
+        history = []
+        for rnd in (1, 2, 3):
+            labels = [spy.labels[(rnd, c)] for c in range(3)]
+            derived = protocol.server_labels(init, history, rnd)
+            for name in labels[0]:
+                assert all(torch.equal(labels[0][name], other[name]) for other in labels[1:]), (mode, rnd, name)
+                assert torch.equal(derived[name], labels[0][name]), (mode, rnd, name)
+            history.append((rnd, spy.received[(rnd, 0)]))
+        if mode in ("rotating", "focused"):
+            name = next(iter(layout := protocol.clusters(init)))
+            assert not torch.equal(spy.labels[(1, 0)][name], spy.labels[(2, 0)][name]), layout
+    assert Trustformer(tiny(tmp_path, "l", **{"federation.memberships": "local"})).server_labels(init, [], 1) is None
 
 
 def _capture_replies(store):
@@ -32,136 +112,78 @@ def _capture_replies(store):
 
     def call(message, context):
         reply = client_app(message, context)
-        if message.metadata.message_type == "train" and "payload" in reply.content:
+        if message.metadata.message_type == "train" and reply.has_content() and "payload" in reply.content:
             store.append((context.node_config["partition-id"], reply.content))
         return reply
 
     return call
 
 
-def test_server_receives_centroids_only_and_1d_tensors_are_exchanged(tmp_path):
-    replies = []
-    cfg = tiny(tmp_path, "wire", **{"federation.beta": 0.25, "federation.rounds": 1})
+@pytest.mark.parametrize("mode,beta", [("shared", 0.5), ("local", 0.5), ("rotating", 0.25), ("tracked", 0.1)])
+def test_floor_holds_on_the_wire_and_framing_is_one_header(tmp_path, monkeypatch, mode, beta):
+    """Every centroid on the wire is the mean of ≥ min_cluster_rows rows of the client's trained layer,
+    1-D tensors included; the payload is one flat array whose framing is ≤ 2% of its values' bytes."""
+    spy, replies = Spy(monkeypatch), []
+    cfg = tiny(tmp_path, f"wire-{mode}", **{"federation.beta": beta, "federation.memberships": mode,
+                                            "federation.min_cluster_rows": 2})
     run_in_process(cfg, client_app=_capture_replies(replies))
-    model = initial_model(cfg, load_workload(cfg))
-    params = dict(model.named_parameters())
-    assert len(replies) == 3
-    for _client, content in replies:
+    protocol, init = Trustformer(cfg), initial(cfg)
+    layout = protocol.clusters(init)
+    assert any(t.dim() == 1 for n, t in init.items() if n in layout)  # 1-D tensors are exchanged too
+    assert len(replies) == 6
+    for round_index, (client, content) in enumerate(replies):
         assert set(content) == {"payload", "metrics"}  # nothing else travels up
-        payload = content["payload"]
-        assert set(payload) == set(params)  # every trainable tensor, 1-D ones included
-        for name, array in payload.items():
-            rows, feats = layer_matrix(params[name].detach()).shape
-            assert tuple(array.shape) == (num_clusters(rows, 0.25), feats), name
-            if rows >= 4:
-                assert array.shape[0] < rows  # fewer rows than the weights: centroids, not weights
-        one_d = [n for n, p in params.items() if p.dim() == 1]
-        assert one_d and all(payload[n].shape[1] == 1 for n in one_d)
+        payload = from_array_record(content["payload"], protocol.expected_payload(init))
+        values = payload[PAYLOAD].numel()
+        framing = payload_bytes(RecordDict({"payload": content["payload"]})) - 4 * values
+        assert 0 < framing <= 0.02 * 4 * values
+        rnd = 1 + round_index // 3
+        assert torch.equal(payload[PAYLOAD], spy.sent[(rnd, client)][PAYLOAD])
+        centroids = protocol.unpack_payload(payload, init)
+        for name, (k, _f) in layout.items():
+            x = layer_matrix(spy.trained[(rnd, client)][name])
+            means, counts = cluster_means(x, spy.labels[(rnd, client)][name], k)
+            assert int(counts.min()) >= 2, (mode, name)
+            assert torch.allclose(centroids[name], means, atol=1e-6)
+            if x.shape[1] > 1:  # no row of the trained layer leaves verbatim
+                gap = torch.cdist(centroids[name], x).min()
+                assert gap > 1e-6, (mode, name)
 
 
-def _payload_numel(cfg, beta):
-    model = initial_model(cfg, load_workload(cfg))
-    total = 0
-    for p in model.parameters():
-        rows, feats = layer_matrix(p.detach()).shape
-        total += num_clusters(rows, beta) * feats
-    return total
+def test_a_client_refuses_to_send_centroids_below_the_floor(tmp_path, monkeypatch):
+    monkeypatch.setattr(trustformer_module, "enforce_min_rows", lambda x, labels, k, m: labels)  # repair disabled
+    cfg = tiny(tmp_path, "refuse", **{"federation.beta": 0.5, "federation.memberships": "local"})
+    replies = []
+    with pytest.raises(FederationError):
+        run_in_process(cfg, client_app=_capture_replies(replies))
+    assert replies == []  # no payload left any client
+    events = [json.loads(line) for line in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    reasons = " ".join(e.get("reason", "") for e in events if e.get("event") == "dropped")
+    assert "min_cluster_rows" in reasons
 
 
-def test_bytes_up_shrink_in_proportion_to_beta(tmp_path):
-    summaries = {}
-    for beta in (0.25, 0.5, 1.0):
-        cfg = tiny(tmp_path, f"b{beta}", **{"federation.beta": beta, "federation.rounds": 1})
-        summaries[beta] = run_in_process(cfg)["bytes"]["up_per_client_per_round"]
-    for lo, hi in ((0.25, 0.5), (0.5, 1.0)):
-        numel_gap = _payload_numel(cfg, hi) - _payload_numel(cfg, lo)
-        # every extra centroid value costs exactly 4 bytes (float32) on the wire, up to a few length bytes
-        assert summaries[hi] - summaries[lo] == pytest.approx(4 * numel_gap, rel=0.01)
-    full = summaries[1.0]
-    assert summaries[0.25] < 0.4 * full and summaries[0.5] < 0.6 * full
+def test_beta_above_the_floor_is_refused_and_beta_one_without_floor_is_fedavg(tmp_path):
+    with pytest.raises(ConfigError, match="min_cluster_rows"):
+        tiny(tmp_path, "x", **{"federation.beta": 0.6, "federation.min_cluster_rows": 2})
+    fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.strategy": "fedavg"}))
+    for mode in ("shared", "rotating"):
+        tf = run_in_process(tiny(tmp_path, f"tf-{mode}", **{"federation.beta": 1.0, "federation.min_cluster_rows": 1,
+                                                             "federation.memberships": mode}))
+        assert tf["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)
+        assert max(tf["fedavg_distance"]) < 1e-6
 
 
-def test_local_memberships_are_aligned_across_clients(tmp_path, monkeypatch):
-    """memberships = "local": round 1 starts every client from the same rows of the initial model; later exchanges from
-    the previous global centroids, identical on every client."""
-    seen = []
-    caps = []
-    real = trustformer_module.cluster_layers
-
-    def spy(matrices, inits, **kwargs):
-        seen.append({k: v.clone() for k, v in inits.items()})
-        caps.append(kwargs["max_iter"])
-        return real(matrices, inits, **kwargs)
-
-    monkeypatch.setattr(trustformer_module, "cluster_layers", spy)
-    cfg = tiny(tmp_path, "align", **{"federation.beta": 0.5, "federation.memberships": "local",
-                                     "federation.kmeans_warm_max_iter": 2})
+def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
+    cfg = tiny(tmp_path, "phases", **{"federation.beta": 0.5, "federation.memberships": "local",
+                                      "federation.weighting": "data_size"})
     run_in_process(cfg)
-    assert len(seen) == 6  # 3 clients x 2 exchanges
-    assert caps == [50] * 3 + [2] * 3  # cold exchange: kmeans_max_iter; warm ones: kmeans_warm_max_iter
-    first, second = seen[:3], seen[3:]
-    initial = {n: layer_matrix(p.detach()) for n, p in initial_model(cfg, load_workload(cfg)).named_parameters()}
-    for name in first[0]:
-        for other in first[1:]:
-            assert torch.equal(first[0][name], other[name])
-        # the round-1 start is made of rows of the identical initial model
-        start = first[0][name]
-        assert all(any(torch.equal(row, r) for r in initial[name]) for row in start[:3])
-        for other in second[1:]:
-            assert torch.equal(second[0][name], other[name])
-        assert not torch.equal(second[0][name], first[0][name])  # warm start from the global centroids
-
-
-def test_fedavg_distance_is_reported_and_data_size_weighting_is_an_option(tmp_path):
-    cfg = tiny(tmp_path, "weighted", **{"federation.beta": 0.5, "federation.weighting": "data_size"})
-    summary = run_in_process(cfg)
-    assert len(summary["fedavg_distance"]) == 3 and all(0 < d < 1 for d in summary["fedavg_distance"])
-    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"round"' in x]
+    rows = [r for r in rows if "cluster_s" in r]
+    assert len(rows) == 6
     for row in rows:
-        assert {"cluster_s", "aggregate_s", "estimate_s", "fedavg_distance"} <= set(row)
-
-
-def test_shared_memberships_pull_every_client_towards_the_fedavg_model():
-    """With the same clusters on every client, Algorithm 5 is a projection: W_i − W̄ loses its
-    cluster-mean component, so no client can move away from the FedAvg model (any β, any data)."""
-    from trustformer.core.centroids import estimate_global_weights
-    from trustformer.core.kmeans import choose_initial_rows, cluster_layers, lloyd_update
-
-    gen = torch.Generator().manual_seed(3)
-    w0 = torch.randn(96, 16, generator=gen)
-    for beta in (0.1, 0.5, 0.9):
-        k = num_clusters(96, beta)
-        start = w0[choose_initial_rows(96, k, seed=1)]
-        labels = cluster_layers({"w": w0}, {"w": start})["w"].labels
-        clients = [w0 + 0.3 * torch.randn(96, 16, generator=gen) for _ in range(3)]
-        mean = sum(clients) / 3
-        local = [lloyd_update(c, labels, start) for c in clients]
-        global_ = sum(local) / 3
-        for c, l in zip(clients, local):
-            moved = estimate_global_weights(c, labels, l, global_)
-            assert (moved - mean).norm() <= (c - mean).norm() + 1e-5
-            # and the cluster means now agree exactly with the FedAvg model's
-            assert torch.allclose(lloyd_update(moved, labels, start), lloyd_update(mean, labels, start), atol=1e-5)
-
-
-def test_shared_memberships_are_identical_on_every_client_and_beta_one_is_fedavg(tmp_path):
-    states = []
-    real = trustformer_module.Trustformer._shared_payload
-
-    def spy(self, session, matrices):
-        out = real(self, session, matrices)
-        states.append({n: t.clone() for n, t in session.protocol_state.items()
-                       if n.startswith(trustformer_module.LABELS)})
-        return out
-
-    import unittest.mock
-
-    with unittest.mock.patch.object(trustformer_module.Trustformer, "_shared_payload", spy):
-        run_in_process(tiny(tmp_path, "shared", **{"federation.beta": 0.5, "federation.memberships": "shared"}))
-    assert len(states) == 6
-    for other in states[1:]:
-        assert states[0].keys() == other.keys()
-        assert all(torch.equal(states[0][n], other[n]) for n in states[0])
-    fedavg = run_in_process(tiny(tmp_path, "fedavg1", **{"federation.strategy": "fedavg"}))
-    shared = run_in_process(tiny(tmp_path, "shared1", **{"federation.beta": 1.0, "federation.memberships": "shared"}))
-    assert shared["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)
+        assert {"cluster_s", "memberships_s", "aggregate_s", "estimate_s", "fedavg_distance"} <= set(row)
+        assert row["kmeans_iterations"] >= 1  # the paper's mode runs k-means on trained weights every exchange
+    shared = tiny(tmp_path, "phases-shared", **{"federation.beta": 0.5, "federation.memberships": "shared"})
+    run_in_process(shared)
+    rows = [json.loads(x) for x in open(f"{shared.out}/metrics.jsonl", encoding="utf-8") if '"cluster_s"' in x]
+    assert [r["kmeans_iterations"] >= 1 for r in rows] == [True] * 3 + [False] * 3  # k-means once, on round 1

@@ -145,10 +145,15 @@ class FederationConfig:
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
     beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, rows)
     weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
-    # trustformer cluster memberships: "shared" = k-means once on the identical initial model, so
-    # cluster j is the same rows on every client; "local" = k-means of each client's own weights at
-    # every exchange, as the paper's Algorithm 2 (protocols/trustformer.py: the measured trade-off)
+    # trustformer cluster memberships (protocols/trustformer.py: the measured comparison):
+    # "shared" = k-means once on the identical initial model; "tracked" = k-means at every exchange of a
+    # reference every client derives identically; "rotating" = a random balanced partition per round;
+    # "focused" = as rotating, the rows that moved most in the smallest groups; "local" = k-means of
+    # each client's own weights at every exchange (the paper's Algorithm 2)
     memberships: str = "shared"
+    # trustformer privacy floor: no centroid leaving a client is the mean of fewer rows than this
+    # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
+    min_cluster_rows: int = 2
     min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
     round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
     node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
@@ -176,7 +181,15 @@ class FederationConfig:
         _at_least("federation.agg_every", self.agg_every, 1)
         _in_range("federation.beta", self.beta, 0.0, 1.0, lo_open=True)
         _choice("federation.weighting", self.weighting, ("uniform", "data_size"))
-        _choice("federation.memberships", self.memberships, ("local", "shared"))
+        _choice("federation.memberships", self.memberships, ("shared", "tracked", "rotating", "focused", "local"))
+        _at_least("federation.min_cluster_rows", self.min_cluster_rows, 1)
+        if self.strategy == "trustformer" and self.beta * self.min_cluster_rows > 1.0 + 1e-9:
+            raise ConfigError(
+                f"federation.beta = {self.beta} asks for more clusters than federation.min_cluster_rows = "
+                f"{self.min_cluster_rows} allows: every centroid must be the mean of at least "
+                f"{self.min_cluster_rows} rows, so beta ≤ 1/{self.min_cluster_rows} = {1 / self.min_cluster_rows:.3g}; "
+                f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
+                f"(beta = 1 is then exactly FedAvg)")
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
         _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
         _positive("federation.node_wait_s", self.node_wait_s)

@@ -34,6 +34,10 @@ PAPER_STRATEGIES = ("fedavg", "dp-fedavg", "dp-fedsam", "dp-blur-lus", "trustfor
 NON_EXCHANGING = ("local", "centralized")
 
 
+# the paper's protocol: no privacy floor (its β sweep reaches 0.9), k-means of the trained weights
+PAPER_TRUSTFORMER = {"federation.min_cluster_rows": 1, "federation.memberships": "local"}
+
+
 def available_strategies(wanted: Sequence[str] = PAPER_STRATEGIES) -> tuple[str, ...]:
     """The strategies of ``wanted`` that this installation implements (DP baselines when present)."""
     return tuple(s for s in wanted if s in config_module.STRATEGIES)
@@ -113,8 +117,8 @@ def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str |
             settings.append({"federation.strategy": strategy})
             continue
         if strategy == "trustformer":
-            settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1}
-                         for b in grid.betas]
+            settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1,
+                          **PAPER_TRUSTFORMER} for b in grid.betas]
         else:
             settings.append({"federation.strategy": strategy, "federation.agg_every": 1})
         if strategy in grid.agg_strategies:
@@ -122,8 +126,8 @@ def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str |
                 if a == 1:
                     continue
                 if strategy == "trustformer":
-                    settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": a}
-                                 for b in grid.agg_betas]
+                    settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": a,
+                                  **PAPER_TRUSTFORMER} for b in grid.agg_betas]
                 else:
                     settings.append({"federation.strategy": strategy, "federation.agg_every": a})
     planned: list[PlannedRun] = []

@@ -81,3 +81,20 @@ def payload_bytes(content: RecordDict) -> int:
 
 def _dtype_name(dtype: str) -> str:
     return str(np.dtype(dtype)) if dtype else dtype
+
+
+def pack_flat(tensors: "list[torch.Tensor]") -> torch.Tensor:
+    """Many tensors as one flat array (so a message carries one array header, not one per tensor)."""
+    if not tensors:
+        return torch.zeros(0)
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def unpack_flat(flat: torch.Tensor, shapes: "Mapping[str, tuple[int, ...]]") -> dict[str, torch.Tensor]:
+    """Split a flat array back into named tensors of the given shapes, in order; the length must match
+    exactly (:class:`PayloadError` otherwise)."""
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    if flat.dim() != 1 or flat.numel() != sum(sizes):
+        raise PayloadError(f"packed array of shape {tuple(flat.shape)}: expected {sum(sizes)} values in one dimension")
+    parts = torch.split(flat, sizes)
+    return {name: part.reshape(shape) for (name, shape), part in zip(shapes.items(), parts)}

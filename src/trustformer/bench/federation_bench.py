@@ -4,7 +4,8 @@ Runs, on one configuration, ``local`` (every client trains alone) and ``fedavg``
 named with ``--strategies``; for ``trustformer`` one run per β (``--betas``) and membership mode
 (``--memberships``). For every β it also runs the two cheapest baselines at the same byte budget:
 FedAvg that exchanges only every ⌈1/β⌉ rounds (``--agg-every``) and FedAvg of top-k sparsified updates
-keeping a fraction β of the coordinates (``fedavg-topk``; indices are counted in its bytes).
+keeping a fraction β/2 of the coordinates (``fedavg-topk``: an int32 index travels with every float32
+value, so β/2 of the coordinates cost β of FedAvg's upload; the indices are counted in its bytes).
 
 Printed as one table (and written with ``--json FILE``), per run: mean and spread (population standard
 deviation) of the clients' final test loss, mean BLEU, upload bytes per client per round as a fraction
@@ -90,8 +91,8 @@ def plan_runs(strategies: list[str], betas: list[float], memberships: list[str])
         every = math.ceil(1 / beta - 1e-9)
         runs.append(BenchRun(f"fedavg every {every} (β={beta:g})", "fedavg",
                              {"federation.strategy": "fedavg", "federation.agg_every": every}, beta=beta))
-        runs.append(BenchRun(f"fedavg-topk {beta:g} (β={beta:g})", "fedavg-topk",
-                             {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta}, beta=beta))
+        runs.append(BenchRun(f"fedavg-topk {beta / 2:g} (β={beta:g})", "fedavg-topk",
+                             {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2}, beta=beta))
     return runs
 
 
@@ -141,8 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategies", default="trustformer",
                    help="comma-separated strategies besides local and fedavg (default: trustformer)")
     p.add_argument("--betas", default="0.1,0.5", help="trustformer betas and byte budgets (default: 0.1,0.5)")
-    p.add_argument("--memberships", default="shared,local",
-                   help="trustformer membership modes to run (default: shared,local)")
+    p.add_argument("--memberships", default="rotating,shared,local",
+                   help="trustformer membership modes to run (default: rotating,shared,local)")
     p.add_argument("--json", metavar="FILE", help="also write the table and the setting as JSON")
     p.add_argument("--reuse", action="store_true",
                    help="take a run whose folder under --out holds a finished summary of exactly the same "

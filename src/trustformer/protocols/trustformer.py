@@ -1,57 +1,53 @@
 """Trustformer (paper Algorithms 1–5): clients exchange per-layer centroids, never weights.
 
-Client, after local training (Algorithm 2): for every trainable tensor, view it as an r×f matrix
-(:func:`~trustformer.core.centroids.layer_matrix`), k = clamp(floor(r·β), 1, r) clusters of its rows;
-send the k×f centroids, keep the memberships. Server (Algorithm 3): element-wise mean of centroid j
-of layer l over the round's clients (uniform as in Eq. 2, or data-size weighted).
-Client (Algorithms 4–5): ``W[i] += G[c(i)] − L[c(i)]``. With β = 1 every row is its own cluster and
-the protocol is exactly FedAvg.
+Client, after local training (Algorithm 2): view every trainable tensor as an r×f matrix
+(:func:`~trustformer.core.centroids.layer_matrix`), put its rows in k clusters and send the k×f
+cluster means; keep the memberships. Server (Algorithm 3): element-wise mean of centroid j of layer
+l over the round's clients (uniform as in Eq. 2, or data-size weighted). Client (Algorithms 4–5):
+``W[i] += G[c(i)] − L[c(i)]``.
 
-Cluster correspondence: averaging centroid j across clients is only meaningful if cluster j is the
-same rows on every client. Two ways to get it (``federation.memberships``):
+Privacy floor (``federation.min_cluster_rows`` = m, default 2): no centroid that leaves a client is
+the mean of fewer than m rows of its layer, in every membership mode, 1-D tensors included:
+k = clamp(floor(r·β), 1, floor(r/m)), memberships that break the floor are repaired
+(:func:`~trustformer.core.centroids.enforce_min_rows`), a tensor with fewer than m rows is never
+sent (it stays local), and the client checks the floor on the centroids it is about to send and
+refuses to send otherwise. β above 1/m is refused at config load. With m = 1 and β = 1 every row is
+its own cluster and the protocol is exactly FedAvg.
 
-- ``"shared"`` (default): k-means runs once, on the identical initial model, from the same seeded
-  rows on every client, so every client holds the same memberships; each exchange sends the means of
-  the client's current rows over those clusters. Algorithm 5 is then a projection onto the consensus:
-  ``W_i − W̄`` loses its cluster-mean component, so no client ever moves away from the FedAvg model
-  (``tests/test_trustformer.py`` checks it), and at β = 0.5 the clusters are pairs of rows whose mean
-  is averaged exactly.
-- ``"local"``: the paper's Algorithm 2 as written — k-means of each client's own weights at every
-  exchange, the first from the same seeded rows of the initial model (at most
-  ``federation.kmeans_max_iter`` Lloyd iterations), later ones warm-started from the previous global
-  centroids (which every client holds) for at most ``federation.kmeans_warm_max_iter`` (3); empty
-  clusters keep their start. The clusters then follow each client's own drift, so centroid j covers
-  different rows on different clients and the shift ``G[c] − L[c]`` is partly noise; the fewer
-  iterations a warm start runs, the less the clusters drift apart.
+Cluster correspondence (``federation.memberships``): averaging centroid j across clients only
+means something if cluster j is the same rows on every client.
 
-Measured on the ``small`` preset (3 clients, 6 rounds, seed 0; FedAvg's final test loss 5.018 on every
-client, no exchange ("local" strategy) 5.034 / 5.044 / 5.020), final test loss per client, mean
-fedavg_distance after the last exchange, and ``cluster_s`` as a share of ``train_s``:
+- ``"shared"``: k-means once on the identical initial model, from the same seeded rows on every
+  client; later exchanges send the means of the current rows over those fixed clusters. Every
+  exchange is then a projection onto the consensus in the same fixed subspace.
+- ``"tracked"``: memberships recomputed at every exchange by k-means (warm, ≤
+  ``federation.kmeans_warm_max_iter`` Lloyd iterations) of a reference model every client derives
+  identically with no extra communication: the initial model, shifted at every exchange so that each
+  cluster's mean is the global centroid received (``R[i] += G[c(i)] − mean_c(R)``). A client that
+  misses an aggregate (dropped from a round) falls out of step with the others.
+- ``"rotating"``: a fresh uniformly random balanced partition of every layer's rows at every
+  exchange, seeded from (``seed``, round, layer): over ⌈1/β⌉ exchanges about every direction of the
+  layer is synchronised once, and no k-means runs at all.
+- ``"focused"``: as ``rotating``, but the rows are split by how much they have moved: every client
+  keeps the reference model of ``tracked`` (shifted by every global centroid) and a per-row running
+  mean of its squared shifts; at each exchange half of the k clusters are random groups of exactly m
+  of the rows that moved most, the other half random balanced groups of the rest, so that the rows
+  where clients are expected to disagree most are averaged in the smallest groups. The first exchange
+  is ``rotating``'s. Like ``tracked``, it needs every aggregate.
+- ``"local"``: the paper's Algorithm 2 as written — k-means of each client's own trained weights at
+  every exchange (the first from the same seeded rows of the initial model, ≤ ``kmeans_max_iter``
+  iterations; later ones warm from the previous global centroids, ≤ ``kmeans_warm_max_iter``).
+  Centroid j then covers different rows on different clients.
 
-=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
-β      shared                    dist.  local, warm ≤ 3 its (default)    dist.  clus.  local, warm ≤ 50 its      dist.  clus.
-=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
-0.1    5.035 / 5.043 / 5.019     0.134  5.074 / 5.070 / 5.044            0.125  0.7 %  5.170 / 5.102 / 5.076     0.137  1.2 %
-0.5    5.025 / 5.025 / 5.022     0.079  5.075 / 5.064 / 5.063            0.114  1.1 %  5.109 / 5.069 / 5.065     0.117  3.1 %
-0.9    5.018 / 5.020 / 5.018     0.032  5.036 / 5.043 / 5.037            0.108  1.2 %  5.043 / 5.040 / 5.045     0.112  6.0 %
-=====  ========================  =====  ===============================  =====  =====  ========================  =====  =====
+The payload is one flat float array: every exchanged layer's centroids in parameter order
+(:func:`~trustformer.wire.pack_flat`), so framing costs one array header per message.
 
-"local" memberships made the test loss *worse* than not exchanging at all at β ≤ 0.5 (capping the
-warm k-means at 3 iterations narrowed that gap and cut its time 1.7–5×, but did not close it), and
-on synthetic drift (random rows plus independent per-client noise) they moved clients *away* from
-the FedAvg model at β ≤ 0.5; shared memberships track FedAvg and cost no k-means after the first
-exchange (``cluster_s`` 0.1–0.3 % of the training time).
+Measured on ``trustformer bench federation`` (domain partition, 3 clients × 1,000 pairs, 10 rounds,
+``small``; gain retained = (L_local − L)/(L_local − L_fedavg); see the README for the command):
 
-What the server can learn: in both modes it receives centroids only. With shared memberships it could
-recompute the memberships (they follow from the public initial model and the seed), so it learns the
-mean of known groups of ⌈1/β⌉ rows; with local memberships the rows behind centroid j are not given,
-but the warm start ties centroid j to the region of initial row j, which the server also knows, so
-that secrecy is weak too. Hiding each client's centroids from the server is the job of the secure
-exchange (``--secure tee`` / ``secagg``), which works with either mode.
+MEASURED_TABLE
 
-Also measured, not used: starting local k-means from the mean, now, of the rows that were in cluster
-j at the last exchange (``init_labels`` of the k-means engine) gave lower inertia but moved clients
-further from FedAvg (fedavg_distance after round 4 at β = 0.1: 0.158 against 0.109).
+What the server can learn is measured by ``trustformer attack reconstruct`` (README).
 """
 
 from __future__ import annotations
@@ -63,13 +59,24 @@ import torch
 
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
-from ..core.centroids import estimate_global_weights, layer_matrix, num_clusters
-from ..core.kmeans import choose_initial_rows, cluster_layers, lloyd_update
-from ..wire import TensorSpec, spec_of
+from ..core.centroids import (
+    check_floor,
+    cluster_means,
+    enforce_min_rows,
+    estimate_global_weights,
+    layer_matrix,
+    num_clusters,
+    random_partition,
+)
+from ..core.kmeans import choose_initial_rows, cluster_layers
+from ..wire import TensorSpec, pack_flat, unpack_flat
 from ..workload import derive_seed
 from .base import ClientSession, Tensors
 
-LABELS, LOCAL, GLOBAL, INITIAL = "labels/", "local/", "global/", "initial/"
+LABELS, LOCAL, GLOBAL, REFERENCE, MOVED = "labels/", "local/", "global/", "reference/", "moved/"
+PAYLOAD = "centroids"
+MODES = ("shared", "tracked", "rotating", "focused", "local")
+MOVED_DECAY = 0.5  # focused: weight of the older shifts in the per-row running mean
 
 
 class Trustformer:
@@ -78,77 +85,188 @@ class Trustformer:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.beta = cfg.federation.beta
-        self.weighting = cfg.federation.weighting
-        self.memberships = cfg.federation.memberships
+        fed = cfg.federation
+        self.beta = fed.beta
+        self.min_rows = fed.min_cluster_rows
+        self.weighting = fed.weighting
+        self.memberships = fed.memberships
 
-    def initial_centroids(self, session: ClientSession, name: str, matrix: torch.Tensor) -> torch.Tensor:
-        """Where layer ``name``'s k-means starts: the previous global centroids, else the same rows of
-        the identical initial model on every client."""
-        previous = session.protocol_state.get(GLOBAL + name)
-        if previous is not None:
-            return previous.to(matrix.dtype)
-        k = num_clusters(matrix.shape[0], self.beta)
-        rows = choose_initial_rows(matrix.shape[0], k, seed=derive_seed(self.cfg.seed, "init-rows", name))
-        initial = layer_matrix(session.initial_tensors()[name])
-        return initial.index_select(0, rows).clone()
-
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
-        """Algorithm 2: cluster every trainable tensor; send centroids, keep memberships."""
-        matrices = {n: layer_matrix(p.detach()) for n, p in session.model.named_parameters() if p.requires_grad}
-        if self.memberships == "shared":
-            return self._shared_payload(session, matrices)
-        inits = {n: self.initial_centroids(session, n, m) for n, m in matrices.items()}
-        fed = self.cfg.federation
-        warm = any(GLOBAL + n in session.protocol_state for n in matrices)
-        max_iter = min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter) if warm else fed.kmeans_max_iter
-        started = time.perf_counter()
-        results = cluster_layers(
-            matrices, inits, max_iter=max_iter, tol=fed.kmeans_tol,
-            seed=derive_seed(self.cfg.seed, "kmeans", session.client, session.round),
-        )
-        cluster_s = time.perf_counter() - started
-        payload: Tensors = {}
-        for name, result in results.items():
-            session.protocol_state[LABELS + name] = result.labels
-            session.protocol_state[LOCAL + name] = result.centroids
-            payload[name] = result.centroids
-        iterations = [r.iterations for r in results.values()]
-        return payload, {"cluster_s": cluster_s, "kmeans_iterations": sum(iterations) / max(len(iterations), 1)}
-
-    def _shared_payload(self, session: ClientSession, matrices: dict[str, torch.Tensor]) -> tuple[Tensors, dict[str, float]]:
-        """``memberships = "shared"``: cluster j is the same rows on every client — the k-means
-        memberships of the identical initial model (computed once, the same on every client); each
-        exchange sends the means of the client's current rows over those fixed clusters."""
-        started = time.perf_counter()
-        if not any(n.startswith(LABELS) for n in session.protocol_state):
-            initial = {n: layer_matrix(t) for n, t in session.initial_tensors().items() if n in matrices}
-            inits = {n: self.initial_centroids(session, n, m) for n, m in initial.items()}
-            for name, result in cluster_layers(
-                initial, inits, max_iter=self.cfg.federation.kmeans_max_iter, tol=self.cfg.federation.kmeans_tol,
-                seed=derive_seed(self.cfg.seed, "kmeans-shared"),
-            ).items():
-                session.protocol_state[LABELS + name] = result.labels
-                session.protocol_state[INITIAL + name] = result.centroids
-        payload: Tensors = {}
-        for name, x in matrices.items():
-            state = session.protocol_state
-            fallback = state.get(GLOBAL + name, state[INITIAL + name]).to(x.dtype)
-            centroids = lloyd_update(x, state[LABELS + name], fallback)
-            state[LOCAL + name] = centroids
-            payload[name] = centroids
-        return payload, {"cluster_s": time.perf_counter() - started, "kmeans_iterations": 0.0}
-
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        """Per trainable tensor: its centroids, (clusters at β, columns of its layer matrix)."""
-        out: TensorSpec = {}
+    # ------------------------------------------------------------------ layout
+    def clusters(self, initial: Tensors) -> dict[str, tuple[int, int]]:
+        """(k, f) of every tensor that is exchanged, in parameter order; tensors with fewer rows than
+        the floor are not exchanged."""
+        out = {}
         for name, tensor in initial.items():
             rows, cols = layer_matrix(tensor).shape
-            out[name] = ((num_clusters(rows, self.beta), cols), spec_of({name: tensor})[name][1])
+            k = num_clusters(rows, self.beta, self.min_rows)
+            if k:
+                out[name] = (k, cols)
         return out
 
+    def unpack_payload(self, payload: Tensors, initial: Tensors) -> Tensors:
+        """The flat payload as {layer: k×f centroids}."""
+        return unpack_flat(payload[PAYLOAD], self.clusters(initial))
+
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """One flat array: Σ k·f values over the exchanged tensors, in the parameters' dtype."""
+        total = sum(k * f for k, f in self.clusters(initial).values())
+        dtype = str(torch.empty(0, dtype=next(iter(initial.values())).dtype).numpy().dtype)
+        return {PAYLOAD: ((total,), dtype)}
+
     def payload_spec(self, session: ClientSession) -> TensorSpec:
-        return spec_of({n[len(LOCAL):]: t for n, t in session.protocol_state.items() if n.startswith(LOCAL)})
+        return self.expected_payload(session.initial_tensors())
+
+    # ------------------------------------------------------------------ memberships
+    def _kmeans(self, matrices: dict[str, torch.Tensor], inits, max_iter: int, seed: int, init_labels=None):
+        results = cluster_layers(matrices, inits, max_iter=max_iter, tol=self.cfg.federation.kmeans_tol,
+                                 seed=seed, init_labels=init_labels)
+        labels = {n: enforce_min_rows(matrices[n], r.labels, inits[n].shape[0], self.min_rows)
+                  for n, r in results.items()}
+        return labels, [r.iterations for r in results.values()]
+
+    def _seeded_rows(self, initial: dict[str, torch.Tensor], k: dict[str, int]) -> dict[str, torch.Tensor]:
+        """The same seeded rows of the identical initial model on every client: k-means' cold start."""
+        return {n: m.index_select(0, choose_initial_rows(m.shape[0], k[n], derive_seed(self.cfg.seed, "init-rows", n)))
+                for n, m in initial.items()}
+
+    def shared_labels(self, initial: Tensors) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """``shared``: k-means of the identical initial model (also the first ``tracked`` memberships)."""
+        layout = self.clusters(initial)
+        mats = {n: layer_matrix(initial[n]).detach() for n in layout}
+        inits = self._seeded_rows(mats, {n: k for n, (k, _) in layout.items()})
+        return self._kmeans(mats, inits, self.cfg.federation.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared"))
+
+    def tracked_labels(self, reference: dict[str, torch.Tensor], previous: dict[str, torch.Tensor]
+                       ) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """``tracked``: warm k-means of the shared reference model from the previous memberships."""
+        inits = {n: cluster_means(x, previous[n], int(previous[n].max()) + 1)[0] for n, x in reference.items()}
+        fed = self.cfg.federation
+        return self._kmeans(reference, inits, min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
+                            derive_seed(self.cfg.seed, "kmeans-tracked"), init_labels=previous)
+
+    def rotating_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int) -> dict[str, torch.Tensor]:
+        """``rotating``: a balanced random partition per layer and round."""
+        return {n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd)) for n, (k, _) in layout.items()}
+
+    def focused_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int],
+                       moved: dict[str, torch.Tensor] | None, rnd: int) -> dict[str, torch.Tensor]:
+        """``focused``: half the clusters are random groups of m among the rows that moved most."""
+        if moved is None:
+            return self.rotating_labels(layout, rows, rnd)
+        out = {}
+        for name, (k, _f) in layout.items():
+            r = moved[name].numel()
+            loud_clusters = k // 2 if (r - (k // 2) * self.min_rows) >= (k - k // 2) * self.min_rows else 0
+            order = torch.argsort(moved[name], descending=True, stable=True)
+            n_loud = loud_clusters * self.min_rows
+            labels = torch.empty(r, dtype=torch.int64)
+            seed = derive_seed(self.cfg.seed, "focus", name, rnd)
+            if loud_clusters:
+                labels[order[:n_loud]] = random_partition(n_loud, loud_clusters, seed)
+            labels[order[n_loud:]] = loud_clusters + random_partition(r - n_loud, k - loud_clusters, seed + 1)
+            out[name] = labels
+        return out
+
+    @staticmethod
+    def advance_moved(moved: torch.Tensor | None, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """``focused``: the per-row running mean of the squared shift of the reference."""
+        step = (after - before).pow(2).sum(1)
+        return step if moved is None else MOVED_DECAY * moved + (1 - MOVED_DECAY) * step
+
+    @staticmethod
+    def advance_reference(reference: torch.Tensor, labels: torch.Tensor, global_centroids: torch.Tensor) -> torch.Tensor:
+        """``tracked``: shift the reference so that each cluster's mean is the global centroid."""
+        means, _ = cluster_means(reference, labels, global_centroids.shape[0])
+        return estimate_global_weights(reference, labels, means, global_centroids.to(reference.dtype))
+
+    def _labels(self, session: ClientSession, matrices: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        state = session.protocol_state
+        has_labels = all(LABELS + n in state for n in matrices)
+        if self.memberships == "shared":
+            if has_labels:
+                return {n: state[LABELS + n] for n in matrices}, [0] * len(matrices)
+            return self.shared_labels(session.initial_tensors())
+        if self.memberships == "tracked":
+            if not has_labels:
+                return self.shared_labels(session.initial_tensors())
+            reference = {n: state[REFERENCE + n] for n in matrices}
+            return self.tracked_labels(reference, {n: state[LABELS + n] for n in matrices})
+        if self.memberships in ("rotating", "focused"):
+            layout = self.clusters(session.initial_tensors())
+            rows = {n: m.shape[0] for n, m in matrices.items()}
+            if self.memberships == "rotating":
+                return self.rotating_labels(layout, rows, session.round), [0] * len(matrices)
+            moved = {n: state[MOVED + n] for n in matrices} if all(MOVED + n in state for n in matrices) else None
+            return self.focused_labels(layout, rows, moved, session.round), [0] * len(matrices)
+        # local: the paper's Algorithm 2 on the client's own trained weights
+        layout = self.clusters(session.initial_tensors())
+        fed = self.cfg.federation
+        warm = all(GLOBAL + n in state for n in matrices)
+        if warm:
+            inits = {n: state[GLOBAL + n].to(matrices[n].dtype) for n in matrices}
+        else:
+            initial = {n: layer_matrix(t).detach() for n, t in session.initial_tensors().items() if n in matrices}
+            inits = self._seeded_rows(initial, {n: k for n, (k, _) in layout.items()})
+        max_iter = min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter) if warm else fed.kmeans_max_iter
+        return self._kmeans(matrices, inits, max_iter, derive_seed(self.cfg.seed, "kmeans", session.client, session.round))
+
+    def server_labels(self, initial: Tensors, history: Sequence[tuple[int, Tensors]], rnd: int
+                      ) -> dict[str, torch.Tensor] | None:
+        """The memberships every client uses at the exchange of round ``rnd``, as the server can derive
+        them from public information only: the run config, the identical initial model and the
+        aggregates it sent before (``history``: (round, flat aggregate), oldest first). None in mode
+        ``local``, whose memberships depend on each client's private weights."""
+        layout = self.clusters(initial)
+        rows = {n: layer_matrix(initial[n]).shape[0] for n in layout}
+        if self.memberships == "local":
+            return None
+        if self.memberships == "rotating":
+            return self.rotating_labels(layout, rows, rnd)
+        if self.memberships == "focused":
+            reference = {n: layer_matrix(initial[n]).detach().clone() for n in layout}
+            moved = None
+            for past, aggregate in history:
+                labels = self.focused_labels(layout, rows, moved, past)
+                glob = unpack_flat(aggregate[PAYLOAD], layout)
+                after = {n: self.advance_reference(reference[n], labels[n], glob[n]) for n in layout}
+                moved = {n: self.advance_moved(None if moved is None else moved[n], reference[n], after[n]) for n in layout}
+                reference = after
+            return self.focused_labels(layout, rows, moved, rnd)
+        labels, _ = self.shared_labels(initial)
+        if self.memberships == "shared":
+            return labels
+        reference = {n: layer_matrix(initial[n]).detach().clone() for n in layout}
+        for _past, aggregate in history:
+            glob = unpack_flat(aggregate[PAYLOAD], layout)
+            reference = {n: self.advance_reference(reference[n], labels[n], glob[n]) for n in layout}
+            labels, _ = self.tracked_labels(reference, labels)
+        return labels
+
+    # ------------------------------------------------------------------ the three steps
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+        """Algorithm 2: memberships of every exchanged tensor's rows, then the cluster means, each of
+        at least ``min_cluster_rows`` rows (checked here, before anything is sent)."""
+        layout = self.clusters(session.initial_tensors())
+        params = dict(session.model.named_parameters())
+        matrices = {n: layer_matrix(params[n].detach()) for n in layout}
+        started = time.perf_counter()
+        labels, iterations = self._labels(session, matrices)
+        memberships_s = time.perf_counter() - started
+        state = session.protocol_state
+        centroids = []
+        for name, x in matrices.items():
+            k = layout[name][0]
+            means, counts = cluster_means(x, labels[name], k)
+            check_floor(counts, self.min_rows, name)
+            state[LABELS + name] = labels[name]
+            state[LOCAL + name] = means
+            centroids.append(means)
+        payload = {PAYLOAD: pack_flat(centroids)}
+        return payload, {
+            "cluster_s": time.perf_counter() - started,  # memberships + centroid means (the paper's Table IV column)
+            "memberships_s": memberships_s,
+            "kmeans_iterations": sum(iterations) / max(len(iterations), 1),  # Lloyd iterations run this exchange
+        }
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
         """Algorithm 3 / Eq. 2: mean of centroid j of layer l over the clients (server sees centroids only)."""
@@ -161,13 +279,22 @@ class Trustformer:
         """Algorithms 4–5: shift every row by its cluster's (global − local) centroid difference."""
         started = time.perf_counter()
         params = dict(session.model.named_parameters())
+        state = session.protocol_state
+        initial = session.initial_tensors()
+        glob = self.unpack_payload(aggregate, initial)
         with torch.no_grad():
-            for name, global_centroids in aggregate.items():
+            for name, global_centroids in glob.items():
                 param = params[name]
-                state = session.protocol_state
-                moved = estimate_global_weights(
-                    layer_matrix(param.detach()), state[LABELS + name], state[LOCAL + name], global_centroids
-                )
+                labels = state[LABELS + name]
+                moved = estimate_global_weights(layer_matrix(param.detach()), labels, state[LOCAL + name], global_centroids)
                 param.copy_(moved.reshape(param.shape))
                 state[GLOBAL + name] = global_centroids
+                if self.memberships in ("tracked", "focused"):
+                    reference = state.get(REFERENCE + name)
+                    if reference is None:
+                        reference = layer_matrix(initial[name]).detach().clone()
+                    after = self.advance_reference(reference, labels, global_centroids)
+                    state[REFERENCE + name] = after
+                    if self.memberships == "focused":
+                        state[MOVED + name] = self.advance_moved(state.get(MOVED + name), reference, after)
         return {"estimate_s": time.perf_counter() - started}

@@ -269,8 +269,10 @@ def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) 
     if shares:
         items.append(
             "**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
-            "the paper's: " + "; ".join(shares) + ". Our k-means starts from the previous global centroids "
-            "(cluster correspondence across clients) and converges in few iterations; the paper's clustering "
+            "the paper's: " + "; ".join(shares) + ". Our Trustformer runs here cluster as the paper's Algorithm 2 "
+            "(k-means of each client's trained weights at every exchange, memberships = local, no privacy floor); "
+            "after the first exchange k-means starts from the previous global centroids and runs at most "
+            "federation.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
             "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
             "(it peaks at β = 0.6), which it attributes to k-means convergence.")
     if fedavg is not None and tf:

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from .paper import NAMES, ORDER, paper_key
 
 # per-row phase times that are not client-side exchange work
-_NOT_EXCHANGE = {"train_s", "eval_s", "aggregate_s"}
+_NOT_EXCHANGE = {"train_s", "eval_s", "aggregate_s", "memberships_s"}  # memberships_s is part of cluster_s
 
 
 class ReportError(ValueError):
@@ -54,6 +54,11 @@ class RunResult:
     @property
     def agg_every(self) -> int:
         return int(self.config.get("federation", {}).get("agg_every", 1))
+
+    @property
+    def memberships(self) -> str:
+        """Trustformer's membership mode ("local" = the paper's k-means of the trained weights)."""
+        return str(self.config.get("federation", {}).get("memberships", "shared"))
 
     @property
     def exchanges(self) -> bool:

@@ -242,10 +242,16 @@ def table4_time(runs: Sequence[RunResult]) -> Table:
     t.formats = {c: fmt for c in columns[1:6]}
     t.formats.update({c: _num(0) for c in columns[6:10]})
     t.formats["total ours / paper"] = _ratio
+    modes = sorted({r.memberships for r in runs if r.strategy == "trustformer"})
+    timed = {"local": "k-means of its trained weights (the paper's Algorithm 2)",
+             "shared": "fixed memberships from k-means of the initial model (run once, in round 1) and the means",
+             "tracked": "k-means of the shared reference model, warm",
+             "rotating": "a random balanced partition (no k-means)"}
+    clustering = "; ".join(f"memberships = {m}: {timed.get(m, m)}" for m in modes) or "k-means"
     t.notes = [
         "Ours, per epoch: train = the slowest client's mean local-training time (clients work in parallel in a "
         "deployment, as Eq. 5 assumes; in-process they run one after another, each timed alone); cluster = "
-        "the slowest client's k-means time per exchange; aggregate = the server's aggregation time; other = "
+        f"the slowest client's clustering time per exchange, memberships plus centroid means ({clustering}); aggregate = the server's aggregation time; other = "
         "the rest of a client's exchange work (applying the aggregate, estimating weights, clipping and "
         "noising); total = train + max over clients of (cluster + other) + aggregate.",
         "Paper: as printed. Its DP-FedAvg total (664 s) is not the sum of its parts (574 s).",
