@@ -233,6 +233,66 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attack_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attack", help="measure what an honest-but-curious server learns from a run",
+                       description="Attacks on a federation run in this process.")
+    what = p.add_subparsers(dest="attack", required=True)
+    r = what.add_parser(
+        "reconstruct",
+        help="estimate every client's trained model from what the server holds; print the error table",
+        description="Run a federation in this process (the options of `trustformer run`) and play the "
+        "honest-but-curious server: from the payloads it receives (under secagg: only their sum), the run "
+        "configuration and the public initial model it estimates each client's locally trained model, and "
+        "reports the relative L2 error and the fraction of weights recovered within 1e-6 (mean over clients "
+        "at the last exchange round). The sweep options run several configurations and print one table.",
+    )
+    _add_config_options(r)
+    r.add_argument("--strategies", type=_str_list, metavar="LIST",
+                   help="comma-separated strategies to attack, one run each (default: --strategy)")
+    r.add_argument("--betas", type=_float_list, metavar="LIST",
+                   help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5")
+    r.add_argument("--memberships", type=_str_list, metavar="LIST",
+                   help="trustformer membership modes, one run each, e.g. shared,local")
+    r.add_argument("--secure-modes", type=_str_list, metavar="LIST",
+                   help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
+                        "support are skipped and listed)")
+    r.add_argument("--json", metavar="FILE", help="also write every run's per-client and per-round figures as JSON")
+    r.add_argument("--quiet", action="store_true", help="only the table and warnings")
+    r.set_defaults(func=_cmd_attack)
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from .attack import reconstruct as rec
+
+    given = {item.partition("=")[0] for item in args.set}
+    args.set = [f"{k}={json.dumps(v)}" for k, v in rec.FAST_EVAL.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = os.path.join("runs", "attack-reconstruct")
+    _setup_logging(quiet=True)
+    cfg = resolve_config(args)
+    runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
+    for why in skipped:
+        print(f"skipped {why}", file=sys.stderr)
+    if not runs:
+        raise ConfigError("nothing to run: every combination of --strategies and --secure-modes was refused "
+                          "(see the lines above)")
+    if not args.quiet:
+        print(f"attack reconstruct: preset {cfg.preset} · {cfg.federation.clients} clients · "
+              f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    results = rec.sweep(cfg, runs, progress=not args.quiet)
+    print(rec.format_table(results))
+    print(f"relative error ||estimate - true|| / ||true|| and fraction of weights within {rec.TOLERANCE:g}, "
+          f"mean over clients at the last exchange round; init err: the public initial model as the estimate "
+          f"· total {(time.perf_counter() - started) / 60:.1f} min")
+    if args.json:
+        rec.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
+    return 0
+
+
 def _report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
@@ -310,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)
     _report_parser(sub)
+    _attack_parser(sub)
     from .deploy.cli import add_deploy_parser
 
     add_deploy_parser(sub, _add_config_options, resolve_config, _setup_logging)

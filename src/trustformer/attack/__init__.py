@@ -1,0 +1,1 @@
+"""Attacks that measure what a federation's server learns (``trustformer attack ...``)."""
