@@ -51,7 +51,8 @@ def test_secure_aggregation_leaves_only_the_mean(attacked):
 
 
 def test_trustformer_at_beta_one_is_fedavg_and_recovered_exactly(attacked):
-    result = attacked("tf-1", **{"federation.strategy": "trustformer", "federation.beta": 1.0})
+    result = attacked("tf-1", **{"federation.strategy": "trustformer", "federation.beta": 1.0,
+                                 "federation.min_cluster_rows": 1})
     assert result["recovered_fraction_mean"] == 1.0
     assert result["relative_error_mean"] < 1e-6
 

@@ -43,7 +43,7 @@ The estimators (one per strategy, :data:`ESTIMATORS`); ``G`` is the global model
   rows of cluster c(row))``, where R is the server's reference: the public initial model before the
   first exchange, then the consensus model every client can compute (R shifted so that each cluster's
   mean is the global centroid sent). Memberships c: from the protocol's ``server_labels(initial,
-  history)`` where it has one and it returns labels (the memberships the server derives from public
+  history, round)`` where it has one and it returns labels (the memberships the server derives from public
   information; ``history`` = the aggregates it sent before, as sent); else, when k = r, every row its
   own cluster in order (the k-means engine's solution for k = r in every mode); else **guessed**: each
   reference row is assigned to its nearest received centroid (squared L2, ties to the lowest index).
@@ -106,6 +106,7 @@ from ..core.centroids import layer_matrix
 from ..core.dp import flatten, unflatten
 from ..protocols import ProtocolObserver, make_protocol, observe
 from ..protocols.base import Tensors
+from ..protocols.trustformer import MODES as MEMBERSHIP_MODES
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,8 @@ class Centroids(Estimator):
         super().__init__(cfg, initial, protocol)
         self.labels: dict[str, torch.Tensor] | None = None  # this exchange's, from the server's derivation
         self.sources: set[str] = set()
+        self.round = 0
+        self.exchanges: list[tuple[int, Tensors]] = []  # (round, aggregate sent), oldest first
 
     @property
     def memberships_source(self) -> str:  # type: ignore[override]
@@ -290,11 +293,12 @@ class Centroids(Estimator):
 
     def unpack(self, payload: Tensors) -> dict[str, torch.Tensor]:
         unpack = getattr(self.protocol, "unpack_payload", None)
-        return dict(unpack(payload)) if unpack is not None else dict(payload)
+        return dict(unpack(payload, self.initial)) if unpack is not None else dict(payload)
 
     def begin(self, rnd: int) -> None:
+        self.round = rnd
         derive: Callable | None = getattr(self.protocol, "server_labels", None)
-        self.labels = derive(self.initial, list(self.history)) if derive is not None else None
+        self.labels = derive(self.initial, list(self.exchanges), rnd) if derive is not None else None
 
     def _labels(self, name: str, reference: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
         if self.labels is not None and self.labels.get(name) is not None:
@@ -321,6 +325,7 @@ class Centroids(Estimator):
 
     def advance(self, aggregate: Tensors) -> None:
         self.global_model = self.estimate(aggregate)  # the consensus every client can compute
+        self.exchanges.append((self.round, aggregate))
         super().advance(aggregate)
 
 
@@ -483,8 +488,8 @@ def plan(cfg: RunConfig, strategies: Sequence[str] | None, betas: Sequence[float
         if m not in SECURE_MODES:
             raise ConfigError(f"--secure-modes: unknown mode {m!r} (choose from {', '.join(SECURE_MODES)})")
     for m in memberships or []:
-        if m not in ("shared", "local"):
-            raise ConfigError(f"--memberships: unknown mode {m!r} (choose from shared, local)")
+        if m not in MEMBERSHIP_MODES:
+            raise ConfigError(f"--memberships: unknown mode {m!r} (choose from {', '.join(MEMBERSHIP_MODES)})")
     for b in betas or []:
         if not 0.0 < b <= 1.0:
             raise ConfigError(f"--betas: beta {b:g} must be in (0, 1]")
