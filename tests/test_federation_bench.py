@@ -59,3 +59,16 @@ def test_reuse_takes_only_a_finished_run_of_the_same_configuration(tmp_path):
     assert _finished(other) is None  # another configuration in the same folder is trained again
     (tmp_path / "run" / "summary.json").write_text("{not json")
     assert _finished(cfg) is None
+
+
+def test_attack_column_shows_what_the_server_recovers(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--memberships", "rotating",
+                 "--attack", "--no-baselines", "--rounds", "2", "--out", str(tmp_path / "runs"), "--json", str(out)])
+    assert code == 0
+    assert "recovered" in capsys.readouterr().out
+    rows = {r["run"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"local", "fedavg", "trustformer β=0.5 rotating"}
+    assert rows["fedavg"]["attack_recovered_fraction"] == 1.0 and rows["fedavg"]["attack_relative_error"] < 1e-6
+    tf = rows["trustformer β=0.5 rotating"]
+    assert tf["attack_recovered_fraction"] < 0.01 and tf["attack_relative_error"] > 1e-3  # the floor: no row verbatim

@@ -57,6 +57,7 @@ class BenchRun:
     bleu: list[float] = field(default_factory=list)
     up_bytes: float = 0.0
     wall_s: float = 0.0
+    attack: dict[str, float] | None = None  # --attack: what the honest-but-curious server recovers
 
     @property
     def loss_mean(self) -> float:
@@ -71,9 +72,10 @@ class BenchRun:
         return statistics.fmean(self.bleu)
 
 
-def plan_runs(strategies: list[str], betas: list[float], memberships: list[str]) -> list[BenchRun]:
+def plan_runs(strategies: list[str], betas: list[float], memberships: list[str], *,
+              baselines: bool = True) -> list[BenchRun]:
     """local, fedavg, then each named strategy (trustformer: per β and membership mode) and, per β,
-    the two byte-matched baselines."""
+    the two byte-matched baselines (unless ``baselines`` is False)."""
     runs = [BenchRun("local", "local", {"federation.strategy": "local"}),
             BenchRun("fedavg", "fedavg", {"federation.strategy": "fedavg"})]
     for strategy in strategies:
@@ -87,7 +89,7 @@ def plan_runs(strategies: list[str], betas: list[float], memberships: list[str])
                 runs.append(BenchRun(f"trustformer β={beta:g} {mode}", "trustformer",
                                      {"federation.strategy": "trustformer", "federation.beta": beta,
                                       "federation.memberships": mode}, beta=beta))
-    for beta in betas:
+    for beta in betas if baselines else []:
         every = math.ceil(1 / beta - 1e-9)
         runs.append(BenchRun(f"fedavg every {every} (β={beta:g})", "fedavg",
                              {"federation.strategy": "fedavg", "federation.agg_every": every}, beta=beta))
@@ -115,17 +117,29 @@ def table(runs: list[BenchRun]) -> list[dict[str, Any]]:
             "up_bytes_per_client_per_round": run.up_bytes,
             "gain_retained": gain_retained(run.loss_mean, local.loss_mean, fedavg.loss_mean),
             "wall_s": run.wall_s,
+            **({"attack_recovered_fraction": run.attack["recovered_fraction_mean"],
+                "attack_relative_error": run.attack["relative_error_mean"]} if run.attack else {}),
         })
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
+    attacked = any("attack_recovered_fraction" in r for r in rows)
     head = f"{'run':<34} {'test loss':>9} {'± spread':>8} {'BLEU':>6} {'upload':>7} {'gain':>6} {'wall s':>7}"
+    head += f" {'recovered':>9} {'rel. err':>8}" if attacked else ""
     lines = [head, "-" * len(head)]
     for r in rows:
         gain = "n/a" if math.isnan(r["gain_retained"]) else f"{r['gain_retained']:.2f}"
-        lines.append(f"{r['run']:<34} {r['test_loss_mean']:>9.3f} {r['test_loss_spread']:>8.3f} "
-                     f"{r['bleu_mean']:>6.2f} {r['upload_vs_fedavg']:>7.3f} {gain:>6} {r['wall_s']:>7.0f}")
+        line = (f"{r['run']:<34} {r['test_loss_mean']:>9.3f} {r['test_loss_spread']:>8.3f} "
+                f"{r['bleu_mean']:>6.2f} {r['upload_vs_fedavg']:>7.3f} {gain:>6} {r['wall_s']:>7.0f}")
+        if attacked:
+            line += (f" {r['attack_recovered_fraction']:>9.4f} {r['attack_relative_error']:>8.4f}"
+                     if "attack_recovered_fraction" in r else f" {'':>9} {'':>8}")
+        lines.append(line)
+    if attacked:
+        lines.append("recovered / rel. err: `trustformer attack reconstruct` on the same run — the fraction of each "
+                     "client's trained weights the server recovers to 1e-6, and the relative L2 error of its "
+                     "estimate (mean over clients, at the last exchange)")
     return "\n".join(lines)
 
 
@@ -148,6 +162,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true",
                    help="take a run whose folder under --out holds a finished summary of exactly the same "
                         "configuration from there instead of training it again (continues an interrupted benchmark)")
+    p.add_argument("--attack", action="store_true",
+                   help="also play the honest-but-curious server on every run (trustformer attack reconstruct) and "
+                        "print what it recovers")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip the byte-matched baselines (FedAvg every ceil(1/beta) rounds, top-k)")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -187,7 +206,7 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     return summary
 
 
-def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False) -> None:
+def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False, attack: bool = False) -> None:
     from ..config import load_config
     from ..runtime.inprocess import run_in_process
 
@@ -199,9 +218,22 @@ def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False) ->
     flat["out"] = str(out / run.label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", ""))
     run_cfg = load_config(cfg.preset, None, flat)
     previous = _finished(run_cfg) if reuse else None
+    attack_file = Path(run_cfg.out) / "attack.json"
+    if previous is not None and attack and not attack_file.exists():
+        previous = None
     if previous is not None:
         summary = previous
         run.wall_s = float(summary["time_s"]["total"])
+        if attack:
+            run.attack = json.loads(attack_file.read_text(encoding="utf-8"))
+    elif attack:
+        from ..attack.reconstruct import run_attack
+
+        started = time.perf_counter()
+        run.attack = run_attack(run_cfg)
+        run.wall_s = time.perf_counter() - started
+        summary = json.loads((Path(run_cfg.out) / "summary.json").read_text(encoding="utf-8"))
+        attack_file.write_text(json.dumps(run.attack, indent=1) + "\n", encoding="utf-8")
     else:
         started = time.perf_counter()
         summary = run_in_process(run_cfg)
@@ -216,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = base_config(args)
     runs = plan_runs([s.strip() for s in args.strategies.split(",") if s.strip()],
                      [float(b) for b in args.betas.split(",") if b.strip()],
-                     [m.strip() for m in args.memberships.split(",") if m.strip()])
+                     [m.strip() for m in args.memberships.split(",") if m.strip()], baselines=not args.no_baselines)
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
     print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition}"
@@ -230,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"use --rounds >= {every} for a byte-matched baseline", file=sys.stderr, flush=True)
     started = time.perf_counter()
     for i, run in enumerate(runs, start=1):
-        run_one(cfg, run, out, reuse=args.reuse)
+        run_one(cfg, run, out, reuse=args.reuse, attack=args.attack)
         elapsed = time.perf_counter() - started
         eta = elapsed / i * (len(runs) - i)
         print(f"[{i}/{len(runs)}] {run.label}: test loss {run.loss_mean:.3f} · BLEU {run.bleu_mean:.2f} · "
