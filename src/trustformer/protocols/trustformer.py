@@ -20,17 +20,19 @@ means something if cluster j is the same rows on every client.
 - ``"shared"``: k-means once on the identical initial model, from the same seeded rows on every
   client; later exchanges send the means of the current rows over those fixed clusters. Every
   exchange is then a projection onto the consensus in the same fixed subspace.
-- ``"tracked"``: memberships recomputed at every exchange by k-means (warm, ≤
-  ``federation.kmeans_warm_max_iter`` Lloyd iterations) of a reference model every client derives
-  identically with no extra communication: the initial model, shifted at every exchange so that each
-  cluster's mean is the global centroid received (``R[i] += G[c(i)] − mean_c(R)``). A client that
-  misses an aggregate (dropped from a round) falls out of step with the others.
+- ``"tracked"``: every client keeps a reference model it derives identically with no extra
+  communication: the initial model, shifted at every exchange so that each cluster's mean is the
+  global centroid received (``R[i] += G[c(i)] − mean_c(R)``). At every exchange after the first
+  (``rotating``'s), memberships are k-means (≤ ``federation.kmeans_warm_max_iter`` Lloyd iterations,
+  from rows seeded per round) of how far each row of R has moved from the initial model, so rows that
+  moved alike are averaged together. (k-means of R itself, warm from the previous memberships, kept the
+  previous memberships: R moves by one shift per cluster, which leaves them a fixed point.) A client
+  that misses an aggregate (dropped from a round) falls out of step with the others.
 - ``"rotating"``: a fresh uniformly random balanced partition of every layer's rows at every
   exchange, seeded from (``seed``, round, layer): over ⌈1/β⌉ exchanges about every direction of the
   layer is synchronised once, and no k-means runs at all.
 - ``"focused"``: as ``rotating``, but the rows are split by how much they have moved: every client
-  keeps the reference model of ``tracked`` (shifted by every global centroid) and a per-row running
-  mean of its squared shifts; at each exchange half of the k clusters are random groups of exactly m
+  keeps ``tracked``'s reference model and a per-row running mean of its squared shifts; at each exchange half of the k clusters are random groups of exactly m
   of the rows that moved most, the other half random balanced groups of the rest, so that the rows
   where clients are expected to disagree most are averaged in the smallest groups. The first exchange
   is ``rotating``'s. Like ``tracked``, it needs every aggregate.
@@ -130,29 +132,29 @@ class Trustformer:
                 for n, m in initial.items()}
 
     def shared_labels(self, initial: Tensors) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """``shared``: k-means of the identical initial model (also the first ``tracked`` memberships)."""
+        """``shared``: k-means of the identical initial model."""
         layout = self.clusters(initial)
         mats = {n: layer_matrix(initial[n]).detach() for n in layout}
         inits = self._seeded_rows(mats, {n: k for n, (k, _) in layout.items()})
         return self._kmeans(mats, inits, self.cfg.federation.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared"))
 
-    def tracked_labels(self, reference: dict[str, torch.Tensor], previous: dict[str, torch.Tensor]
-                       ) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """``tracked``: warm k-means of the shared reference model from the previous memberships."""
-        inits = {n: cluster_means(x, previous[n], int(previous[n].max()) + 1)[0] for n, x in reference.items()}
-        fed = self.cfg.federation
-        return self._kmeans(reference, inits, min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
-                            derive_seed(self.cfg.seed, "kmeans-tracked"), init_labels=previous)
-
     def rotating_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int) -> dict[str, torch.Tensor]:
         """``rotating``: a balanced random partition per layer and round."""
         return {n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd)) for n, (k, _) in layout.items()}
 
-    def focused_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int],
-                       moved: dict[str, torch.Tensor] | None, rnd: int) -> dict[str, torch.Tensor]:
+    def tracked_labels(self, layout: dict[str, tuple[int, int]], movement: dict[str, torch.Tensor], rnd: int
+                       ) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """``tracked``: k-means of how far each row of the shared reference has moved from the initial
+        model, from rows seeded per round (≤ kmeans_warm_max_iter Lloyd iterations)."""
+        inits = {n: x.index_select(0, choose_initial_rows(x.shape[0], layout[n][0], derive_seed(self.cfg.seed, "track", n, rnd)))
+                 for n, x in movement.items()}
+        fed = self.cfg.federation
+        return self._kmeans(movement, inits, min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
+                            derive_seed(self.cfg.seed, "kmeans-tracked", rnd))
+
+    def focused_labels(self, layout: dict[str, tuple[int, int]], moved: dict[str, torch.Tensor], rnd: int
+                       ) -> dict[str, torch.Tensor]:
         """``focused``: half the clusters are random groups of m among the rows that moved most."""
-        if moved is None:
-            return self.rotating_labels(layout, rows, rnd)
         out = {}
         for name, (k, _f) in layout.items():
             r = moved[name].numel()
@@ -167,37 +169,48 @@ class Trustformer:
             out[name] = labels
         return out
 
-    @staticmethod
-    def advance_moved(moved: torch.Tensor | None, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-        """``focused``: the per-row running mean of the squared shift of the reference."""
-        step = (after - before).pow(2).sum(1)
-        return step if moved is None else MOVED_DECAY * moved + (1 - MOVED_DECAY) * step
+    def public_labels(self, initial: Tensors, public: Tensors, rnd: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """The memberships of the exchange of round ``rnd`` in every mode but ``local``, from public
+        information only: the identical initial model and ``public`` (what :meth:`advance_public`
+        derived from the earlier aggregates). Clients and the server run this same function."""
+        layout = self.clusters(initial)
+        rows = {n: layer_matrix(initial[n]).shape[0] for n in layout}
+        none = [0] * len(layout)
+        first = not all(REFERENCE + n in public for n in layout)
+        if self.memberships == "shared":
+            if all(LABELS + n in public for n in layout):
+                return {n: public[LABELS + n] for n in layout}, none
+            return self.shared_labels(initial)
+        if self.memberships == "rotating" or first:
+            return self.rotating_labels(layout, rows, rnd), none
+        if self.memberships == "focused":
+            return self.focused_labels(layout, {n: public[MOVED + n] for n in layout}, rnd), none
+        movement = {n: public[REFERENCE + n] - layer_matrix(initial[n]).to(public[REFERENCE + n].dtype) for n in layout}
+        return self.tracked_labels(layout, movement, rnd)
 
-    @staticmethod
-    def advance_reference(reference: torch.Tensor, labels: torch.Tensor, global_centroids: torch.Tensor) -> torch.Tensor:
-        """``tracked``: shift the reference so that each cluster's mean is the global centroid."""
-        means, _ = cluster_means(reference, labels, global_centroids.shape[0])
-        return estimate_global_weights(reference, labels, means, global_centroids.to(reference.dtype))
+    def advance_public(self, initial: Tensors, public: Tensors, labels: dict[str, torch.Tensor],
+                       global_centroids: dict[str, torch.Tensor]) -> None:
+        """After an exchange, in place: the shared reference model shifted so that each cluster's mean
+        is the global centroid (``R[i] += G[c(i)] − mean_c(R)``), the per-row running mean of its
+        squared shifts (``focused``), and the memberships (``shared``)."""
+        for name, glob in global_centroids.items():
+            public[LABELS + name] = labels[name]
+            if self.memberships not in ("tracked", "focused"):
+                continue
+            before = public.get(REFERENCE + name)
+            if before is None:
+                before = layer_matrix(initial[name]).detach().clone()
+            means, _ = cluster_means(before, labels[name], glob.shape[0])
+            after = estimate_global_weights(before, labels[name], means, glob.to(before.dtype))
+            public[REFERENCE + name] = after
+            step = (after - before).pow(2).sum(1)
+            moved = public.get(MOVED + name)
+            public[MOVED + name] = step if moved is None else MOVED_DECAY * moved + (1 - MOVED_DECAY) * step
 
     def _labels(self, session: ClientSession, matrices: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[int]]:
         state = session.protocol_state
-        has_labels = all(LABELS + n in state for n in matrices)
-        if self.memberships == "shared":
-            if has_labels:
-                return {n: state[LABELS + n] for n in matrices}, [0] * len(matrices)
-            return self.shared_labels(session.initial_tensors())
-        if self.memberships == "tracked":
-            if not has_labels:
-                return self.shared_labels(session.initial_tensors())
-            reference = {n: state[REFERENCE + n] for n in matrices}
-            return self.tracked_labels(reference, {n: state[LABELS + n] for n in matrices})
-        if self.memberships in ("rotating", "focused"):
-            layout = self.clusters(session.initial_tensors())
-            rows = {n: m.shape[0] for n, m in matrices.items()}
-            if self.memberships == "rotating":
-                return self.rotating_labels(layout, rows, session.round), [0] * len(matrices)
-            moved = {n: state[MOVED + n] for n in matrices} if all(MOVED + n in state for n in matrices) else None
-            return self.focused_labels(layout, rows, moved, session.round), [0] * len(matrices)
+        if self.memberships != "local":
+            return self.public_labels(session.initial_tensors(), state, session.round)
         # local: the paper's Algorithm 2 on the client's own trained weights
         layout = self.clusters(session.initial_tensors())
         fed = self.cfg.federation
@@ -212,35 +225,18 @@ class Trustformer:
 
     def server_labels(self, initial: Tensors, history: Sequence[tuple[int, Tensors]], rnd: int
                       ) -> dict[str, torch.Tensor] | None:
-        """The memberships every client uses at the exchange of round ``rnd``, as the server can derive
+        """The memberships every client uses at the exchange of round ``rnd``, as the server derives
         them from public information only: the run config, the identical initial model and the
         aggregates it sent before (``history``: (round, flat aggregate), oldest first). None in mode
         ``local``, whose memberships depend on each client's private weights."""
-        layout = self.clusters(initial)
-        rows = {n: layer_matrix(initial[n]).shape[0] for n in layout}
         if self.memberships == "local":
             return None
-        if self.memberships == "rotating":
-            return self.rotating_labels(layout, rows, rnd)
-        if self.memberships == "focused":
-            reference = {n: layer_matrix(initial[n]).detach().clone() for n in layout}
-            moved = None
-            for past, aggregate in history:
-                labels = self.focused_labels(layout, rows, moved, past)
-                glob = unpack_flat(aggregate[PAYLOAD], layout)
-                after = {n: self.advance_reference(reference[n], labels[n], glob[n]) for n in layout}
-                moved = {n: self.advance_moved(None if moved is None else moved[n], reference[n], after[n]) for n in layout}
-                reference = after
-            return self.focused_labels(layout, rows, moved, rnd)
-        labels, _ = self.shared_labels(initial)
-        if self.memberships == "shared":
-            return labels
-        reference = {n: layer_matrix(initial[n]).detach().clone() for n in layout}
-        for _past, aggregate in history:
-            glob = unpack_flat(aggregate[PAYLOAD], layout)
-            reference = {n: self.advance_reference(reference[n], labels[n], glob[n]) for n in layout}
-            labels, _ = self.tracked_labels(reference, labels)
-        return labels
+        layout = self.clusters(initial)
+        public: Tensors = {}
+        for past, aggregate in history:
+            labels, _ = self.public_labels(initial, public, past)
+            self.advance_public(initial, public, labels, unpack_flat(aggregate[PAYLOAD], layout))
+        return self.public_labels(initial, public, rnd)[0]
 
     # ------------------------------------------------------------------ the three steps
     def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
@@ -282,19 +278,13 @@ class Trustformer:
         state = session.protocol_state
         initial = session.initial_tensors()
         glob = self.unpack_payload(aggregate, initial)
+        labels = {n: state[LABELS + n] for n in glob}
         with torch.no_grad():
             for name, global_centroids in glob.items():
                 param = params[name]
-                labels = state[LABELS + name]
-                moved = estimate_global_weights(layer_matrix(param.detach()), labels, state[LOCAL + name], global_centroids)
+                moved = estimate_global_weights(layer_matrix(param.detach()), labels[name], state[LOCAL + name], global_centroids)
                 param.copy_(moved.reshape(param.shape))
                 state[GLOBAL + name] = global_centroids
-                if self.memberships in ("tracked", "focused"):
-                    reference = state.get(REFERENCE + name)
-                    if reference is None:
-                        reference = layer_matrix(initial[name]).detach().clone()
-                    after = self.advance_reference(reference, labels, global_centroids)
-                    state[REFERENCE + name] = after
-                    if self.memberships == "focused":
-                        state[MOVED + name] = self.advance_moved(state.get(MOVED + name), reference, after)
+        if self.memberships != "local":
+            self.advance_public(initial, state, labels, glob)
         return {"estimate_s": time.perf_counter() - started}
