@@ -198,7 +198,7 @@ class FederationConfig:
             if fault.kind in PAYLOAD_FAULTS and fault.message != PAYLOAD_MESSAGE.get(self.strategy, "train"):
                 raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, which "
                                   f"federation.strategy = {self.strategy!r} sends in its reply to "
-                                  f"{PAYLOAD_MESSAGE.get(self.strategy, 'train')} (set message=…)")
+                                  f"{PAYLOAD_MESSAGE.get(self.strategy, 'train')} (name it: message=…)")
             if fault.kind == "stall" and not self.round_timeout_s > 0:
                 raise ConfigError(f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
                                   "server stops waiting: set federation.round_timeout_s > 0")
