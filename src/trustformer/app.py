@@ -22,6 +22,10 @@ Dice, IoU, pixel accuracy, and each client draws ``masks.png``). The task (``con
 the protocols only move tensors.
 The server writes ``metrics.jsonl`` and ``summary.json`` to the run's output folder.
 
+That is the standard round (``runtime/rounds.py``: ``standard_round``); a protocol may declare its own
+(``run_round``: FedPC's report → pilot → ``train.payload`` round, Phong's sequential ``train`` messages
+carrying the model) over the same validated, measured, secure messages (``RoundIO``).
+
 A protocol may add optional hooks (``protocols/base.py``): its own local training step, a check
 before round 1 (a privacy budget), per-round client sampling or an early stop, per-round fields
 (ε spent) and extra summary fields. Clients not sampled in a round only receive the aggregate.

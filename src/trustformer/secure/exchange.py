@@ -12,6 +12,11 @@ client id, round and example count left in the clear ``metrics`` record) and the
 codec (``codec.py``). A message the aggregator rejects drops that client for the round, like any
 invalid payload; one a client rejects makes its reply an error, with the same effect.
 
+Protocols that declare their own round (``runtime/rounds.py``) use the same channel: a model a ``train``
+message carries down (Phong) travels sealed as ``model`` (kind ``train.model``), a payload asked for after
+training (FedPC's ``train.payload``, and its retry when a pilot drops out) is sealed like the ``train``
+payload, and FedPC's cost report travels sealed in the ``train`` reply with no arrays.
+
 ``secagg`` (pairwise-masked secure aggregation, ``secagg.py``), in every exchange round:
 ``query.secagg`` *keys* (each client advertises two X25519 keys and the names/shapes of the
 payload it will send) → *shares* (the aggregator broadcasts the keys; each client returns its
