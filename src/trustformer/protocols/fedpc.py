@@ -99,12 +99,13 @@ class FedPC:
     # ------------------------------------------------------------------------------ worker
 
     def client_optimizer(self, task, model: torch.nn.Module, client: int) -> torch.optim.Optimizer:
-        from ..tasks.base import build_optimizer
-
+        """The worker's private optimizer: momentum SGD or Adam (the task section's momentum and weight decay)."""
         hp = private_hyperparameters(self.cfg, client)
-        c = task.task.config
-        return build_optimizer(model, name=hp["optimizer"], lr=hp["lr"], momentum=c.momentum,
-                               weight_decay=c.weight_decay)
+        section = self.cfg.image if self.cfg.task == "image-classification" else self.cfg.segmentation
+        params = [p for p in model.parameters() if p.requires_grad]
+        if hp["optimizer"] == "sgd":
+            return torch.optim.SGD(params, lr=hp["lr"], momentum=section.momentum, weight_decay=section.weight_decay)
+        return torch.optim.Adam(params, lr=hp["lr"], weight_decay=section.weight_decay)
 
     def train_options(self, session: ClientSession) -> dict[str, int]:
         hp = private_hyperparameters(self.cfg, session.client)
