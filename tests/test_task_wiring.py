@@ -59,6 +59,46 @@ def test_translation_numbers_are_unchanged_by_the_task_layer(tmp_path, strategy)
     assert "tokens_per" not in summary["time_s"]  # a rate, not the seconds of a phase
 
 
+# Per-round test losses (seed 0) of the tiny translation runs of the other protocols and secure modes, and
+# the bytes up/down of every (round, client) line where they hold no timing (tee seals the timings), measured
+# before the server's round became protocol-declared (runtime/rounds.py): the same to 1e-6, bytes exactly.
+PINNED_ROUND_LOOP = {
+    'fedavg': ([[5.002726773787929, 5.002726773787929, 5.002726773787929], [4.85628684655343, 4.85628684655343, 4.85628684655343]],
+        [[[134168, 133868], [134168, 133868], [134168, 133868]], [[134168, 133868], [134168, 133868], [134168, 133868]]]),
+    'trustformer': ([[5.036889390769294, 4.989854314396438, 4.986780976871702], [4.894906157239446, 4.840754929192777, 4.841286369867249]],
+        [[[72049, 71690], [72049, 71690], [72049, 71690]], [[72049, 71690], [72049, 71690], [72049, 71690]]]),
+    'dp-fedavg': ([[15.407615641490764, 15.407615641490764, 15.407615641490764], [26.315437417546175, 26.315437417546175, 26.315437417546175]],
+        [[[134215, 133868], [134215, 133868], [134215, 133868]], [[134215, 133868], [134215, 133868], [134215, 133868]]]),
+    'fedavg-topk': ([[5.754560727242744, 5.754560727242744, 5.754560727242744], [5.226211104984333, 5.226211104984333, 5.226211104984333]],
+        [[[25662, 44708], [25662, 44708], [25662, 44708]], [[25662, 58756], [25662, 58756], [25662, 58756]]]),
+    'fedavg/tee': ([[5.002726773787929, 5.002726773787929, 5.002726773787929], [4.85628684655343, 4.85628684655343, 4.85628684655343]],
+        None),
+    'trustformer/tee': ([[5.036889390769294, 4.989854314396438, 4.986780976871702], [4.894906157239446, 4.840754929192777, 4.841286369867249]],
+        None),
+    'fedavg/secagg': ([[5.002726773787929, 5.002726773787929, 5.002726773787929], [4.856287168638687, 4.856287168638687, 4.856287168638687]],
+        [[[253377, 135342], [253377, 135342], [253377, 135342]], [[253377, 135342], [253377, 135342], [253377, 135342]]]),
+    'trustformer/secagg': ([[5.036889390769294, 4.989854314396438, 4.986781298956959], [4.894906157239446, 4.840754929192777, 4.841286047781992]],
+        [[[129080, 73164], [129080, 73164], [129080, 73164]], [[129080, 73164], [129080, 73164], [129080, 73164]]]),
+}
+
+ROUND_LOOP_OPTIONS = {"dp-fedavg": {"privacy.noise_source": "seeded-not-private"}}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED_ROUND_LOOP))
+def test_round_loop_numbers_are_pinned(tmp_path, case):
+    strategy, _, mode = case.partition("/")
+    cfg = tiny(tmp_path, case.replace("/", "-"), **{"federation.strategy": strategy, "secure.mode": mode or "none",
+                                                   **ROUND_LOOP_OPTIONS.get(strategy, {})})
+    run_in_process(cfg)
+    rows = read_rows(cfg)
+    losses, sizes = PINNED_ROUND_LOOP[case]
+    for rnd, expected in enumerate(losses, start=1):
+        got = sorted((r for r in rows if r["round"] == rnd), key=lambda r: r["client"])
+        assert [r["test_loss"] for r in got] == pytest.approx(expected, abs=1e-6), (case, rnd)
+        if sizes is not None:
+            assert [[r["bytes_up"], r["bytes_down"]] for r in got] == sizes[rnd - 1], (case, rnd)
+
+
 # ------------------------------------------------------------------------------------ configuration
 
 

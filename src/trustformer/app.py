@@ -22,6 +22,10 @@ Dice, IoU, pixel accuracy, and each client draws ``masks.png``). The task (``con
 the protocols only move tensors.
 The server writes ``metrics.jsonl`` and ``summary.json`` to the run's output folder.
 
+That is the standard round (``runtime/rounds.py``: ``standard_round``); a protocol may declare its own
+(``run_round``: FedPC's report → pilot → ``train.payload`` round, Phong's sequential ``train`` messages
+carrying the model) over the same validated, measured, secure messages (``RoundIO``).
+
 A protocol may add optional hooks (``protocols/base.py``): its own local training step, a check
 before round 1 (a privacy budget), per-round client sampling or an early stop, per-round fields
 (ε spent) and extra summary fields. Clients not sampled in a round only receive the aggregate.
@@ -53,24 +57,28 @@ from .protocols import ClientSession, FederatedProtocol, get_protocol
 from .protocols.base import trainable_tensors
 from .runtime import diagnostics
 from .runtime.checkpoint import Checkpointer, run_key
+from .runtime.rounds import (EVALUATE, POLL_S, QUERY, SERVER_KEYS, FederationError, ReplyError, RoundIO, Server,
+                             standard_round)
+from .runtime.rounds import client_of as _client_of
+from .runtime.rounds import describe as _describe
+from .runtime.rounds import drop as _drop
+from .runtime.rounds import exchange as _exchange
+from .runtime.rounds import send as _send
+from .runtime.rounds import ttl as _ttl
+from .runtime.rounds import validate_reply
 from .runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 from .secure.exchange import ClientExchange, ServerExchange
 from .tasks.run import FINAL_METRICS, RunTask, load_task
-from .wire import PayloadError, payload_bytes, spec_of, to_array_record
+from .wire import payload_bytes, to_array_record
 from .workload import ALL_SHARDS, derive_seed
 
 log = logging.getLogger(__name__)
 
 CONFIG_KEY = "trustformer-config"  # run_config key holding the resolved RunConfig as JSON
-TRAIN, APPLY, EVALUATE, QUERY = "train", "train.apply", "evaluate", "query"
 SAMPLE_TRANSLATIONS = 3
 
 server_app = ServerApp()
 client_app = ClientApp()
-
-
-class FederationError(RuntimeError):
-    """The federation cannot go on (too few valid clients, nodes missing)."""
 
 
 def config_from_context(context: Context) -> RunConfig:
@@ -124,9 +132,11 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     """The server's round loop (Algorithm 1 of the paper, server side) for any protocol.
 
     Every round starts from the nodes connected now, in client order (a client that restarts
-    rejoins, under a new node id too); each message's replies are awaited at most
-    ``federation.round_timeout_s`` (later ones: dropped from the round); every completed round
-    ends with a checkpoint that ``runtime.resume`` continues from (``runtime/checkpoint.py``).
+    rejoins, under a new node id too); what one round does is the protocol's ``run_round`` hook or
+    the standard round (``runtime/rounds.py``), over the shared validated, measured, secure messages;
+    each message's replies are awaited at most ``federation.round_timeout_s`` (later ones: dropped
+    from the round); every completed round ends with a checkpoint that ``runtime.resume`` continues
+    from (``runtime/checkpoint.py``).
     """
     protocol = get_protocol(cfg)
     fed = cfg.federation
@@ -144,109 +154,31 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
             begin(expected)
         except ValueError as exc:
             raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
-    choose = getattr(protocol, "server_round", None)
-    round_done = getattr(protocol, "server_round_done", None)
-    check_payload = getattr(protocol, "check_payload", None)
-    payload_spec: dict | None = None  # what every client's payload must be, from the configuration (lazily)
+    run_round = getattr(protocol, "run_round", None) or standard_round
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
     log.info(
         "strategy %s · %d client(s) · %d round(s) · output %s%s", protocol.name, len(node_ids), fed.rounds, cfg.out,
         f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "",
     )
-    server_phases = checkpoints.server_phases
     rounds_run = checkpoints.completed
     secure = ServerExchange(cfg, grid, recorder, lambda *args: _send(*args, timeout=timeout),
                             lambda r, n, why: _drop(recorder, r, n, clients, why), clients)
     secure.setup(node_ids, min_valid)  # secure.mode tee: every client attests the aggregator before round 1
-
+    server = Server(cfg=cfg, grid=grid, protocol=protocol, recorder=recorder, secure=secure, clients=clients,
+                    min_valid=min_valid, timeout=timeout, payload_spec=lru_cache(maxsize=1)(
+                        lambda: expected_payload_spec(cfg, protocol)),
+                    initial=lambda: _initial_tensors(cfg.to_json()), server_phases=checkpoints.server_phases)
     for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
         if rnd > checkpoints.completed + 1:  # who is connected now (a restarted client rejoins)
             node_ids = _connected_clients(grid, clients, retired, want=min_valid, need=min_valid, wait_s=wait_s,
                                           timeout=timeout)
-        exchange = protocol.exchanges and rnd % fed.agg_every == 0
-        participants = list(node_ids)
-        needed = min_valid
-        if exchange and choose is not None:
-            chosen = choose(rnd, [clients[n] for n in node_ids])  # sampled by client id: the same in any runtime
-            if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
-                reason = getattr(protocol, "stop_reason", lambda: "stopped by the protocol")()
-                log.warning("stopping before round %d: %s", rnd, reason)
-                recorder.event(event="stopped", round=rnd, reason=reason)
-                break
-            participants = [n for n in node_ids if clients[n] in set(chosen)]
-            needed = min(min_valid, len(participants))
+        io = RoundIO(server, rnd, node_ids, exchange=protocol.exchanges and rnd % fed.agg_every == 0)
+        run_round(io)
+        if io.stopped is not None:
+            break
         rounds_run = rnd
-        round_fields: dict[str, Any] = {}
-        train_cfg = ConfigRecord({"round": rnd, "exchange": exchange})
-        participants = secure.prepare_round(rnd, participants, exchange)  # secagg: keys and shares steps
-        replies = _send(grid, participants, TRAIN, rnd,
-                        lambda n: secure.train_content(n, rnd, exchange, RecordDict({"config": train_cfg})),
-                        timeout=timeout)
-        rows: dict[int, dict[str, Any]] = {}
-        payloads: dict[int, dict[str, torch.Tensor]] = {}
-        for node, (reply, down) in replies.items():
-            row = _reply_row(recorder, rnd, node, reply, down, clients, "train", max_examples=fed.max_examples,
-                             expected=fed.clients)
-            if row is None:
-                continue
-            rows[node] = row
-            if exchange:
-                try:
-                    payload = secure.read_payload(node, rnd, reply, row)
-                    if cfg.secure.mode in ("none", "tee"):  # secagg: the masked vector's length is checked
-                        if payload_spec is None:
-                            payload_spec = expected_payload_spec(cfg, protocol)
-                        _check_spec(payload, payload_spec)
-                    if check_payload is not None:
-                        check_payload(payload)
-                    payloads[node] = payload
-                except FederationError:
-                    raise
-                except Exception as exc:  # anything a client's reply makes us raise drops that client
-                    _drop(recorder, rnd, node, clients, f"invalid payload: {_describe(exc)}")
-                    rows.pop(node)
-        if exchange:
-            rows = {n: rows[n] for n in payloads}
-            _require(len(rows), needed, rnd, "train")
-            if rows:
-                aggregate, phases = _aggregate(secure, protocol, recorder, rnd, payloads, rows, clients, needed)
-                server_phases.update(phases)
-                # with client sampling, every other client (not sampled, or dropped) adopts the aggregate too
-                others = [n for n in node_ids if n not in rows] if choose is not None else []
-                applied = _send(grid, list(rows) + others, APPLY, rnd, secure.apply_content(rnd, aggregate),
-                                timeout=timeout)
-                for node, (reply, down) in applied.items():
-                    apply_row = _reply_row(recorder, rnd, node, reply, down, clients, "apply",
-                                           max_examples=fed.max_examples, expected=fed.clients)
-                    if apply_row is None:
-                        rows.pop(node, None)
-                        continue
-                    if node in rows:
-                        row = rows[node]
-                        row["bytes_up"] += apply_row.pop("bytes_up")
-                        row["bytes_down"] += apply_row.pop("bytes_down")
-                        row.update(apply_row)
-                    else:  # sat this round out (or was dropped): it only adopts the aggregate
-                        row = rows[node] = apply_row
-                    row.update(phases)  # server phases of this round, seen by every client
-                _require(len(rows), needed, rnd, "apply")
-            else:
-                recorder.event(event="no_participants", round=rnd, reason="no client was sampled for this round")
-            if round_done is not None:
-                round_fields = round_done(rnd)
-        else:
-            _require(len(rows), needed, rnd, "train")
-        for node in sorted(rows, key=lambda n: clients[n]):
-            row = rows[node]
-            row["exchanged"] = exchange
-            if exchange and choose is not None:
-                row["sampled"] = node in participants
-            row.update(round_fields)
-            secure.finish_row(rnd, node, row)
-            if protocol.name == "trustformer":
-                row["beta"] = fed.beta
-            recorder.record(row)
+        io.finish()
         recorder.round_done(rnd)
         checkpoints.round_done(rnd, clients)
 
@@ -296,7 +228,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         **_task_summary(cfg, per_client, order),
         data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": model_bytes},
-        server_time_s={k: round(v, 4) for k, v in server_phases.items()},
+        server_time_s={k: round(v, 4) for k, v in checkpoints.server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
         **extra,
     )
@@ -361,96 +293,6 @@ def _under(out: str, path: str) -> str:
         return path
 
 
-def _send(grid: Grid, node_ids, message_type: str, rnd: int, make_content, *,
-          timeout: float | None = None) -> dict[int, tuple[Message | None, int]]:
-    """Send one message per node; return each node's reply (None: none within ``timeout`` seconds)
-    with the bytes sent down to it."""
-    messages, down = [], {}
-    for node in node_ids:
-        content = make_content(node)
-        down[node] = payload_bytes(content)
-        messages.append(Message(content, node, message_type, group_id=str(rnd), ttl=_ttl(timeout)))
-    replies = _exchange(grid, messages, timeout)
-    out = {}
-    for node in node_ids:
-        if node in replies:
-            out[node] = (replies[node], down[node])
-        else:
-            out[node] = (None, down[node])
-    return out
-
-
-class ReplyError(ValueError):
-    """A client's reply is malformed: it is dropped from the round, the run goes on."""
-
-
-# metrics keys the server writes itself: a client's reply may not set them
-SERVER_KEYS = frozenset({"event", "node", "reason", "bytes_up", "bytes_down", "exchanged", "sampled", "epsilon",
-                         "beta"})
-
-
-def _client_of(metrics, node: int, clients: dict[int, int], expected: int) -> int:
-    """The client id a reply names, which must be a valid one and the one this node is known as."""
-    from .workload import ALL_SHARDS
-
-    client = metrics.get("client") if hasattr(metrics, "get") else None
-    if isinstance(client, bool) or not isinstance(client, int):
-        raise ReplyError(f"'client' must be an integer, got {client!r}")
-    if not (0 <= client < expected or client == ALL_SHARDS):
-        raise ReplyError(f"'client' = {client} is not a client of this run")
-    if clients.get(node, client) != client:
-        raise ReplyError(f"node {node} is client {clients[node]} but its reply says client {client}")
-    return client
-
-
-def validate_reply(reply: Message, rnd: int, node: int, clients: dict[int, int], step: str, *, expected: int,
-                   max_examples: int) -> tuple[int, dict[str, float | int]]:
-    """The client id and metrics of a ``train`` or ``train.apply`` reply, or a ReplyError saying what is wrong:
-    a ``metrics`` MetricRecord of scalar numbers, the client this node is, the round of the message, and
-    for ``train`` a ``num_examples`` that is an integer in [1, ``federation.max_examples``]."""
-    if "metrics" not in reply.content:
-        raise ReplyError(f"the reply to {step} has no 'metrics' record")
-    record = reply.content["metrics"]
-    if not isinstance(record, MetricRecord):
-        raise ReplyError(f"the 'metrics' record of the reply to {step} is a {type(record).__name__}, "
-                         "not a MetricRecord")
-    metrics = dict(record)
-    client = _client_of(metrics, node, clients, expected)
-    for key, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ReplyError(f"metric {key!r} must be a number, got {type(value).__name__}")
-        if key in SERVER_KEYS:
-            raise ReplyError(f"metric {key!r} is the server's to write")
-    if metrics.get("round") != rnd:
-        raise ReplyError(f"the reply is for round {metrics.get('round')!r}, not round {rnd} (replayed or stale)")
-    if step == "train":
-        n = metrics.get("num_examples")
-        if not isinstance(n, int) or not 1 <= n <= max_examples:
-            raise ReplyError(f"num_examples = {n!r} must be an integer in [1, {max_examples}] "
-                             "(federation.max_examples)")
-    return client, metrics
-
-
-def _reply_row(recorder, rnd, node, reply, down, clients, step, *, max_examples: int,
-               expected: int) -> dict[str, Any] | None:
-    if reply is None:
-        _drop(recorder, rnd, node, clients, f"no reply to {step}")
-        return None
-    if reply.has_error():
-        _drop(recorder, rnd, node, clients, f"{step} failed: {reply.error.reason}")
-        return None
-    try:
-        client, metrics = validate_reply(reply, rnd, node, clients, step, expected=expected,
-                                         max_examples=max_examples)
-    except ReplyError as exc:
-        _drop(recorder, rnd, node, clients, f"invalid reply to {step}: {exc}")
-        return None
-    clients[node] = client
-    row: dict[str, Any] = dict(metrics)
-    row.update(round=rnd, client=client, bytes_down=down, bytes_up=payload_bytes(reply.content))
-    return row
-
-
 def _final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int,
                    task: str = "translation") -> tuple[int, dict[str, Any]]:
     """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if
@@ -484,97 +326,6 @@ def expected_payload_spec(cfg: RunConfig, protocol: FederatedProtocol | None = N
     (the identical initial model gives the shapes): never from what the clients send."""
     protocol = protocol if protocol is not None else get_protocol(cfg)
     return protocol.expected_payload(_initial_tensors(cfg.to_json()))
-
-
-def _check_spec(payload: dict[str, torch.Tensor], expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
-    got = spec_of(payload)
-    if got != expected:
-        missing = sorted(set(expected) - set(got))[:3]
-        extra = sorted(set(got) - set(expected))[:3]
-        wrong = [f"{n} {got[n][0]} {got[n][1]} (expected {expected[n][0]} {expected[n][1]})"
-                 for n in sorted(set(got) & set(expected)) if got[n] != expected[n]][:3]
-        raise PayloadError("payload names/shapes/dtypes differ from those the configuration gives: "
-                           + "; ".join(x for x in (f"missing {missing}" if missing else "",
-                                                   f"unexpected {extra}" if extra else "",
-                                                   f"wrong {wrong}" if wrong else "") if x))
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return text if isinstance(exc, (PayloadError, ReplyError)) else f"{type(exc).__name__}: {text}"
-
-
-def _aggregate(secure, protocol, recorder, rnd, payloads, rows, clients, needed):
-    """The round's aggregate. When the aggregation raises, each contribution is aggregated on its own
-    to find the ones that make it fail: those clients are dropped (a ``dropped`` event each) and the
-    others aggregated, while ``federation.min_clients`` allows."""
-    try:
-        return secure.aggregate(protocol, rnd, payloads, rows)
-    except FederationError:
-        raise
-    except Exception as exc:
-        first = exc
-    culprits = {}
-    for node in list(payloads):
-        try:
-            secure.aggregate(protocol, rnd, {node: payloads[node]}, {node: rows[node]})
-        except FederationError:
-            raise
-        except Exception as exc:  # this client's contribution alone makes the aggregation fail
-            culprits[node] = exc
-    if not culprits:
-        raise FederationError(f"round {rnd}: the aggregation failed with every client's contribution valid on its "
-                              f"own: {_describe(first)}") from first
-    for node, exc in culprits.items():
-        _drop(recorder, rnd, node, clients, f"aggregation failed on its contribution: {_describe(exc)}")
-        payloads.pop(node)
-        rows.pop(node)
-    _require(len(rows), needed, rnd, "aggregate")
-    return secure.aggregate(protocol, rnd, payloads, rows)
-
-
-def _drop(recorder: RunRecorder, rnd: int, node: int, clients: dict[int, int], reason: str) -> None:
-    who = clients.get(node, f"node {node}")
-    log.warning("round %d: client %s dropped from the round: %s", rnd, who, reason)
-    recorder.event(event="dropped", round=rnd, client=clients.get(node), node=node, reason=reason)
-
-
-def _require(valid: int, needed: int, rnd: int, step: str) -> None:
-    if valid < needed:
-        raise FederationError(
-            f"round {rnd} ({step}): only {valid} client(s) replied with a valid message, "
-            f"{needed} required (federation.min_clients); see the dropped events in metrics.jsonl"
-        )
-
-
-POLL_S = 0.5  # seconds between two pulls of the replies still awaited
-TTL_MARGIN_S = 10.0  # a message outlives the wait for its reply by this much (the SuperLink then drops it)
-
-
-def _ttl(timeout: float | None) -> float | None:
-    """Message lifetime for a wait of ``timeout`` seconds (None: Flower's default)."""
-    return None if timeout is None else timeout + TTL_MARGIN_S
-
-
-def _exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict[int, Message]:
-    """Push the messages, then pull their replies until all came or ``timeout`` seconds passed."""
-    if not messages:
-        return {}
-    ids = list(grid.push_messages(messages))
-    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
-    pending = set(node_of)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: dict[int, Message] = {}
-    while pending:
-        for reply in grid.pull_messages(list(pending)):
-            mid = reply.metadata.reply_to_message_id
-            if mid in pending:
-                pending.discard(mid)
-                replies[node_of[mid]] = reply
-        if not pending or (deadline is not None and time.monotonic() >= deadline):
-            break
-        time.sleep(POLL_S)
-    return replies
 
 
 def _identify(grid: Grid, nodes: list[int], clients: dict[int, int], retired: set[int],
@@ -760,7 +511,8 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = env.task.new_optimizer(model)
+        make = getattr(env.protocol, "client_optimizer", None)  # optional: e.g. FedPC's private choice
+        optimizer = make(env.task, model, env.client) if make is not None else env.task.new_optimizer(model)
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -801,27 +553,68 @@ def client_train(msg: Message, context: Context) -> Message:
     session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
                                **env.timings(msg)}
-    make_step = getattr(env.protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
+    protocol = env.protocol  # optional hooks: see protocols/base.py
+    incoming = secure.read_model(msg, rnd, protocol.payload_spec(session), metrics)  # Phong: the model to train on
+    if incoming is not None:
+        metrics.update(protocol.client_apply(session, incoming))
+    make_step = getattr(protocol, "local_step", None)  # optional: e.g. SAM, a regularised loss
+    options = getattr(protocol, "train_options", lambda _s: {})(session)
     metrics.update(env.task.train_local(session.model, optimizer, env.shard,
                                         seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
-                                        step=make_step(session) if make_step is not None else None))
+                                        step=make_step(session) if make_step is not None else None, **options))
+    trained = getattr(protocol, "client_trained", None)
+    if trained is not None:
+        trained(session, metrics)
     content = RecordDict()
-    if exchange:
-        if env.diagnostics:
-            diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
-                                           session.num_examples)
+    if exchange and env.diagnostics:
+        diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
+                                       session.num_examples)
+    if exchange and getattr(protocol, "payload_on_request", False):  # FedPC: only the report now
+        if env.cfg.secure.mode != "none":  # tee: the report travels sealed (no payload arrays)
+            secure.put_payload(content, msg, rnd, {}, session.num_examples, metrics)
+    elif exchange:
         payload, phases = env.protocol.client_payload(session)
         payload = {name: tensor.cpu() for name, tensor in payload.items()}  # the wire is CPU memory
         metrics.update(phases)
+        if getattr(protocol, "evaluates_after_train", False):
+            _evaluate_into(env, session, metrics)
         secure.put_payload(content, msg, rnd, payload, session.num_examples, metrics)
     else:
         _evaluate_into(env, session, metrics)
     save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
     rate, unit = ((metrics["tokens_per_s"], "tok/s") if "tokens_per_s" in metrics
                   else (metrics.get("examples_per_s", 0.0), "examples/s"))
-    log.info("client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f", env.client, rnd,
-             metrics["steps"], metrics["train_s"], rate, unit, metrics["train_loss"])
+    if "steps" in metrics:  # (FedPC: private, removed by client_trained)
+        log.info("client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f", env.client, rnd,
+                 metrics["steps"], metrics["train_s"], rate, unit, metrics["train_loss"])
+    else:
+        log.info("client %s · round %d · trained in %.1f s · train loss %.3f", env.client, rnd, metrics["train_s"],
+                 metrics["train_loss"])
     content["metrics"] = MetricRecord(secure.clear_metrics(metrics))  # tee: the rest travels sealed
+    return Message(content, reply_to=msg)
+
+
+@client_app.train("payload")
+def client_train_payload(msg: Message, context: Context) -> Message:
+    """The payload the server asks for after this round's training (``session.request``: FedPC's pilot
+    model or ternary vector)."""
+    env = client_env(context)
+    config = msg.content["config"]
+    rnd = int(config["round"])
+    secure = ClientExchange(env, context)
+    secure.require_session()
+    session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
+    session.request = {k: v for k, v in dict(config).items() if k != "round"}
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
+                               **env.timings(msg)}
+    payload, phases = env.protocol.client_payload(session)
+    metrics.update(phases)
+    content = RecordDict()
+    kind = "train.payload.retry" if session.request.get("retry") else "train.payload"
+    secure.put_payload(content, msg, rnd, {n: t.cpu() for n, t in payload.items()}, session.num_examples, metrics,
+                       kind=kind)
+    save_session(env, session, optimizer, TRAINED)
+    content["metrics"] = MetricRecord(secure.clear_metrics(metrics))
     return Message(content, reply_to=msg)
 
 
@@ -917,4 +710,5 @@ def write_translations(path: Path, triples: list[tuple[str, str, str]]) -> Path:
     return path
 
 
-__all__ = ["server_app", "client_app", "run_federation", "FederationError", "CONFIG_KEY"]
+__all__ = ["server_app", "client_app", "run_federation", "FederationError", "CONFIG_KEY", "ReplyError", "SERVER_KEYS",
+           "validate_reply"]

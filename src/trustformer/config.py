@@ -36,7 +36,7 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "fedavg-topk", "dp-fedavg", "dp-fedsam",
-              "dp-blur-lus")
+              "dp-blur-lus", "fedpc", "phong")
 DP_STRATEGIES = ("dp-fedavg", "dp-fedsam", "dp-blur-lus")
 
 
@@ -208,6 +208,10 @@ class FederationConfig:
                 raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, but "
                                   f"round {fault.round} exchanges none (federation.strategy = {self.strategy!r}, "
                                   f"federation.agg_every = {self.agg_every})")
+            if fault.kind in PAYLOAD_FAULTS and fault.message != PAYLOAD_MESSAGE.get(self.strategy, "train"):
+                raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, which "
+                                  f"federation.strategy = {self.strategy!r} sends in its reply to "
+                                  f"{PAYLOAD_MESSAGE.get(self.strategy, 'train')} (name it: message=…)")
             if fault.kind == "stall" and not self.round_timeout_s > 0:
                 raise ConfigError(f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
                                   "server stops waiting: set federation.round_timeout_s > 0")
@@ -235,27 +239,37 @@ FAULT_KINDS = {
     "stall": "the client answers only after the server stopped waiting (federation.round_timeout_s)",
 }
 PAYLOAD_FAULTS = ("nan", "wrong_shape")
+PAYLOAD_MESSAGE = {"fedpc": "train.payload"}  # where a protocol's payload travels, when not in the train reply
+
+
+FAULT_MESSAGES = ("train", "train.payload", "train.apply")  # the message whose reply a fault hits (default train)
 
 
 @dataclass(frozen=True)
 class Fault:
-    """One injected fault: client ``client``'s reply to the ``train`` message of round ``round``."""
+    """One injected fault: client ``client``'s reply to the ``message`` message (``train`` unless the entry
+    says ``message=train.payload`` or ``train.apply``) of round ``round``."""
 
     client: int
     round: int
     kind: str
     text: str = ""
+    message: str = "train"
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("client", "round", "kind") or key.strip() in fields_:
-                raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND")
+            if not sep or key.strip() not in ("client", "round", "kind", "message") or key.strip() in fields_:
+                raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M]")
             fields_[key.strip()] = value.strip()
-        if set(fields_) != {"client", "round", "kind"}:
-            raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND")
+        if set(fields_) - {"message"} != {"client", "round", "kind"}:
+            raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M]")
+        message = fields_.get("message", "train")
+        if message not in FAULT_MESSAGES:
+            raise ConfigError(f"federation.faults: {text!r}: message {message!r} is not one of: "
+                              f"{', '.join(FAULT_MESSAGES)}")
         if fields_["kind"] not in FAULT_KINDS:
             raise ConfigError(f"federation.faults: {text!r}: kind {fields_['kind']!r} is not one of: "
                               f"{', '.join(FAULT_KINDS)}")
@@ -265,7 +279,7 @@ class Fault:
             raise ConfigError(f"federation.faults: {text!r}: client and round must be integers") from None
         if client < 0 or rnd < 1:
             raise ConfigError(f"federation.faults: {text!r}: client must be >= 0 and round >= 1")
-        return cls(client=client, round=rnd, kind=fields_["kind"], text=str(text))
+        return cls(client=client, round=rnd, kind=fields_["kind"], text=str(text), message=message)
 
 
 @dataclass(frozen=True)
@@ -424,8 +438,53 @@ class SegmentationConfig:
         self.task_config()
 
 
+@dataclass(frozen=True)
+class FedPCConfig:
+    """FedPC (protocols/fedpc.py): the master's settings, and the choices each worker draws its private
+    hyper-parameters from (seeded per worker, never sent). An empty choice list means the paper's (batch
+    sizes: 128/64/32 for image classification, 16/8/4 for segmentation) or the task's own (learning rate,
+    optimizer: the task section's ``lr`` and ``optimizer``)."""
+
+    sign: str = "paper"  # Eq. 3 as printed ("paper": Q* − Σ…) | "flipped" (Q* + Σ…)
+    master_lr: float = 0.01  # α_0 of Eq. 3 at t = 1
+    beta: float = 0.2  # β_k of Eq. 5 and 3, which the master sets (the same for every worker)
+    batch_sizes: tuple[int, ...] = ()  # () = the paper's choices for the task
+    lrs: tuple[float, ...] = ()  # () = the task's learning rate (the paper: 0.01 for all, decayed by steps)
+    local_epochs: tuple[int, ...] = (1,)
+    optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
+
+    def validate(self) -> None:
+        _choice("fedpc.sign", self.sign, ("paper", "flipped"))
+        _at_least("fedpc.master_lr", self.master_lr, 0.0)
+        _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
+        for name, values, low in (("fedpc.batch_sizes", self.batch_sizes, 1), ("fedpc.local_epochs", self.local_epochs, 1)):
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+                raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
+        if not self.local_epochs:
+            raise ConfigError("fedpc.local_epochs must name at least one choice")
+        if any(not v > 0 for v in self.lrs):
+            raise ConfigError(f"fedpc.lrs = {list(self.lrs)!r} must be learning rates > 0")
+        for value in self.optimizers:
+            _choice("fedpc.optimizers", value, ("sgd", "adam"))
+
+
+@dataclass(frozen=True)
+class PhongConfig:
+    """Phong & Phuong (2019) sequential weight transmission (protocols/phong.py)."""
+
+    order: str = "fixed"  # the order the model visits the workers each epoch: fixed (client order) | shuffled
+
+    def validate(self) -> None:
+        _choice("phong.order", self.order, ("fixed", "shuffled"))
+
+
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
 SECAGG_STRATEGIES = ("fedavg", "trustformer")  # aggregates that are a (weighted) mean of the payloads
+NOT_A_SUM = {  # why secure aggregation cannot carry these protocols
+    "fedpc": "secure aggregation reveals only the sum of the payloads, and FedPC's master needs the pilot "
+             "worker's own model (Eq. 3), which is not a sum",
+    "phong": "the model visits one worker at a time; there is no sum of payloads to aggregate",
+}
 
 
 @dataclass(frozen=True)
@@ -456,6 +515,9 @@ class SecureConfig:
         """Secure aggregation needs a mean-of-payloads protocol, two clients and a threshold they can meet."""
         if self.mode not in ("secagg", "tee+secagg"):
             return
+        if fed.strategy in NOT_A_SUM:
+            raise ConfigError(f"secure.mode = {self.mode!r} cannot carry federation.strategy = {fed.strategy!r}: "
+                              f"{NOT_A_SUM[fed.strategy]}; use secure.mode = 'tee' (sealed payloads, attested master)")
         if fed.strategy not in SECAGG_STRATEGIES:
             raise ConfigError(f"secure.mode = {self.mode!r} does not support federation.strategy = {fed.strategy!r}: "
                               f"secure aggregation needs an aggregate that is a mean of the payloads "
@@ -482,6 +544,8 @@ class RunConfig:
     secure: SecureConfig = field(default_factory=SecureConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
+    fedpc: FedPCConfig = field(default_factory=FedPCConfig)
+    phong: PhongConfig = field(default_factory=PhongConfig)
 
     def validate(self) -> "RunConfig":
         _choice("preset", self.preset, tuple(PRESETS))
@@ -494,8 +558,15 @@ class RunConfig:
             self.image.validate()
         elif self.task == "segmentation":
             self.segmentation.validate()
-        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy):
+        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy,
+                        self.fedpc, self.phong):
             section.validate()
+        if self.federation.strategy in ("fedpc", "phong") and self.federation.agg_every != 1:
+            raise ConfigError(f"federation.agg_every = {self.federation.agg_every} does not apply to "
+                              f"federation.strategy = {self.federation.strategy!r}, which exchanges every epoch: set 1")
+        if self.federation.strategy == "fedpc" and self.task == "translation":
+            raise ConfigError("federation.strategy = 'fedpc' needs an image task (task = 'image-classification' or "
+                              "'segmentation'): its workers' private hyper-parameters are FedPC's image-model choices")
         self.secure.validate()
         self.secure.check_federation(self.federation)
         return self

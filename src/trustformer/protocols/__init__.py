@@ -57,6 +57,14 @@ def make_protocol(cfg: RunConfig) -> FederatedProtocol:
         from .dp_blur_lus import DPBlurLus
 
         return DPBlurLus(cfg)
+    if name == "fedpc":
+        from .fedpc import FedPC
+
+        return FedPC(cfg)
+    if name == "phong":
+        from .phong import Phong
+
+        return Phong(cfg)
     raise ValueError(f"unknown strategy {name!r}")
 
 

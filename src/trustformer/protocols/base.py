@@ -33,6 +33,8 @@ class ClientSession:
     diagnostics: bool = False  # simulation only: a protocol may report extra (non-private) measurements
     # the label smoothing of the task's loss, for a protocol's own local step (None: train.label_smoothing)
     label_smoothing: float | None = None
+    # train.payload (protocols that ask for payloads after training, e.g. FedPC): what the server asked for
+    request: dict = field(default_factory=dict)
 
     @property
     def smoothing(self) -> float:
@@ -72,6 +74,19 @@ class FederatedProtocol(Protocol):
 #
 #   local_step(session) -> LocalStep | None
 #       the step of local training (default: Adam on the batch loss), e.g. SAM or a regularised loss.
+#   client_optimizer(task, model, client) -> torch.optim.Optimizer
+#       the client's optimizer instead of the task's (e.g. FedPC's private hyper-parameters).
+#   train_options(session) -> dict
+#       keyword arguments of the task's ``train_local`` (``epochs``, ``batch_size``; image tasks).
+#   client_trained(session, metrics) -> None
+#       after local training: keep what the protocol needs in ``session.protocol_state`` and remove from
+#       ``metrics`` what must not leave the client (e.g. FedPC's learning rate and step counts).
+#   payload_on_request: bool (attribute)
+#       the ``train`` reply carries no payload, only the report (``train_loss``, ``num_examples``); the
+#       server then asks for payloads with ``train.payload`` (``session.request`` holds what it asked for).
+#   evaluates_after_train: bool (attribute)
+#       the ``train`` reply of an exchange round carries a test evaluation (e.g. Phong's sequential round).
+#   A ``train`` message may carry a model (Phong): the client adopts it with ``client_apply`` first.
 #
 # Server side (the protocol object lives for the whole run):
 #
@@ -87,6 +102,10 @@ class FederatedProtocol(Protocol):
 #       after every exchange round: fields added to every client's line of that round.
 #   server_summary() -> dict
 #       extra top-level fields of summary.json (e.g. ``privacy``).
+#   run_round(io: runtime.rounds.RoundIO) -> None
+#       the whole server side of one round, as messages over the shared helper (FedPC's report → choose
+#       → request round, Phong's sequential round); without it the standard round runs (train, aggregate,
+#       apply). The helper applies the secure exchange, validation, measurements and drops.
 #   server_state() -> dict  /  load_server_state(dict) -> None
 #       the server-side state a resumed run needs (JSON values; e.g. the privacy accountant), saved
 #       in the round checkpoint after every round and loaded, after server_begin, on resume.

@@ -7,7 +7,7 @@ bytes counted are real. Clients run one after another; an exception in a client 
 reply, as it would in a deployment.
 
 ``federation.faults`` (simulation only) are applied here, at the message boundary, to a client's
-reply to the ``train`` message of a round, so the server's real validation and drop path handles
+reply to the ``train`` message of a round (or the ``train.payload`` / ``train.apply`` message the entry names), so the server's real validation and drop path handles
 them: ``nan`` and ``wrong_shape`` corrupt the payload (a sealed or masked record loses its last
 byte), ``empty_reply`` sends no content, ``malformed_reply`` replaces the metrics record by one of
 strings, ``huge_num_examples`` claims 10^15 examples, ``replay`` sends the client's reply to its
@@ -118,14 +118,15 @@ class InProcessGrid(Grid):
     # -- fault injection (federation.faults)
 
     def _fault_for(self, node: int, message: Message) -> Fault | None:
-        if not self._faults or message.metadata.message_type != "train":
+        if not self._faults:
             return None
         client = int(self._contexts[node].node_config.get("partition-id", -1))
         try:
             rnd = int(message.metadata.group_id)
         except ValueError:
             return None
-        return self._faults.get((client, rnd))
+        fault = self._faults.get((client, rnd))
+        return fault if fault is not None and fault.message == message.metadata.message_type else None
 
     def _remember(self, node: int, message_type: str, reply: Message) -> None:
         content = _wire_copy(reply).content

@@ -12,6 +12,11 @@ client id, round and example count left in the clear ``metrics`` record) and the
 codec (``codec.py``). A message the aggregator rejects drops that client for the round, like any
 invalid payload; one a client rejects makes its reply an error, with the same effect.
 
+Protocols that declare their own round (``runtime/rounds.py``) use the same channel: a model a ``train``
+message carries down (Phong) travels sealed as ``model`` (kind ``train.model``), a payload asked for after
+training (FedPC's ``train.payload``, and its retry when a pilot drops out) is sealed like the ``train``
+payload, and FedPC's cost report travels sealed in the ``train`` reply with no arrays.
+
 ``secagg`` (pairwise-masked secure aggregation, ``secagg.py``), in every exchange round:
 ``query.secagg`` *keys* (each client advertises two X25519 keys and the names/shapes of the
 payload it will send) → *shares* (the aggregator broadcasts the keys; each client returns its
@@ -73,6 +78,7 @@ log = logging.getLogger(__name__)
 ATTEST, SECAGG = "query.attest", "query.secagg"
 SEALED_METRICS = "metrics.json"  # tee: the train reply's metrics (JSON, uint8) inside the sealed record
 CLEAR_METRICS = ("client", "round", "num_examples")  # what a sealed train reply still says in clear
+MODEL, MODEL_KIND = "model", "train.model"  # a model a train message carries down, and what it is sealed as
 SECURE = "secure"  # message content key of a secure record: {"data": codec bytes} or {"sealed": sealed bytes}
 # The client's own trust anchors live in its node config (set by the client: `trustformer deploy client
 # --trusted-key/--expected-measurement`, or the in-process runtime), never in the run config the server submits.
@@ -482,8 +488,10 @@ class ServerExchange:
             content[SECURE] = record
         return content
 
-    def read_payload(self, node: int, rnd: int, reply: Message, row: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A client's ``train`` payload: plain, opened (tee), or its masked vector (secagg)."""
+    def read_payload(self, node: int, rnd: int, reply: Message, row: dict[str, Any], kind: str = "train"
+                     ) -> dict[str, torch.Tensor]:
+        """A client's payload in its reply to ``kind`` (``train``, or ``train.payload`` when the server asks for
+        it after training): plain, opened (tee), or its masked vector (secagg)."""
         if self.mode == "none":
             return from_array_record(reply.content["payload"], what="payload")
         if self.tee and (node not in self.attested or self.node_client.get(node) != row["client"]):
@@ -494,7 +502,7 @@ class ServerExchange:
             raise codec.CodecError("masked payload outside a secure-aggregation round")
         client = row["client"]
         expected = {"masked": ((self._round.server.length,), "uint64")} if self.secagg else None
-        arrays = _unpack(reply.content, self._open_from(node, rnd, "train", {"num_examples": int(row["num_examples"])}),
+        arrays = _unpack(reply.content, self._open_from(node, rnd, kind, {"num_examples": int(row["num_examples"])}),
                          None if self.tee else expected, f"payload of client {client}")
         if self.tee:
             if SEALED_METRICS not in arrays:
@@ -586,6 +594,17 @@ class ServerExchange:
             offset += size
         self.server_round_s[rnd] += time.perf_counter() - started
         return aggregate, {"secagg_server_s": self.server_round_s[rnd]}
+
+    def put_model(self, content: RecordDict, node: int, rnd: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A model the ``train`` message carries down (Phong's sequential round): plain as ``model``, or sealed
+        for the node's client (tee) as ``model`` = ``{"sealed": bytes}``."""
+        if not self.tee:
+            content[MODEL] = to_array_record(dict(tensors))
+            return
+        record = ConfigRecord({"sealed": self._seal_for(node, rnd, MODEL_KIND)(codec.encode(dict(tensors)))})
+        plain = self._plain_bytes_of(spec_of(dict(tensors)), MODEL)
+        self._extra(rnd, node)["payload_overhead_bytes"] += payload_bytes(RecordDict({MODEL: record})) - plain
+        content[MODEL] = record
 
     def apply_content(self, rnd: int, aggregate: dict[str, torch.Tensor]) -> Callable[[int], RecordDict]:
         """The ``train.apply`` message per node: the plain aggregate, or sealed for each client (tee)."""
@@ -895,8 +914,9 @@ class ClientExchange:
     # -- train / train.apply
 
     def put_payload(self, content: RecordDict, msg: Message, rnd: int, payload: Mapping[str, torch.Tensor],
-                    num_examples: int, metrics: dict[str, Any]) -> None:
-        """Put the ``train`` payload into the reply: plain, sealed (tee), and/or masked (secagg)."""
+                    num_examples: int, metrics: dict[str, Any], kind: str = "train") -> None:
+        """Put the payload into the reply to ``kind`` (``train`` or ``train.payload``): plain, sealed (tee),
+        and/or masked (secagg, ``train`` only)."""
         if self.mode == "none":
             content["payload"] = to_array_record(payload)
             return
@@ -929,13 +949,29 @@ class ClientExchange:
             sealed = {k: v for k, v in metrics.items() if k not in CLEAR_METRICS}
             arrays = {**arrays, SEALED_METRICS: _bytes_array(json.dumps(sealed, sort_keys=True).encode())}
             self._sealed_keys = set(sealed)
-        record = _pack(arrays, self._seal(rnd, "train", metrics, "secure_train_seal_s",
+        record = _pack(arrays, self._seal(rnd, kind, metrics, "secure_train_seal_s",
                                           bound={"num_examples": int(num_examples)}))
         content[SECURE] = record
 
     def clear_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """The metrics a reply carries in clear: with tee, those sealed into the payload record are left out."""
         return {k: v for k, v in metrics.items() if k not in self._sealed_keys}
+
+    def read_model(self, msg: Message, rnd: int, expected: TensorSpec | None, metrics: dict[str, Any]
+                   ) -> dict[str, torch.Tensor] | None:
+        """The model a ``train`` message carries down (opened first with tee), checked against ``expected``;
+        None when it carries none."""
+        if MODEL not in msg.content:
+            return None
+        if not self.tee:
+            return from_array_record(msg.content[MODEL], expected, what="model from the server")
+        self.require_session()
+        record = msg.content[MODEL]
+        if not isinstance(record, ConfigRecord) or set(record) != {"sealed"} or not isinstance(record["sealed"], bytes):
+            raise codec.CodecError("model from the server: the record must hold exactly 'sealed' bytes")
+        data = self._open(rnd, MODEL_KIND, metrics, "secure_train_open_s")(record["sealed"])
+        arrays = codec.decode_arrays(data, expected, what="model from the server")
+        return {name: torch.from_numpy(a) for name, a in arrays.items()}
 
     def read_aggregate(self, msg: Message, rnd: int, expected: TensorSpec, metrics: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The aggregate from ``train.apply``, checked against what this client sent (opened first with tee)."""

@@ -42,7 +42,12 @@ HEADER = struct.Struct(">4sQ")  # magic, counter
 TAG_BYTES = 16
 KEY_BYTES = 32
 DIRECTIONS = ("up", "down")
-STEPS = {"secagg.keys": 1, "secagg.shares": 2, "train": 3, "secagg.unmask": 4, "train.apply": 5}
+# the schedule slot of each sealed message in a round (counters rise within a direction). "train.model" (a model
+# the train message carries down: Phong) shares slot 3 with the train message's secure-aggregation shares, which
+# never travel with it (secure aggregation refuses Phong); "train.payload" (and its retry: FedPC asking the next
+# best worker for its model) follow the train reply upwards.
+STEPS = {"secagg.keys": 1, "secagg.shares": 2, "train": 3, "train.model": 3, "secagg.unmask": 4, "train.apply": 5,
+         "train.payload": 6, "train.payload.retry": 7}
 SLOTS_PER_ROUND = 8
 REASONS = ("malformed", "truncated", "replay", "out-of-order", "authentication", "nonce-reuse", "no-session")
 REJECTED_TAG = "sealed message rejected"

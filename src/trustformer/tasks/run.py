@@ -158,9 +158,12 @@ class ImageRunTask:
         return float(self.task.config.label_smoothing)
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None) -> dict[str, float]:
-        return self.task.train_local(model, optimizer, shard, seed=seed, epochs=self.cfg.train.local_epochs,
-                                     step=step)
+                    step: LocalStep | None = None, epochs: int | None = None,
+                    batch_size: int | None = None) -> dict[str, float]:
+        """``epochs`` (default ``train.local_epochs``) passes with batches of ``batch_size`` (default: the task
+        section's); a protocol's ``train_options`` may set both (FedPC's private choices)."""
+        return self.task.train_local(model, optimizer, shard, seed=seed,
+                                     epochs=epochs or self.cfg.train.local_epochs, batch_size=batch_size, step=step)
 
     # evaluation
     def test_loss(self, model: torch.nn.Module) -> float:

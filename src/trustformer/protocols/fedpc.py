@@ -1,0 +1,281 @@
+"""FedPC (Tran et al.; seed paper 001, Section 3): a master holding the global model P^t, N workers with
+private hyper-parameters, a goodness-chosen pilot and ternary vectors packed four per byte.
+
+One epoch t (the round; Algorithm 1 on the master, Algorithm 2 on the workers), as messages of the
+shared round helper (``runtime/rounds.py``):
+
+1. ``train``: every worker trains from P^{t−1} (held since the last ``train.apply``; t = 1: the identical
+   initial model P^0) with its private hyper-parameters and reports only its cost C_k^t (its mean training
+   loss over the epoch) and its dataset size S_k.
+2. The master scores goodness (Eq. 1): G_k = S_k / C_k^t at t = 1, S_k·(C_k^{t−1} − C_k^t) after, and
+   picks the pilot k* = argmax G_k (a worker without a cost of the previous epoch ranks last).
+3. ``train.payload``: the pilot sends its model Q_{k*}^t; every other worker its ternary vector T_k^t
+   (Eq. 4 at t = 1: sign(Q − P^0) beyond α_k, the worker's current learning rate; Eq. 5 after: from the
+   last two global models and β_k, which the master sends), packed 2 bits per value (``core/ternary.py``).
+4. The master updates (Eq. 3, p_k = S_k / S over the workers that reported this epoch):
+   t = 1: P^t = Q* − α_0 Σ_{k≠k*} p_k T_k;  t > 1: P^t = Q* − Σ_{k≠k*} p_k β_k T_k (P^{t−1} − P^{t−2}).
+   ``fedpc.sign = "flipped"`` adds the sums instead (the paper's sign pushes a parameter that "keeps
+   moving in the same direction", T = +1, back against its last change; both are measured, README).
+5. ``train.apply``: every worker of the epoch receives P^t (the download Eq. 8 counts) and evaluates.
+
+Communication per epoch: V·N down (P^t to every worker), V up from the pilot, V/16 from each other worker
+(float32 models), plus the small cost records and requests: Eq. 8, D = V(N+1) + V(N−1)/16.
+
+Dropouts: a worker missing at step 1 takes no part in the epoch (it still receives P^t). A worker that
+reported but does not answer step 3 is dropped from the epoch: a missing ternary vector counts as zeros
+(its S_k stays in S); a missing pilot makes the master ask the next best worker that replied for its model
+instead (its ternary vector is discarded; events ``pilot_replaced``); when no worker can send one, the
+master keeps P^{t−1} (event ``no_pilot``).
+
+Private hyper-parameters (``fedpc.*`` choices, drawn with the worker's own seed, never sent): learning
+rate, batch size, local epochs and optimizer; the learning rate decays with the worker's training steps
+(the task's ``lr_decay``). The worker's train reply drops ``lr``, ``steps``, ``examples`` and the rates that
+reveal its batch size. Secure aggregation cannot carry FedPC (the pilot's model is not a sum);
+``secure.mode = "tee"`` seals every message and runs Eq. 3 in the (emulated) enclave.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..core import ternary
+from ..core.dp import flatten, unflatten
+from ..wire import PayloadError, TensorSpec, spec_of
+from ..workload import derive_seed
+from .base import ClientSession, Tensors, assign_tensors, held_global, trainable_tensors
+
+log = logging.getLogger(__name__)
+
+GLOBAL, PREVIOUS = "global/", "previous/"  # worker state: P^{t-1} and P^{t-2}
+LR = "fedpc/lr"  # worker state: its learning rate after its last training (α_k of Eq. 4)
+TERNARY = "ternary"  # the payload name of a packed ternary vector
+PAPER_BATCH_SIZES = {"image-classification": (128, 64, 32), "segmentation": (16, 8, 4)}  # Section 5.1
+PRIVATE_METRICS = ("lr", "steps", "examples", "examples_per_s", "tokens_per_s")  # what would reveal them
+STATE_FILE = "fedpc-server.pt"  # the master's global models, beside checkpoint.json (runtime.checkpoint)
+
+
+def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
+    """Worker ``client``'s private choices, from the ``fedpc`` choice lists (empty: the paper's batch sizes,
+    the task's learning rate and optimizer), drawn with the worker's own seed."""
+    task = cfg.image if cfg.task == "image-classification" else cfg.segmentation
+    p = cfg.fedpc
+    rng = random.Random(derive_seed(cfg.seed, "fedpc-private", client))
+    return {
+        "lr": rng.choice(p.lrs or (task.lr,)),
+        "batch_size": rng.choice(p.batch_sizes or PAPER_BATCH_SIZES[cfg.task]),
+        "local_epochs": rng.choice(p.local_epochs),
+        "optimizer": rng.choice(p.optimizers or (task.optimizer,)),
+    }
+
+
+class FedPC:
+    name = "fedpc"
+    exchanges = True
+    payload_on_request = True  # train reports the cost only; payloads come with train.payload
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.p = cfg.fedpc
+        self.sign = 1.0 if self.p.sign == "paper" else -1.0
+        # master
+        self.dim = 0  # M: the model's parameter count
+        self.model_spec: TensorSpec = {}
+        self.epoch = 0  # FedPC updates done (t − 1 during epoch t)
+        self.last: Tensors | None = None  # P^{t-1}
+        self.before: Tensors | None = None  # P^{t-2}
+        self.costs: dict[int, float] = {}  # client -> C_k of its last reported epoch
+        self.pilots: list[int | None] = []  # the pilot client of every epoch
+        self.total_examples = 0  # S of the epoch being aggregated
+
+    # ------------------------------------------------------------------------------ worker
+
+    def client_optimizer(self, task, model: torch.nn.Module, client: int) -> torch.optim.Optimizer:
+        """The worker's private optimizer: momentum SGD or Adam (the task section's momentum and weight decay)."""
+        hp = private_hyperparameters(self.cfg, client)
+        section = self.cfg.image if self.cfg.task == "image-classification" else self.cfg.segmentation
+        params = [p for p in model.parameters() if p.requires_grad]
+        if hp["optimizer"] == "sgd":
+            return torch.optim.SGD(params, lr=hp["lr"], momentum=section.momentum, weight_decay=section.weight_decay)
+        return torch.optim.Adam(params, lr=hp["lr"], weight_decay=section.weight_decay)
+
+    def train_options(self, session: ClientSession) -> dict[str, int]:
+        hp = private_hyperparameters(self.cfg, session.client)
+        return {"epochs": hp["local_epochs"], "batch_size": hp["batch_size"]}
+
+    def client_trained(self, session: ClientSession, metrics: dict[str, Any]) -> None:
+        """Keep the learning rate (α_k of Eq. 4); the report carries the cost and size only."""
+        session.protocol_state[LR] = torch.tensor([float(metrics.get("lr", 0.0))], dtype=torch.float64)
+        for key in PRIVATE_METRICS:
+            metrics.pop(key, None)
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+        """What the master asked for: ``want = "model"`` (the pilot) or the packed ternary vector."""
+        started = time.perf_counter()
+        if session.request.get("want") == "model":
+            return trainable_tensors(session.model), {}
+        local = trainable_tensors(session.model)
+        last = held_global(session, GLOBAL)
+        if int(session.request.get("epoch", 1)) <= 1:  # Eq. 4: against P^0 with α_k = the worker's lr
+            alpha = float(session.protocol_state[LR][0]) if LR in session.protocol_state else 0.0
+            values = ternary.ternary_initial(flatten(local), flatten(last), alpha)
+        else:  # Eq. 5: from P^{t-1} and P^{t-2}
+            before = self._previous(session)
+            values = ternary.ternary_evolution(flatten(local), flatten(last), flatten(before),
+                                               float(session.request.get("beta", self.p.beta)))
+        return {TERNARY: ternary.pack(values)}, {"ternary_s": time.perf_counter() - started}
+
+    @staticmethod
+    def _previous(session: ClientSession) -> Tensors:
+        names = [n for n, p in session.model.named_parameters() if p.requires_grad]
+        if all(PREVIOUS + n in session.protocol_state for n in names):
+            return {n: session.protocol_state[PREVIOUS + n] for n in names}
+        initial = session.initial_tensors()
+        return {n: initial[n].detach().clone() for n in names}
+
+    def payload_spec(self, session: ClientSession) -> TensorSpec:
+        return spec_of(dict(session.model.named_parameters()))  # the master's model P^t
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+        """Adopt P^t; keep P^{t-1} as the model before it (Eq. 5 needs both)."""
+        started = time.perf_counter()
+        last = held_global(session, GLOBAL)
+        for n, t in last.items():
+            session.protocol_state[PREVIOUS + n] = t
+        assign_tensors(session.model, aggregate)
+        for n, t in trainable_tensors(session.model).items():
+            session.protocol_state[GLOBAL + n] = t
+        return {"apply_s": time.perf_counter() - started}
+
+    # ------------------------------------------------------------------------------ master
+
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        """The pilot's payload: the whole model (the ternary vectors' spec: :meth:`ternary_spec`)."""
+        self.model_spec = spec_of(initial)
+        self.dim = sum(t.numel() for t in initial.values())
+        return self.model_spec
+
+    def ternary_spec(self) -> TensorSpec:
+        return {TERNARY: ((ternary.packed_length(self.dim),), "uint8")}
+
+    def check_payload(self, payload: Tensors) -> None:
+        """A ternary vector decodes strictly (no unused code, zero padding, exactly M values)."""
+        if TERNARY in payload:
+            if set(payload) != {TERNARY}:
+                raise PayloadError(f"ternary payload: arrays {sorted(payload)}, expected [{TERNARY!r}]")
+            ternary.unpack(payload[TERNARY], self.dim)
+
+    def goodness(self, client: int, size: int, cost: float) -> float | None:
+        """Eq. 1: S_k / C_k at the first epoch, S_k (C_k^{t-1} − C_k^t) after (None: no previous cost)."""
+        if self.epoch == 0:
+            return size / cost if cost > 0 else math.inf
+        previous = self.costs.get(client)
+        return None if previous is None else size * (previous - cost)
+
+    def run_round(self, io) -> None:
+        """Report → choose the pilot → request model and ternary vectors → Eq. 3 → every worker adopts P^t."""
+        if not self.model_spec:
+            self.expected_payload(io.server.initial())
+        if self.last is None:
+            self.last = {n: t.clone() for n, t in io.server.initial().items()}
+        nodes = io.prepare(io.nodes)
+        io.train(nodes, payload=False)
+        io.require(len(io.rows), "train")
+        reports = {n: (int(row["num_examples"]), float(row["train_loss"])) for n, row in io.rows.items()}
+        scores = {n: self.goodness(io.client(n), size, cost) for n, (size, cost) in reports.items()}
+        order = sorted(reports, key=lambda n: (scores[n] is None, -(scores[n] or 0.0), io.client(n)))
+        for n, (size, cost) in reports.items():
+            self.costs[io.client(n)] = cost
+            io.rows[n]["goodness"] = scores[n]
+        self.total_examples = sum(size for size, _cost in reports.values())
+        pilot = order[0]
+        want = {n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1,
+                                                          "beta": self.p.beta}) for n in order}
+        specs = {n: (self.model_spec if n == pilot else self.ternary_spec()) for n in order}
+        payloads = io.request(want, specs)
+        if pilot not in payloads:
+            pilot = None
+            for candidate in [n for n in order if n in payloads]:
+                io.event(event="pilot_replaced", client=io.client(candidate),
+                         reason=f"the pilot (client {io.client(order[0])}) sent no valid model: the next best "
+                                f"worker, client {io.client(candidate)}, is asked for its model instead")
+                got = io.request({candidate: {"want": "model", "retry": True}}, {candidate: self.model_spec})
+                payloads.pop(candidate)
+                if candidate in got:
+                    payloads[candidate] = got[candidate]
+                    pilot = candidate
+                    break
+            if pilot is None:
+                io.event(event="no_pilot", reason="no worker sent its model: the master keeps P^{t-1}")
+        for n, payload in payloads.items():
+            io.rows[n]["pilot"] = n == pilot
+            if TERNARY in payload:
+                io.rows[n].update(ternary.shares(ternary.unpack(payload[TERNARY], self.dim)))
+        # the ternary vectors of the pilot's rivals and the pilot's model (in client order: a fixed sum order)
+        ordered = {n: payloads[n] for n in sorted(payloads, key=io.client)}
+        if ordered:
+            model, phases = io.aggregate(ordered)
+        else:
+            model, phases = dict(self.last), {}
+        self.before, self.last = self.last, {n: t.clone() for n, t in model.items()}
+        self.epoch += 1
+        io.require(len(io.rows), "payload")
+        self.pilots.append(io.client(pilot) if pilot is not None else None)
+        io.fields = {"pilot_client": self.pilots[-1] if pilot is not None else -1}
+        io.apply(list(io.nodes), model, phases)
+        io.require(len(io.rows), "apply")
+        log.info("round %d: FedPC pilot client %s (goodness %s)", io.rnd, self.pilots[-1],
+                 {io.client(n): None if scores[n] is None else round(scores[n], 4) for n in order})
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+        """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps
+        the result as the master's P^t."""
+        started = time.perf_counter()
+        assert self.last is not None and self.dim, "run_round sets the master's model first"
+        pilot = [p for p in payloads if TERNARY not in p]
+        if len(pilot) > 1:
+            raise PayloadError("more than one full model in one FedPC update")
+        base = flatten(pilot[0]).double() if pilot else flatten(self.last).double()
+        total = float(self.total_examples or sum(num_examples))
+        vote = torch.zeros_like(base)
+        for payload, size in zip(payloads, num_examples):
+            if TERNARY in payload:
+                vote += (size / total) * ternary.unpack(payload[TERNARY], self.dim).double()
+        if pilot:
+            if self.epoch == 0:
+                step = self.p.master_lr * vote
+            else:
+                step = self.p.beta * vote * (flatten(self.last).double() - flatten(self.before).double())
+            base = base - self.sign * step
+        return unflatten(base.to(torch.float32), self.last), {"aggregate_s": time.perf_counter() - started}
+
+    def server_summary(self) -> dict[str, Any]:
+        return {"fedpc": {"pilots": self.pilots, "sign": self.p.sign, "master_lr": self.p.master_lr,
+                          "beta": self.p.beta,
+                          "private_hyperparameters": "drawn by each worker, never sent (fedpc.* choices)"}}
+
+    def server_state(self) -> dict[str, Any]:
+        """Epoch, costs and pilots in the checkpoint; P^{t-1} and P^{t-2} in ``fedpc-server.pt`` beside it."""
+        if self.last is not None:
+            torch.save({"last": self.last, "before": self.before}, Path(self.cfg.out) / STATE_FILE)
+        return {"epoch": self.epoch, "costs": {str(c): v for c, v in self.costs.items()}, "pilots": self.pilots}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.costs = {int(c): float(v) for c, v in dict(state["costs"]).items()}
+        self.pilots = list(state["pilots"])
+        path = Path(self.cfg.out) / STATE_FILE
+        if path.exists():
+            saved = torch.load(path, weights_only=True)
+            self.last, self.before = saved["last"], saved["before"]
+
+
+__all__ = ["FedPC", "PAPER_BATCH_SIZES", "private_hyperparameters"]

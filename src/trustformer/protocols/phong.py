@@ -1,0 +1,104 @@
+"""Phong & Phuong (2019), "Privacy-preserving deep learning via weight transmission", master–worker
+topology: the FedPC paper's sequential baseline.
+
+Each epoch (round) the model visits the workers one after another: the master sends the current model
+to a worker in its ``train`` message, the worker trains on its own data from those weights and sends
+its model back, which goes on to the next worker. ``phong.order``: ``fixed`` (client order) or
+``shuffled`` (a permutation per epoch, from the run seed and the round). Bytes per epoch: V down and V
+up per worker, 2VN, as FedAvg. A worker that drops out is skipped: the model it would have trained goes
+on to the next worker unchanged. Every worker reports the test loss of the model it produced; after the
+last epoch the master sends the final model to every worker (``train.apply``), so that the final
+evaluation of every client is that of the one model (these bytes come once, on top of the last epoch's).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..wire import TensorSpec, spec_of
+from ..workload import derive_seed
+from .base import ClientSession, Tensors, assign_tensors, trainable_tensors
+
+STATE_FILE = "phong-server.pt"  # the model the master holds between epochs, beside checkpoint.json
+
+
+class Phong:
+    name = "phong"
+    exchanges = True
+    evaluates_after_train = True  # each worker's reply carries the test loss of the model it produced
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.model: Tensors | None = None  # master: the model after the last worker of the last epoch
+        self.orders: list[list[int]] = []  # master: the visiting order of every epoch (client ids)
+
+    # ------------------------------------------------------------------------------ worker
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+        return trainable_tensors(session.model), {}
+
+    def payload_spec(self, session: ClientSession) -> TensorSpec:
+        return spec_of(dict(session.model.named_parameters()))
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+        started = time.perf_counter()
+        assign_tensors(session.model, aggregate)
+        return {"apply_s": time.perf_counter() - started}
+
+    # ------------------------------------------------------------------------------ master
+
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        return spec_of(initial)
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+        """The model after the last worker of the sequence (there is nothing to average)."""
+        return dict(payloads[-1]), {}
+
+    def order(self, rnd: int, clients: list[int]) -> list[int]:
+        """The visiting order of epoch ``rnd``: client order, or a seeded permutation per epoch."""
+        clients = sorted(clients)
+        if self.cfg.phong.order == "shuffled":
+            random.Random(derive_seed(self.cfg.seed, "phong-order", rnd)).shuffle(clients)
+        return clients
+
+    def run_round(self, io) -> None:
+        """The model visits the workers one after another; the last epoch ends with the final model sent to all."""
+        model = self.model if self.model is not None else dict(io.server.initial())
+        nodes = io.prepare(io.nodes)
+        by_client = {io.client(n): n for n in nodes}
+        order = [by_client[c] for c in self.order(io.rnd, list(by_client))]
+        self.orders.append([io.client(n) for n in order])
+        for position, node in enumerate(order):
+            got = io.train([node], payload=True, models={node: model})
+            if node in got:
+                model = got[node]
+                io.rows[node]["position"] = position
+        io.require(len(io.rows), "train")
+        self.model = {n: t.clone() for n, t in model.items()}
+        if io.rnd == self.cfg.federation.rounds:  # every client ends with the final model
+            io.apply(order, self.model)
+            io.require(len(io.rows), "apply")
+
+    def server_summary(self) -> dict[str, Any]:
+        return {"phong": {"order": self.cfg.phong.order, "orders": self.orders}}
+
+    def server_state(self) -> dict[str, Any]:
+        if self.model is not None:
+            torch.save(self.model, Path(self.cfg.out) / STATE_FILE)
+        return {"orders": self.orders}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        self.orders = [list(o) for o in state["orders"]]
+        path = Path(self.cfg.out) / STATE_FILE
+        if path.exists():
+            self.model = torch.load(path, weights_only=True)
+
+
+__all__ = ["Phong"]
