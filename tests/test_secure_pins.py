@@ -48,9 +48,9 @@ def test_a_server_submitting_its_own_measurement_is_refused(tmp_path):
     key, pub = write_key_pair(tmp_path / "aggregator")
     agreed = tiny(tmp_path, "agreed", **{"federation.strategy": "trustformer", "federation.beta": 0.5})
     # the server runs another protocol configuration and submits the measurement that matches it
-    other = tiny(tmp_path, "other", **{"federation.strategy": "trustformer", "federation.beta": 0.9,
+    other = tiny(tmp_path, "other", **{"federation.strategy": "trustformer", "federation.beta": 0.25,
                                        "secure.signing_key": str(key)})
-    served = tiny(tmp_path, "served", **{"federation.strategy": "trustformer", "federation.beta": 0.9,
+    served = tiny(tmp_path, "served", **{"federation.strategy": "trustformer", "federation.beta": 0.25,
                                          "secure.signing_key": str(key), "secure.expected_measurement":
                                          measurement(other)})
     pins = {"trusted-key": str(pub), "expected-measurement": measurement(agreed)}

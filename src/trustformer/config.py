@@ -143,14 +143,14 @@ class FederationConfig:
     rounds: int = 12
     clients: int = 3
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
-    beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, rows)
+    beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, floor(rows / min_cluster_rows))
     weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
     # trustformer cluster memberships (protocols/trustformer.py: the measured comparison):
-    # "shared" = k-means once on the identical initial model; "tracked" = k-means at every exchange of a
-    # reference every client derives identically; "rotating" = a random balanced partition per round;
-    # "focused" = as rotating, the rows that moved most in the smallest groups; "local" = k-means of
-    # each client's own weights at every exchange (the paper's Algorithm 2)
-    memberships: str = "shared"
+    # "rotating" (default) = a random balanced partition per round, the same on every client; "focused" =
+    # as rotating, the rows that moved most in the smallest groups; "tracked" = k-means of how far each
+    # row of a reference every client derives has moved; "shared" = k-means once on the initial model;
+    # "local" = k-means of each client's own weights at every exchange (the paper's Algorithm 2)
+    memberships: str = "rotating"
     # trustformer privacy floor: no centroid leaving a client is the mean of fewer rows than this
     # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
     min_cluster_rows: int = 2
