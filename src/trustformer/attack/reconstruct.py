@@ -52,38 +52,49 @@ The estimators (one per strategy, :data:`ESTIMATORS`); ``G`` is the global model
 - ``local``, ``centralized``: nothing is received: estimate = the public initial model (the truth is
   the model after the last round, read from the clients' state kept on disk for this run).
 
-Measured (``small`` translation preset, 3 clients × 300 pairs, 2 rounds, seed 0, one thread per run;
-6.3 min for the 12 runs), mean over clients at the last exchange (round 2)::
+Measured (``small`` translation preset, 3 clients × 300 pairs, 2 rounds, seed 0, one thread per run,
+Trustformer under the default privacy floor ``min_cluster_rows = 2``; 8.4 min for the 24 runs), mean
+over clients at the last exchange (round 2)::
 
     trustformer attack reconstruct --rounds 2 --clients 3 --set data.client_size=300 \\
-        --strategies fedavg,trustformer,fedavg-topk --betas 0.1,0.5 --memberships shared,local \\
-        --secure-modes none,secagg --set runtime.threads=1
+        --strategies fedavg,trustformer,fedavg-topk --betas 0.1,0.5 \\
+        --memberships rotating,focused,tracked,shared,local --secure-modes none,secagg --set runtime.threads=1
 
-=================================  ==============  ==========  =========  ========
-run                                server sees     rel. error  recovered  init err
-=================================  ==============  ==========  =========  ========
-fedavg                             every payload   0.0000      1.0000     0.1269
-trustformer β=0.1 shared           every payload   0.0852      0.0116     0.1283
-trustformer β=0.1 local            every payload   0.0978      0.0121     0.1374
-trustformer β=0.5 shared           every payload   0.0623      0.2811     0.1277
-trustformer β=0.5 local            every payload   0.0818      0.2777     0.1404
-fedavg-topk keep=0.1               every payload   0.0804      0.0344     0.1162
-fedavg-topk keep=0.5               every payload   0.0197      0.3097     0.1258
-fedavg +secagg                     aggregate only  0.0357      0.0005     0.1269
-trustformer β=0.1 shared +secagg   aggregate only  0.0872      0.0001     0.1283
-trustformer β=0.1 local +secagg    aggregate only  0.1042      0.0001     0.1374
-trustformer β=0.5 shared +secagg   aggregate only  0.0682      0.0002     0.1277
-trustformer β=0.5 local +secagg    aggregate only  0.0924      0.0002     0.1404
-=================================  ==============  ==========  =========  ========
+==================================  ==============  ==========  =========  ========
+run                                 server sees     rel. error  recovered  init err
+==================================  ==============  ==========  =========  ========
+fedavg                              every payload   0.0000      1.0000     0.1269
+trustformer β=0.1 rotating          every payload   0.0815      0.0001     0.1283
+trustformer β=0.1 focused           every payload   0.0821      0.0001     0.1283
+trustformer β=0.1 tracked           every payload   0.0826      0.0001     0.1283
+trustformer β=0.1 shared            every payload   0.0832      0.0001     0.1283
+trustformer β=0.1 local             every payload   0.1428      0.0001     0.1676
+trustformer β=0.5 rotating          every payload   0.0549      0.0002     0.1278
+trustformer β=0.5 focused           every payload   0.0526      0.0003     0.1278
+trustformer β=0.5 tracked           every payload   0.0586      0.0002     0.1278
+trustformer β=0.5 shared            every payload   0.0616      0.0002     0.1277
+trustformer β=0.5 local             every payload   0.4701      0.0001     0.4840
+fedavg-topk keep=0.1                every payload   0.0804      0.0344     0.1162
+fedavg-topk keep=0.5                every payload   0.0197      0.3097     0.1258
+fedavg +secagg                      aggregate only  0.0357      0.0005     0.1269
+trustformer β=0.1 rotating +secagg  aggregate only  0.0840      0.0001     0.1283
+trustformer β=0.1 focused +secagg   aggregate only  0.0844      0.0001     0.1283
+trustformer β=0.1 tracked +secagg   aggregate only  0.0848      0.0001     0.1283
+trustformer β=0.1 shared +secagg    aggregate only  0.0854      0.0001     0.1283
+trustformer β=0.1 local +secagg     aggregate only  0.1495      0.0001     0.1676
+trustformer β=0.5 rotating +secagg  aggregate only  0.0629      0.0002     0.1278
+trustformer β=0.5 focused +secagg   aggregate only  0.0606      0.0002     0.1278
+trustformer β=0.5 tracked +secagg   aggregate only  0.0653      0.0002     0.1278
+trustformer β=0.5 shared +secagg    aggregate only  0.0677      0.0002     0.1277
+trustformer β=0.5 local +secagg     aggregate only  0.4902      0.0001     0.4840
+==================================  ==============  ==========  =========  ========
 
-The Trustformer memberships were guessed (nearest centroid) in every row: the protocol offered no
-``server_labels`` when this was measured. At β = 0.5 about 28% of each client's weights reach the
-server exactly (singleton clusters) in either memberships mode; under ``secagg`` only what every client
-left equal to the mean (≤ 0.05%). ``fedavg-topk`` recovers 10.0% / 50.0% in round 1, fewer in round 2
-because error feedback adds last round's residual to what is sent. ``init err``: the public initial
-model as the estimate. Under ``tee`` (emulated) and ``tee+secagg`` the same command with
-``--secure-modes tee,tee+secagg`` gave the ``none`` and ``secagg`` figures of the same rows (fedavg
-0.0000 / 1.0000 and 0.0357 / 0.0005; trustformer β=0.5 shared 0.0623 / 0.2811 and 0.0682 / 0.0002).
+Every Trustformer mode but ``local`` had its memberships derived by the server (``server_labels``);
+``local``'s were guessed. Before the floor (``min_cluster_rows = 1``, the paper's protocol) the same
+command recovered 28% of every client's weights at β = 0.5 and 1.2% at β = 0.1 (singleton clusters).
+``fedavg-topk`` recovers 10.0% / 50.0% in round 1, fewer in round 2 because error feedback adds last
+round's residual to what is sent. Under ``tee`` (emulated: the payloads are opened inside the server
+process) the attack gives the ``none`` figures, under ``tee+secagg`` the ``secagg`` ones.
 """
 
 from __future__ import annotations
