@@ -289,6 +289,7 @@ class Trustformer:
             "cluster_s": time.perf_counter() - started,  # memberships + centroid means (the paper's Table IV column)
             "memberships_s": memberships_s,
             "kmeans_iterations": sum(iterations) / max(len(iterations), 1),  # Lloyd iterations run this exchange
+            "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),  # fewer rows than min_cluster_rows: never sent
         }
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
