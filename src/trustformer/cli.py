@@ -208,7 +208,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _setup_logging(quiet=False)
     if args.quiet:
-        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime"):
+        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime",
+                     "trustformer.protocols", "trustformer.tasks"):
             logging.getLogger(name).setLevel(logging.WARNING)
     if args.paper == "fedpc":
         return _reproduce_fedpc(args)
