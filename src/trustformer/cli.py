@@ -192,7 +192,8 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
                    help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
     p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see README)")
     p.add_argument("--seed", type=int, help="seed of every run")
-    p.add_argument("--epochs", type=int, default=None, help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any option of every run by its dotted key (repeatable)")
     p.add_argument("--force", action="store_true", help="rerun even the runs found in the cache")

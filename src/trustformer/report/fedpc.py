@@ -294,7 +294,8 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
         pts = [(r["n"], r["fedpc"] / r["fedavg"]) for r in rows if r["task"] == task and r["fedpc"] and r["fedavg"]]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker, mfc="none", ms=8, mew=1.5, label=f"measured FedPC / FedAvg, {dataset_name(cells, task)}")
+            ax.plot(xs, ys, marker, mfc="none", ms=8, mew=1.5,
+                    label=f"measured FedPC / FedAvg, {dataset_name(cells, task)}")
     ax.set_title("FedPC's bytes as a fraction of FedAvg's")
     ax.set_xlabel("workers N")
     ax.set_ylabel("fraction")
@@ -330,7 +331,8 @@ def differences(cells: Sequence[Cell]) -> list[str]:
     if signs:
         items.append(
             f"**Eq. 3's sign.** FedPC ran with `fedpc.sign = {', '.join(signs)}` ('paper': Eq. 3 as printed, "
-            "Q* − Σ p_k T_k…; 'flipped': the sum added). As printed, a worker that keeps moving a parameter in the "
+            "Q* − Σ p_k T_k…; 'flipped': the sum added). As printed, a worker that keeps moving a parameter "
+            "in the "
             "same direction (T = +1) pushes it back; see the README's FedPC section for both signs measured.")
     items.append(
         "**Private hyper-parameters.** Each FedPC worker draws its batch size, learning rate, local epochs and "
