@@ -156,28 +156,44 @@ def _str_list(text: str) -> tuple[str, ...]:
 def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
-        help="run the paper's experiment grid (cached) and write its tables, figures and report",
-        description="Run the paper's grid — strategies × β sweep × aggregation frequencies, or the subset "
-        "chosen below — on a preset, reusing finished runs of the results folder (keyed by the full "
-        "configuration), then write Tables III–V (CSV, Markdown), Figures 4/5 and 6 (PNG), report.md and "
-        "report.html beside the paper's published numbers.",
+        help="run a paper's experiment grid (cached) and write its tables, figures and report",
+        description="Run a paper's grid on a preset, reusing finished runs of the results folder (keyed by "
+        "the full configuration), then write its tables (CSV, Markdown), figures (PNG), report.md and "
+        "report.html beside the paper's published numbers. --paper trustformer (default): strategies × β "
+        "sweep × aggregation frequencies, Tables III–V and Figures 4/5 and 6. --paper fedpc: centralized, "
+        "FedAvg, Phong and FedPC for N workers on image classification and segmentation, class-stratified "
+        "imbalanced and Dirichlet splits, FedPC's Tables 2–4 and Figure 6 (bytes per epoch against Eq. 8).",
     )
+    from .reproduce import FEDPC_PARTITIONS, FEDPC_TASKS, PAPERS
+
+    p.add_argument("--paper", choices=PAPERS, default="trustformer",
+                   help="which paper's grid and report (default: trustformer)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="base settings (default: tiny)")
     p.add_argument("--config", metavar="FILE", help="TOML file applied to every run")
-    p.add_argument("--out", metavar="DIR", help="results folder, also the cache (default: results/<preset>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="results folder, also the cache (default: results/<preset>, results/fedpc-<preset> for "
+                        "--paper fedpc)")
     p.add_argument("--strategies", type=_str_list, metavar="LIST",
                    help="comma-separated strategies (default: all the paper's that are installed"
-                        "; small leaves out centralized)")
-    p.add_argument("--betas", type=_float_list, metavar="LIST", help="Trustformer β sweep, e.g. 0.1,0.5,0.9")
+                        "; small leaves out centralized; fedpc: centralized,fedavg,phong,fedpc)")
+    p.add_argument("--clients", type=_int_list, metavar="LIST",
+                   help="fedpc: numbers of workers N, e.g. 3,5,10 (default: 3,5,10; tiny: 3)")
+    p.add_argument("--tasks", type=_str_list, metavar="LIST",
+                   help=f"fedpc: tasks (default: {','.join(FEDPC_TASKS)})")
+    p.add_argument("--partitions", type=_str_list, metavar="LIST",
+                   help=f"fedpc: data splits (default: {','.join(FEDPC_PARTITIONS)}; dirichlet: image "
+                        "classification only)")
+    p.add_argument("--betas", type=_float_list, metavar="LIST", help="trustformer paper: β sweep, e.g. 0.1,0.5,0.9")
     p.add_argument("--agg-every", type=_int_list, metavar="LIST",
-                   help="aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)")
+                   help="trustformer paper: aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)")
     p.add_argument("--agg-betas", type=_float_list, metavar="LIST",
-                   help="Trustformer β values run at the Agg_fr other than 1 (default 0.5)")
+                   help="trustformer paper: β values run at the Agg_fr other than 1 (default 0.5)")
     p.add_argument("--agg-strategies", type=_str_list, metavar="LIST",
-                   help="strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
+                   help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
     p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see README)")
     p.add_argument("--seed", type=int, help="seed of every run")
-    p.add_argument("--epochs", type=int, default=10, help="e of Eq. 5 for Table V (default 10, the paper's)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any option of every run by its dotted key (repeatable)")
     p.add_argument("--force", action="store_true", help="rerun even the runs found in the cache")
@@ -193,8 +209,16 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _setup_logging(quiet=False)
     if args.quiet:
-        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime"):
+        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime",
+                     "trustformer.protocols", "trustformer.tasks"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    if args.paper == "fedpc":
+        return _reproduce_fedpc(args)
+    for option in ("clients", "tasks", "partitions"):
+        if getattr(args, option) is not None:
+            raise ConfigError(f"--{option} applies to --paper fedpc only")
+    if args.epochs is None:
+        args.epochs = 10
     grid = rep.default_grid(args.preset)
     changes: dict[str, Any] = {}
     for field_name in ("strategies", "betas", "agg_every", "agg_betas", "agg_strategies", "rounds"):
@@ -208,12 +232,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise ConfigError("--strategies: no strategy given")
     if 1 not in grid.agg_every:
         grid = replace(grid, agg_every=(1, *grid.agg_every))
-    overrides: dict[str, Any] = {"runtime.progress": True}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    for item in args.set:
-        key, value = parse_override(item)
-        overrides[key] = value
+    overrides = _reproduce_overrides(args)
     results = args.out or os.path.join("results", args.preset)
     if args.dry_run:
         planned = rep.plan(args.preset, grid, results, config_file=args.config, overrides=overrides)
@@ -224,6 +243,52 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
     outcome = rep.reproduce(args.preset, results, grid=grid, config_file=args.config, overrides=overrides,
                             force=args.force, epochs=args.epochs, command=command)
+    return _reproduce_outcome(outcome)
+
+
+def _reproduce_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {"runtime.progress": True}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    for item in args.set:
+        key, value = parse_override(item)
+        overrides[key] = value
+    return overrides
+
+
+def _reproduce_fedpc(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from . import reproduce as rep
+
+    for option in ("betas", "agg_every", "agg_betas", "agg_strategies", "epochs"):
+        if getattr(args, option) is not None:
+            raise ConfigError(f"--{option.replace('_', '-')} applies to the Trustformer paper only, not to "
+                              "--paper fedpc")
+    grid = rep.default_fedpc_grid(args.preset)
+    changes = {name: getattr(args, name) for name in ("strategies", "clients", "tasks", "partitions", "rounds")
+               if getattr(args, name) is not None}
+    grid = replace(grid, **changes)
+    rep.check_fedpc_grid(grid)
+    overrides = _reproduce_overrides(args)
+    for key in ("task", "federation.strategy", "federation.clients", "data.partition"):
+        if key in overrides:
+            raise ConfigError(f"--set {key}: the grid sets it for every run (use --tasks, --strategies, --clients "
+                              "or --partitions)")
+    results = args.out or os.path.join("results", f"fedpc-{args.preset}")
+    if args.dry_run:
+        planned = rep.plan_fedpc(args.preset, grid, results, config_file=args.config, overrides=overrides)
+        for i, run in enumerate(planned, 1):
+            state = "cached" if rep.is_cached(run) else "to run"
+            print(f"{i:3d}/{len(planned)}  {state:7s}  {run.label:52s}  {run.folder}")
+        return 0
+    command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
+    outcome = rep.reproduce_fedpc(args.preset, results, grid=grid, config_file=args.config, overrides=overrides,
+                                  force=args.force, command=command)
+    return _reproduce_outcome(outcome)
+
+
+def _reproduce_outcome(outcome: Any) -> int:
     if outcome.report is not None:
         print(f"report: {outcome.report.markdown} (and {outcome.report.html.name}, tables/, figures/)")
     if outcome.failed:
