@@ -12,6 +12,7 @@ Written like the Trustformer report (``builder.py``): ``tables/*.csv|md``, ``fig
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 from collections import defaultdict
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import paper_fedpc as paper
-from .builder import ReportFiles, _setup
+from .builder import ReportFiles, _flatten, _kv
 from .document import Document
 from .runs import RunResult, load_runs
 from .tables import Table, _num, _pct
@@ -343,6 +344,66 @@ def differences(cells: Sequence[Cell]) -> list[str]:
     return items
 
 
+# keys the grid sets per run (named in each run's label), and the section of the other task
+_GRID_KEYS = {("task",), ("out",), ("federation", "strategy"), ("federation", "clients"), ("data", "partition")}
+_OTHER_SECTION = {"image-classification": "segmentation", "segmentation": "image"}
+
+
+def label(cell: Cell) -> str:
+    if cell.strategy == "centralized":
+        return f"{cell.task} · centralized"
+    return f"{cell.task} · {paper.NAMES.get(cell.strategy, cell.strategy)} · N={cell.n} · {cell.partition}"
+
+
+def _relevant(cell: Cell) -> dict[tuple, Any]:
+    other = _OTHER_SECTION.get(cell.task)
+    return {k: v for k, v in _flatten(cell.run.config).items() if k not in _GRID_KEYS and k[0] != other}
+
+
+def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> None:
+    """Configuration per task (what its runs share, then what each run changes), seeds and machine."""
+    doc.heading("Configuration, seeds and machine")
+    if context.get("grid"):
+        doc.para("Grid: " + ", ".join(f"{k} = {v}" for k, v in context["grid"].items()))
+    doc.para(f"Seeds: {', '.join(map(str, sorted({c.run.seed for c in cells})))} (the run seed; the data split, "
+             "the model initialisation, the batch order and FedPC's private hyper-parameters are derived from it).")
+    status = {Path(x["folder"]).name: x for x in context.get("runs", [])}
+    for task in paper.PAPER_SETUP:
+        order = ("centralized", *paper.METHODS)
+        mine = sorted((c for c in cells if c.task == task),
+                      key=lambda c: (order.index(c.strategy) if c.strategy in order else len(order), c.partition, c.n))
+        if not mine:
+            continue
+        flats = [_relevant(c) for c in mine]
+        common = {k: v for k, v in flats[0].items() if all(f.get(k, object()) == v for f in flats[1:])}
+        nested: dict[str, Any] = {}
+        for key, value in sorted(common.items()):
+            node = nested
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = value
+        doc.para(f"Configuration shared by the {task} runs (strategy, N and split in each run's name; other "
+                 "keys that differ listed per run):")
+        doc.code(json.dumps(nested, indent=2, sort_keys=True, ensure_ascii=False), "json")
+        items = []
+        for c, flat in zip(mine, flats):
+            varying = ", ".join(f"{'.'.join(k)}={v}" for k, v in sorted(flat.items()) if k not in common)
+            st = status.get(c.run.path.name)
+            extra = ""
+            if st:
+                extra = f" · {st.get('status', '')}" + (f" in {st['seconds']:.0f} s" if st.get("seconds") else "")
+            items.append(f"{label(c)}: `{c.run.path.name}`" + (f" ({varying})" if varying else "") + extra
+                         + f" · {c.run.rounds} epoch(s) · wall {c.run.summary.get('time_s', {}).get('total', 0):.0f} s")
+        doc.bullets(items)
+    machines = {json.dumps(c.run.summary.get("machine", {}), sort_keys=True) for c in cells}
+    versions = {json.dumps(c.run.summary.get("versions", {}), sort_keys=True) for c in cells}
+    items = [f"Machine: {_kv(json.loads(m))}" for m in sorted(machines)]
+    items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
+    if context.get("machine"):
+        items.append(f"Host during the grid: {_kv(context['machine'])}")
+    doc.bullets(items)
+
+
 def build_fedpc_report(run_dirs: Iterable[str | Path], out_dir: str | Path, *, title: str | None = None,
                        context: dict[str, Any] | None = None) -> ReportFiles:
     """FedPC's Tables 2–4 and Fig. 6 from every finished run under ``run_dirs``, into ``out_dir``."""
@@ -395,7 +456,7 @@ def build_fedpc_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, ti
                                   "(lines); right, FedPC's bytes as a fraction of FedAvg's.")
     doc.heading("Where this differs from the paper, and why")
     doc.bullets(differences(cells))
-    _setup(doc, runs, context)
+    _setup(doc, cells, context)
     md_path, html_path = out / "report.md", out / "report.html"
     md_path.write_text(doc.to_markdown(out), encoding="utf-8")
     html_path.write_text(doc.to_html(), encoding="utf-8")
