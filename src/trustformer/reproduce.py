@@ -286,6 +286,29 @@ def _mean_str(values: Sequence[float | None], digits: int) -> str:
     return f"{sum(vals) / len(vals):.{digits}f}" if vals else "—"
 
 
+def write_grid_record(results: Path, command: str | None, subset: str, grid: dict[str, Any],
+                      overrides: Mapping[str, Any] | None, planned: Sequence[PlannedRun], outcome: GridResult,
+                      host: dict[str, Any]) -> dict[str, Any]:
+    """Write ``grid.json`` (what ran, how, on which machine, each run's status) and return the report's
+    context (the same, with each run's folder)."""
+    if overrides:
+        grid = {**grid, "overrides": ", ".join(f"{k}={v}" for k, v in overrides.items())}
+    context = {
+        "command": command,
+        "subset": subset,
+        "grid": grid,
+        "runs": [{"folder": str(r.folder), "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name)}
+                 for r in planned],
+        "machine": host,
+    }
+    (results / "grid.json").write_text(json.dumps({
+        **context, "runs": [{"name": r.name, "key": r.key, "label": r.label, "overrides": r.overrides,
+                             "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name),
+                             "error": outcome.errors.get(r.name)} for r in planned],
+    }, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return context
+
+
 def reproduce(
     preset: str,
     results: str | Path,
@@ -320,20 +343,8 @@ def reproduce(
               + f"; rounds {grid.rounds if grid.rounds is not None else 'as the preset'}; "
               f"{len(planned)} run(s)" + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed)
                                           if outcome.failed else ""))
-    context = {
-        "command": command,
-        "subset": subset,
-        "grid": {"preset": preset, **grid.describe(), "Eq. 5 epochs": epochs,
-                 **({"overrides": ", ".join(f"{k}={v}" for k, v in (overrides or {}).items())} if overrides else {})},
-        "runs": [{"folder": str(r.folder), "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name)}
-                 for r in planned],
-        "machine": host,
-    }
-    (results / "grid.json").write_text(json.dumps({
-        **context, "runs": [{"name": r.name, "key": r.key, "label": r.label, "overrides": r.overrides,
-                             "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name),
-                             "error": outcome.errors.get(r.name)} for r in planned],
-    }, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    context = write_grid_record(results, command, subset, {"preset": preset, **grid.describe(), "Eq. 5 epochs": epochs},
+                                overrides, planned, outcome, host)
     if finished:
         outcome.report = build_report([r.folder for r in finished], results, context=context, epochs=epochs)
     else:
@@ -512,20 +523,8 @@ def reproduce_fedpc(
               f"N = {', '.join(map(str, grid.clients))}; tasks {', '.join(grid.tasks)}; "
               f"partitions {', '.join(grid.partitions)}; {len(planned)} run(s)"
               + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed) if outcome.failed else ""))
-    context = {
-        "command": command,
-        "subset": subset,
-        "grid": {"preset": preset, **grid.describe(),
-                 **({"overrides": ", ".join(f"{k}={v}" for k, v in (overrides or {}).items())} if overrides else {})},
-        "runs": [{"folder": str(r.folder), "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name)}
-                 for r in planned],
-        "machine": host,
-    }
-    (results / "grid.json").write_text(json.dumps({
-        **context, "runs": [{"name": r.name, "key": r.key, "label": r.label, "overrides": r.overrides,
-                             "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name),
-                             "error": outcome.errors.get(r.name)} for r in planned],
-    }, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    context = write_grid_record(results, command, subset, {"preset": preset, **grid.describe()}, overrides, planned,
+                                outcome, host)
     if finished:
         outcome.report = build_fedpc_report([r.folder for r in finished], results, context=context)
     else:

@@ -102,12 +102,17 @@ def _files(out: Path, *names: str) -> str:
     return ", ".join(f"[{n}.csv](tables/{n}.csv)" for n in names)
 
 
-def _intro(doc: Document, runs: Sequence[RunResult], context: dict[str, Any], out: Path) -> None:
+def provenance(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) -> None:
+    """A report's first lines: when, by which command, from how many runs, and the grid it ran."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = context.get("command")
     doc.para(f"Generated {now}" + (f" by `{command}`" if command else "") + f" from {len(runs)} finished run(s).")
     if context.get("subset"):
         doc.para(f"**Grid run**: {context['subset']}")
+
+
+def _intro(doc: Document, runs: Sequence[RunResult], context: dict[str, Any], out: Path) -> None:
+    provenance(doc, runs, context)
     doc.para(
         "Each of our numbers stands beside the paper's published number where the paper gives one (Tables "
         "III–V), with the ratio ours / paper. The paper trained "
@@ -206,8 +211,13 @@ def _common_config(runs: Sequence[RunResult]) -> dict[str, Any]:
         return {}
     common = {k: v for k, v in flats[0].items()
               if k != ("out",) and k not in _GRID_KEYS and all(f.get(k, object()) == v for f in flats[1:])}
+    return nest(common)
+
+
+def nest(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """The inverse of ``_flatten``: {("a", "b"): 1} → {"a": {"b": 1}}, keys sorted."""
     nested: dict[str, Any] = {}
-    for key, value in sorted(common.items()):
+    for key, value in sorted(flat.items()):
         node = nested
         for part in key[:-1]:
             node = node.setdefault(part, {})

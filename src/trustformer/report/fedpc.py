@@ -17,12 +17,11 @@ import logging
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import paper_fedpc as paper
-from .builder import ReportFiles, _flatten, _kv
+from .builder import ReportFiles, _flatten, _kv, nest, provenance
 from .document import Document
 from .runs import RunResult, load_runs
 from .tables import Table, _num, _pct
@@ -376,12 +375,7 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
             continue
         flats = [_relevant(c) for c in mine]
         common = {k: v for k, v in flats[0].items() if all(f.get(k, object()) == v for f in flats[1:])}
-        nested: dict[str, Any] = {}
-        for key, value in sorted(common.items()):
-            node = nested
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = value
+        nested = nest(common)
         doc.para(f"Configuration shared by the {task} runs (strategy, N and split in each run's name; other "
                  "keys that differ listed per run):")
         doc.code(json.dumps(nested, indent=2, sort_keys=True, ensure_ascii=False), "json")
@@ -433,11 +427,7 @@ def build_fedpc_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, ti
     figs = {"fig6_bytes": fig6_figure(cells, out / "figures" / "fig6_bytes_per_epoch.png")}
     presets = sorted({str(r.summary.get("preset", "?")) for r in runs})
     doc = Document(title or f"FedPC reproduction report — preset {', '.join(presets)}")
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = context.get("command")
-    doc.para(f"Generated {now}" + (f" by `{command}`" if command else "") + f" from {len(runs)} finished run(s).")
-    if context.get("subset"):
-        doc.para(f"**Grid run**: {context['subset']}")
+    provenance(doc, runs, context)
     doc.para(
         "FedPC's Tables 2–4 and Figure 6 (seed paper: *FedPC*, Section 5) with the paper's printed numbers beside "
         "ours. **The data differ**: the paper trains ResNet50 FIXUP on CIFAR-10 and a U-Net on LGG MRI scans on "
