@@ -12,7 +12,7 @@ from trustformer.app import CONFIG_KEY, FederationError, client_app, server_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, build_config, load_config
 from trustformer.runtime.checkpoint import CheckpointError, read_checkpoint, resume_config, run_key
-from trustformer.runtime.inprocess import InProcessGrid, node_configs, run_in_process
+from trustformer.engine.inprocess import InProcessGrid, node_configs, run_in_process
 from trustformer.runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
 

@@ -20,7 +20,7 @@ import pytest
 from trustformer.config import load_config
 from trustformer.deploy.launch import LocalFederation, deployment_config, flwr_cli, submit_run, wait_for_run
 from trustformer.runtime.checkpoint import read_checkpoint, resume_config
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(c) for c in ("flower-superlink", "flower-supernode", "flwr")),

@@ -98,7 +98,7 @@ def test_client_trains_on_its_own_tsv_file(tmp_path):
     from flwr.supercore.task_identity import TaskIdentity
 
     from trustformer.app import client_app, server_app
-    from trustformer.runtime.inprocess import InProcessGrid, node_configs
+    from trustformer.engine.inprocess import InProcessGrid, node_configs
 
     own = tmp_path / "own.tsv"
     own.write_text("".join(f"это строка номер {i}\tthis is line number {i}\n" for i in range(25))

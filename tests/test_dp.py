@@ -100,7 +100,7 @@ def _dp_run(tmp_path, name, **overrides):
     aggregate every client received and the clipped updates the clients sent."""
     from trustformer.app import client_app
     from trustformer.config import load_config
-    from trustformer.runtime.inprocess import run_in_process
+    from trustformer.engine.inprocess import run_in_process
 
     seen = {"aggregate": [], "updates": {}}
 
@@ -167,7 +167,7 @@ def test_client_sampling_comes_from_os_randomness():
                                          "privacy.noise_source": source})
         protocol = get_protocol(cfg)
         protocol.server_begin(3)
-        return [tuple(protocol.server_round(r, [0, 1, 2])) for r in range(1, 41)]
+        return [tuple(protocol.participants(r, [0, 1, 2])) for r in range(1, 41)]
 
     assert choices("os") != choices("os")
     assert choices("seeded-not-private") == choices("seeded-not-private")

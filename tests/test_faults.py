@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, MetricRecord
 
 from trustformer.app import client_app
 from trustformer.config import FAULT_KINDS, ConfigError, load_config
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 REASONS = {  # what the dropped event says for each kind
     "nan": "NaN",
@@ -127,9 +127,9 @@ def _no_metrics(content):
     del content["metrics"]
 
 
-def _sparse_dim_plus_one(content):
+def _sparse_index_past_the_model(content):
     arrays = {k: torch.from_numpy(content["payload"][k].numpy().copy()) for k in content["payload"]}
-    arrays["dim"] = arrays["dim"] + 1
+    arrays["indices"][-1] = 2**30  # beyond the model's dimension
     content["payload"] = ArrayRecord(arrays)
 
 
@@ -138,7 +138,7 @@ def _sparse_dim_plus_one(content):
     ("nan", _set_examples(float("nan")), "fedavg", "num_examples = nan"),
     ("huge-float", _set_examples(1e30), "fedavg", "num_examples = 1e+30"),
     ("no-metrics", _no_metrics, "fedavg", "no 'metrics' record"),
-    ("sparse-dim", _sparse_dim_plus_one, "dp-blur-lus", "the model has"),
+    ("sparse-index", _sparse_index_past_the_model, "dp-blur-lus", "indices must lie in [0,"),
 ])
 def test_replies_that_used_to_crash_the_server_drop_the_client(tmp_path, case, change, strategy, reason):
     cfg = tiny(tmp_path, case, **{"federation.rounds": 1, "federation.strategy": strategy})

@@ -7,7 +7,7 @@ from trustformer.config import load_config
 from trustformer.core.dp import flatten
 from trustformer.protocols.base import ClientSession
 from trustformer.protocols.fedavg_topk import FedAvgTopK
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):

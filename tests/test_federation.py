@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, Message
 
 from trustformer.app import FederationError, client_app
 from trustformer.config import load_config
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):
@@ -170,21 +170,23 @@ def test_server_shows_who_is_connected_while_it_waits(tmp_path, caplog):
     import logging
 
     from trustformer import app
-    from trustformer.runtime.inprocess import InProcessGrid, node_configs
+    from trustformer.engine.inprocess import InProcessGrid, node_configs
+    from trustformer.runtime.server import Nodes
 
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
     cfg = tiny(tmp_path, "wait")
     grid = InProcessGrid(client_app, node_configs(cfg)[:2], {app.CONFIG_KEY: cfg.to_json()}, run_id=7)
-    clients: dict[int, int] = {}
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
     try:
         with caplog.at_level(logging.INFO, logger="trustformer"):
-            nodes = app._connected_clients(grid, clients, set(), want=3, need=2, wait_s=1.0, timeout=None)
+            known = Nodes(grid, cfg)
+            nodes = known.wait_for(want=3, need=2, wait_s=1.0)
         with pytest.raises(FederationError, match="federation.min_clients"):
-            app._connected_clients(grid, clients, set(), want=3, need=3, wait_s=0.5, timeout=None)
+            known.wait_for(want=3, need=3, wait_s=0.5)
+        clients = known.clients
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
     assert sorted(clients[n] for n in nodes) == [0, 1]

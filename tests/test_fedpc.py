@@ -13,7 +13,7 @@ from trustformer.core.dp import flatten
 from trustformer.protocols import get_protocol
 from trustformer.protocols.base import ClientSession
 from trustformer.protocols.fedpc import FedPC, private_hyperparameters
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):

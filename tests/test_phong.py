@@ -8,7 +8,7 @@ import torch
 
 from trustformer.config import ConfigError, load_config
 from trustformer.protocols import get_protocol
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):
@@ -27,6 +27,9 @@ class FakeRound:
 
     def client(self, node):
         return node - 100
+
+    def initial(self):
+        return self.server.initial()
 
     def prepare(self, nodes):
         return nodes

@@ -10,7 +10,7 @@ from trustformer import config as config_module
 from trustformer import reproduce as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 
 # the tiny preset, shrunk further: one round, 20 pairs per client, 4 sentences decoded, no METEOR/BERTScore,
 # one torch thread (two threads on a busy 2-core machine wait on each other)

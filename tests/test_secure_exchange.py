@@ -10,7 +10,7 @@ import torch
 from trustformer.app import FederationError, client_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 from trustformer.secure.attestation import measurement, write_key_pair
 from trustformer.secure.sealing import REJECTED_TAG
 from trustformer.wire import from_array_record

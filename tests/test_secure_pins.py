@@ -5,7 +5,7 @@ import pytest
 
 from trustformer.app import FederationError, client_app
 from trustformer.config import load_config
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 from trustformer.secure.attestation import measurement, write_key_pair
 
 

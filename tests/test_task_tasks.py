@@ -8,10 +8,11 @@ import torch
 
 from trustformer.core.local_rules import sam_step
 from trustformer.tasks import seg_data
+from trustformer.config import ConfigError, SegmentationConfig, image_preset, seg_preset
 from trustformer.tasks.base import Task, TaskConfigError, derive_seed
 from trustformer.tasks.bench import fedavg_average, run
-from trustformer.tasks.image import ImageClassificationTask, ImageTaskConfig, augment_batch, image_preset
-from trustformer.tasks.segmentation import SegmentationTask, SegTaskConfig, seg_preset
+from trustformer.tasks.image import ImageClassificationTask, augment_batch
+from trustformer.tasks.segmentation import SegmentationTask
 
 torch.set_num_threads(1)
 
@@ -120,19 +121,19 @@ def test_augment_batch_is_seeded_and_keeps_shape():
 
 
 def test_image_config_errors_name_the_field():
-    with pytest.raises(TaskConfigError, match="^dataset must be one of"):
-        ImageTaskConfig(dataset="mnist")
-    with pytest.raises(TaskConfigError, match="^data_dir must name the CIFAR-10"):
-        ImageTaskConfig(dataset="cifar10")
-    with pytest.raises(TaskConfigError, match="^lr must be a number > 0"):
-        ImageTaskConfig(lr=0)
-    with pytest.raises(TaskConfigError, match="^batch_size must be an integer > 0"):
-        ImageTaskConfig(batch_size=2.5)
-    with pytest.raises(TaskConfigError, match="^widths must give one width"):
-        ImageTaskConfig(layers=(1, 1), widths=(8,))
-    with pytest.raises(TaskConfigError, match="^momentum"):
-        ImageTaskConfig(momentum=1.0)
-    with pytest.raises(TaskConfigError, match="^preset must be one of"):
+    with pytest.raises(ConfigError, match="^image.dataset = 'mnist' is not one of"):
+        image_preset("small", dataset="mnist")
+    with pytest.raises(ConfigError, match="^image.data_dir must name the CIFAR-10"):
+        image_preset("small", dataset="cifar10")
+    with pytest.raises(ConfigError, match="^image.lr = 0.0 must be > 0"):
+        image_preset("small", lr=0)
+    with pytest.raises(ConfigError, match="^image.batch_size = 2.5 must be an integer"):
+        image_preset("small", batch_size=2.5)
+    with pytest.raises(ConfigError, match="^image.widths = .* must give one width"):
+        image_preset("small", layers=[1, 1], widths=[8])
+    with pytest.raises(ConfigError, match="^image.momentum"):
+        image_preset("small", momentum=1.0)
+    with pytest.raises(ConfigError, match="^preset = 'huge' is not one of"):
         image_preset("huge")
     paper = image_preset("paper", data_dir="/some/cifar")
     assert paper.block == "bottleneck" and paper.layers == (3, 4, 6, 3)
@@ -150,14 +151,14 @@ def test_bench_fedavg_loop_on_digits(digits):
 
 
 def test_segmentation_config_errors_name_the_field():
-    with pytest.raises(TaskConfigError, match="^dataset must be one of"):
-        SegTaskConfig(dataset="brats")
-    with pytest.raises(TaskConfigError, match="^data_dir must name the LGG"):
-        SegTaskConfig(dataset="lgg")
-    with pytest.raises(TaskConfigError, match="^test_fraction"):
-        SegTaskConfig(test_fraction=1.0)
-    with pytest.raises(TaskConfigError, match="^norm must be one of"):
-        SegTaskConfig(norm="batch")
+    with pytest.raises(ConfigError, match="^segmentation.dataset = 'brats' is not one of"):
+        seg_preset("small", dataset="brats")
+    with pytest.raises(ConfigError, match="^segmentation.data_dir must name the LGG"):
+        seg_preset("small", dataset="lgg")
+    with pytest.raises(ConfigError, match="^segmentation.test_fraction"):
+        seg_preset("small", test_fraction=1.0)
+    with pytest.raises(ConfigError, match="^segmentation.norm = 'batch' is not one of"):
+        seg_preset("small", norm="batch")
     assert seg_preset("paper", data_dir="/x").base_width == 64
 
 
@@ -200,8 +201,8 @@ def test_segmentation_task_on_lgg_layout(tmp_path):
             slices.append((img, msk))
         patients[f"TCGA_P{p}"] = slices
     seg_data.write_lgg_sample(tmp_path, patients)
-    cfg = SegTaskConfig(dataset="lgg", data_dir=str(tmp_path), size=16, depth=2, base_width=4, groups=2,
-                        lr=3e-2, batch_size=4, test_fraction=0.2)
+    cfg = SegmentationConfig(dataset="lgg", data_dir=str(tmp_path), size=16, depth=2, base_width=4, groups=2,
+                             lr=3e-2, batch_size=4, test_fraction=0.2)
     task = SegmentationTask(cfg, seed=0)
     assert task.describe()["test_units"] == 1 and len(task.test) == 2
     shards = task.client_shards(2, "iid", seed=0)
@@ -228,8 +229,8 @@ def test_lr_decay_follows_local_epochs_and_travels_with_the_optimizer():
     m = digits.build_model(0)
     r = digits.train_local(m, digits.build_optimizer(m), digits.train.head(64), seed=0, epochs=2, batch_size=32)
     assert r["lr"] == pytest.approx(0.01 / 2.5)  # the last step started after 1.5 local epochs
-    with pytest.raises(TaskConfigError, match="^lr_decay"):
-        ImageTaskConfig(lr_decay=-1)
+    with pytest.raises(ConfigError, match="^image.lr_decay"):
+        image_preset("tiny", lr_decay=-1)
 
 
 def test_figures_are_written(tmp_path, digits):

@@ -1,6 +1,7 @@
 """The task layer in the round loop: ``task`` in the configuration, translation unchanged, and the image
 tasks (tiny presets) under every protocol through the real Flower apps and the in-process runtime."""
 
+import dataclasses
 import json
 import math
 import re
@@ -10,13 +11,12 @@ import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from trustformer.app import ReplyError, _final_metrics
+from trustformer.runtime.rounds import ReplyError
+from trustformer.runtime.server import final_metrics as _final_metrics
 from trustformer.cli import build_parser, resolve_config
-from trustformer.config import TASK_PRESETS, ConfigError, load_config
+from trustformer.config import TASK_PRESETS, ConfigError, image_preset, load_config, seg_preset
 from trustformer.protocols.base import ClientSession
-from trustformer.runtime.inprocess import run_in_process
-from trustformer.tasks.image import IMAGE_PRESETS, IMAGE_PRESET_EPOCHS, image_preset
-from trustformer.tasks.segmentation import SEG_PRESETS, SEG_PRESET_EPOCHS, seg_preset
+from trustformer.engine.inprocess import run_in_process
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 
@@ -110,11 +110,11 @@ def test_task_defaults_to_translation_and_presets_follow_the_task():
     assert load_config("small").task == "translation"
     assert load_config("small").federation.rounds == 12
     img = load_config("small", None, {"task": "image-classification"})
-    assert img.federation.rounds == IMAGE_PRESET_EPOCHS["small"] == 8
+    assert img.federation.rounds == 8
     assert (img.image.layers, img.image.widths, img.image.batch_size) == ((1, 1, 1), (16, 32, 64), 32)
     assert (img.image.lr, img.image.lr_decay) == (0.03, 0.3)
     seg = load_config("small", None, {"task": "segmentation"})
-    assert seg.federation.rounds == SEG_PRESET_EPOCHS["small"] == 30
+    assert seg.federation.rounds == 30
     assert (seg.segmentation.depth, seg.segmentation.base_width, seg.segmentation.norm) == (3, 8, "group")
     assert (seg.segmentation.optimizer, seg.segmentation.lr, seg.segmentation.batch_size) == ("adam", 3e-3, 8)
     # a value given on the command line wins over the task's preset
@@ -124,26 +124,31 @@ def test_task_defaults_to_translation_and_presets_follow_the_task():
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "paper"])
-def test_config_presets_are_the_task_modules_presets(preset):
-    """config.py holds the values; they must be those measured in tasks/image.py and tasks/segmentation.py."""
+def test_a_task_section_is_declared_once_with_its_presets_beside_it(preset):
+    """The run's image and segmentation sections are the very objects the tasks consume (no second copy)."""
+    from trustformer.tasks.image import ImageClassificationTask
+    from trustformer.tasks.segmentation import SegmentationTask
+
     extra = {"data_dir": "/data"} if preset == "paper" else {}
     img = load_config(preset, None, {"task": "image-classification", **{f"image.{k}": v for k, v in extra.items()}})
-    assert img.image.task_config() == image_preset(preset, **extra)
-    assert img.federation.rounds == IMAGE_PRESET_EPOCHS[preset]
+    assert img.image == image_preset(preset, **extra)
     seg = load_config(preset, None, {"task": "segmentation", **{f"segmentation.{k}": v for k, v in extra.items()}})
-    assert seg.segmentation.task_config() == seg_preset(preset, **extra)
-    assert seg.federation.rounds == SEG_PRESET_EPOCHS[preset]
-    assert set(IMAGE_PRESETS) == set(SEG_PRESETS) == {"tiny", "small", "paper"}
+    assert seg.segmentation == seg_preset(preset, **extra)
+    assert set(TASK_PRESETS["image-classification"]) == set(TASK_PRESETS["segmentation"]) == {"tiny", "small", "paper"}
+    for task in (ImageClassificationTask, SegmentationTask):  # the task modules declare no section of their own
+        module = __import__(task.__module__, fromlist=["_"])
+        assert not [name for name, value in vars(module).items() if dataclasses.is_dataclass(value)
+                    and value.__module__ == module.__name__], module.__name__
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"task": "images"}, "task = 'images' is not one of"),
-    ({"task": "image-classification", "image.lr": -1.0}, "image.lr must be"),
-    ({"task": "image-classification", "image.dataset": "mnist"}, "image.dataset must be one of"),
-    ({"task": "image-classification", "image.widths": [8]}, "image.widths must give one width"),
+    ({"task": "image-classification", "image.lr": -1.0}, "image.lr = -1.0 must be > 0"),
+    ({"task": "image-classification", "image.dataset": "mnist"}, "image.dataset = 'mnist' is not one of"),
+    ({"task": "image-classification", "image.widths": [8]}, "image.widths = [8] must give one width"),
     ({"task": "image-classification", "image.layers": "1,1"}, "image.layers = '1,1' must be a list"),
-    ({"task": "segmentation", "segmentation.norm": "batch"}, "segmentation.norm must be one of"),
-    ({"task": "segmentation", "segmentation.depth": 9}, "segmentation.depth must be in"),
+    ({"task": "segmentation", "segmentation.norm": "batch"}, "segmentation.norm = 'batch' is not one of"),
+    ({"task": "segmentation", "segmentation.depth": 9}, "segmentation.depth = 9 must be in [1, 6]"),
     ({"task": "segmentation", "data.partition": "dirichlet"}, "data.partition = 'dirichlet' does not apply"),
     ({"data.partition": "stratified"}, "data.partition = 'stratified' does not apply to task = 'translation'"),
     ({"task": "image-classification", "image.nope": 1}, "unknown config key image.nope"),

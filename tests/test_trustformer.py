@@ -10,7 +10,7 @@ from trustformer.config import ConfigError, load_config
 from trustformer.core.centroids import cluster_means, layer_matrix
 from trustformer.protocols import trustformer as trustformer_module
 from trustformer.protocols.trustformer import PAYLOAD, Trustformer
-from trustformer.runtime.inprocess import run_in_process
+from trustformer.engine.inprocess import run_in_process
 from trustformer.wire import from_array_record, payload_bytes
 from flwr.app import RecordDict
 

@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Any
 
-from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
+from .cli_options import add_config_options, resolve_config, setup_logging
+from .config import PRESETS, ConfigError, parse_override
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "ResNet on image classification or a U-Net on segmentation (--task). Options override --config, "
         "which overrides --preset.",
     )
-    _add_config_options(p)
+    add_config_options(p)
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
     p.add_argument("--resume", metavar="DIR",
                    help="continue the run checkpointed in DIR after its last completed round (needs "
@@ -27,69 +28,21 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
 
-def _add_config_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
-    p.add_argument("--config", metavar="FILE", help="TOML file with any run option (see README)")
-    p.add_argument("--task", choices=TASKS,
-                   help="learning task (default: translation); the preset's values follow the task")
-    p.add_argument("--strategy", choices=STRATEGIES, help="federated protocol")
-    p.add_argument("--rounds", type=int, help="training rounds (local epochs)")
-    p.add_argument("--clients", type=int, help="number of data owners")
-    p.add_argument("--seed", type=int, help="seed of every random choice")
-    p.add_argument("--data", metavar="FILE.tsv", help="own corpus: UTF-8 lines 'source<TAB>target'")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
-    p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
-    p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
-    p.add_argument("--secure", choices=SECURE_MODES, metavar="MODE",
-                   help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
-                        "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)")
-
-
-def resolve_config(args: argparse.Namespace) -> RunConfig:
-    overrides: dict[str, Any] = {
-        "task": getattr(args, "task", None),
-        "federation.strategy": args.strategy,
-        "federation.rounds": args.rounds,
-        "federation.clients": args.clients,
-        "federation.beta": args.beta,
-        "federation.agg_every": args.agg_every,
-        "secure.mode": getattr(args, "secure", None),
-        "seed": args.seed,
-        "out": args.out,
-    }
-    if args.data:
-        overrides["data.source"] = "tsv"
-        overrides["data.path"] = args.data
-    for item in args.set:
-        key, value = parse_override(item)
-        overrides[key] = value
-    preset = args.preset or "small"
-    cfg = load_config(preset, args.config, overrides)
-    if not cfg.out:
-        task = "" if cfg.task == "translation" else f"{cfg.task}-"
-        cfg = load_config(preset, args.config, {
-            **overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
-        })
-    return cfg
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from .deploy.cli import run_config
 
-    cfg = run_config(args, resolve_config)  # --resume DIR: the checkpointed run's configuration
+    cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
     if cfg.runtime.resume and cfg.runtime.store != "disk":
         raise ConfigError(f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
                           "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
                           "--set runtime.store=disk")
-    _setup_logging(quiet=args.quiet or not cfg.runtime.progress)
-    from .evaluation.checks import check_metrics
-    from .runtime.inprocess import run_in_process
+    setup_logging(quiet=args.quiet or not cfg.runtime.progress)
+    from .tasks.checks import check_metrics
+    from .engine.inprocess import run_in_process
 
     check_metrics(cfg)  # before any training, not after it
     summary = run_in_process(cfg)
-    from .tasks.run import FINAL_METRICS
+    from .tasks.results import FINAL_METRICS
 
     if cfg.task != "translation":
         scores = " · ".join(f"{key} {summary[key]}" for key in FINAL_METRICS[cfg.task])
@@ -130,7 +83,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "federation":
         from .bench.federation_bench import main as federation_main
 
-        _setup_logging(quiet=True)
+        setup_logging(quiet=True)
         return federation_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
@@ -207,7 +160,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     from . import reproduce as rep
 
-    _setup_logging(quiet=False)
+    setup_logging(quiet=False)
     if args.quiet:
         for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime",
                      "trustformer.protocols", "trustformer.tasks"):
@@ -311,7 +264,7 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
         "reports the relative L2 error and the fraction of weights recovered within 1e-6 (mean over clients "
         "at the last exchange round). The sweep options run several configurations and print one table.",
     )
-    _add_config_options(r)
+    add_config_options(r)
     r.add_argument("--strategies", type=_str_list, metavar="LIST",
                    help="comma-separated strategies to attack, one run each (default: --strategy)")
     r.add_argument("--betas", type=_float_list, metavar="LIST",
@@ -336,7 +289,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     args.set = [f"{k}={json.dumps(v)}" for k, v in rec.FAST_EVAL.items() if k not in given] + list(args.set)
     if args.out is None:
         args.out = os.path.join("runs", "attack-reconstruct")
-    _setup_logging(quiet=True)
+    setup_logging(quiet=True)
     cfg = resolve_config(args)
     runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
     for why in skipped:
@@ -375,7 +328,7 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    _setup_logging(quiet=False)
+    setup_logging(quiet=False)
     if args.out is None and len(args.dirs) != 1:
         raise ConfigError("--out is required when more than one folder is given")
     files = build_report(args.dirs, args.out or args.dirs[0], title=args.title, epochs=args.epochs)
@@ -384,20 +337,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup_logging(*, quiet: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    root = logging.getLogger("trustformer")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.WARNING if quiet else logging.INFO)
-    root.propagate = False
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-
-
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that describe a problem with the input or the environment: printed without a traceback
     (set TRUSTFORMER_DEBUG=1 to see it)."""
-    from .app import FederationError
+    from .wire import FederationError
     from .data.corpus import CorpusUnavailableError
     from .data.tokenizer import TokenizerUnavailableError
     from .wire import PayloadError
@@ -427,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     c = sub.add_parser("config", help="print the resolved configuration as TOML (a starting --config file)")
-    _add_config_options(c)
+    add_config_options(c)
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
     b.add_argument("what", choices=["kmeans", "federation"])
@@ -438,10 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     _attack_parser(sub)
     from .deploy.cli import add_deploy_parser
 
-    add_deploy_parser(sub, _add_config_options, resolve_config, _setup_logging)
-    from .secure.cli import add_attest_parser
+    add_deploy_parser(sub)
+    from .deploy.attest_cli import add_attest_parser
 
-    add_attest_parser(sub, _add_config_options, resolve_config)
+    add_attest_parser(sub)
     return parser
 
 

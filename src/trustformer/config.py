@@ -12,6 +12,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin, get_type_hints
 
@@ -23,6 +24,9 @@ else:  # pragma: no cover
 
 class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
+
+
+CONFIG_KEY = "trustformer-config"  # Flower run_config key holding the resolved RunConfig as JSON
 
 
 PARTITIONS = ("iid", "domain", "dirichlet", "stratified")
@@ -355,15 +359,15 @@ class RuntimeConfig:
         _choice("runtime.store", self.store, ("memory", "disk"))
 
 
-def _task_section_error(section: str, exc: Exception) -> "ConfigError":
-    """A task module's TaskConfigError ("lr must be > 0; …") as a ConfigError naming the config key."""
-    return ConfigError(f"{section}.{exc}")
+IMAGE_DATASETS = ("fashion-mnist", "digits", "cifar10")
+SEG_DATASETS = ("mri-brain", "lgg")
 
 
 @dataclass(frozen=True)
 class ImageConfig:
     """``task = "image-classification"`` (``tasks/image.py``): data, FIXUP ResNet and local SGD/Adam.
-    Defaults are the ``small`` preset (Fashion-MNIST, basic blocks 1-1-1 of widths 16/32/64)."""
+    Defaults are the ``small`` preset (Fashion-MNIST, basic blocks 1-1-1 of widths 16/32/64); the other
+    presets are in :data:`TASK_PRESETS`."""
 
     dataset: str = "fashion-mnist"  # fashion-mnist | digits (scikit-learn's, fast tests) | cifar10
     data_dir: str = ""  # fashion-mnist: idx folder ("" = Debian's dataset-fashion-mnist); cifar10: required
@@ -373,69 +377,93 @@ class ImageConfig:
     layers: tuple[int, ...] = (1, 1, 1)  # residual blocks per stage
     widths: tuple[int, ...] = (16, 32, 64)  # channels per stage
     stem: str = "cifar"  # cifar (3x3 conv) | imagenet (7x7 conv + max-pool)
-    stem_stride: int = 2
+    stem_stride: int = 2  # 1 | 2
     stem_width: int = 0  # 0 = widths[0]
     optimizer: str = "sgd"  # sgd (with momentum) | adam
-    lr: float = 0.03
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
+    lr: float = 0.03  # learning rate
+    momentum: float = 0.9  # sgd momentum
+    weight_decay: float = 5e-4  # L2 weight decay
     lr_decay: float = 0.3  # lr / (1 + lr_decay * local epochs done): FedPC's step-based decay
-    batch_size: int = 32
-    label_smoothing: float = 0.0
+    batch_size: int = 32  # images per batch
+    label_smoothing: float = 0.0  # of the cross-entropy
     augment: str = "none"  # none | flip | crop-flip
-    eval_batch_size: int = 1000
-
-    def task_config(self):
-        """The task module's validated ``ImageTaskConfig`` (ConfigError naming ``image.<key>``)."""
-        from .tasks.base import TaskConfigError
-        from .tasks.image import ImageTaskConfig
-
-        try:
-            return ImageTaskConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
-        except TaskConfigError as exc:
-            raise _task_section_error("image", exc) from None
+    eval_batch_size: int = 1000  # images per batch when evaluating
 
     def validate(self) -> None:
-        self.task_config()
+        key = "image."
+        _choice(key + "dataset", self.dataset, IMAGE_DATASETS)
+        if self.dataset == "cifar10" and not self.data_dir:
+            raise ConfigError("image.data_dir must name the CIFAR-10 python folder (data_batch_1..5, test_batch) "
+                              "when image.dataset = 'cifar10'")
+        _at_least(key + "train_size", self.train_size, 0)
+        _at_least(key + "test_size", self.test_size, 0)
+        _choice(key + "block", self.block, ("basic", "bottleneck"))
+        _choice(key + "stem", self.stem, ("cifar", "imagenet"))
+        _choice(key + "stem_stride", self.stem_stride, (1, 2))
+        _at_least(key + "stem_width", self.stem_width, 0)
+        if not self.layers or any(v < 1 for v in self.layers):
+            raise ConfigError(f"image.layers = {list(self.layers)!r} must be a non-empty list of block counts >= 1")
+        if len(self.widths) != len(self.layers) or any(v < 1 for v in self.widths):
+            raise ConfigError(f"image.widths = {list(self.widths)!r} must give one width >= 1 per stage of "
+                              f"image.layers ({len(self.layers)})")
+        _optimizer_checks(key, self)
+        _choice(key + "augment", self.augment, ("none", "flip", "crop-flip"))
+        _at_least(key + "eval_batch_size", self.eval_batch_size, 1)
 
 
 @dataclass(frozen=True)
 class SegmentationConfig:
     """``task = "segmentation"`` (``tasks/segmentation.py``): data, U-Net and local Adam. Defaults are
-    the ``small`` preset (MRI brain extraction at 108x90, U-Net depth 3, width 8, GroupNorm)."""
+    the ``small`` preset (MRI brain extraction at 108x90, U-Net depth 3, width 8, GroupNorm); the other
+    presets are in :data:`TASK_PRESETS`."""
 
     dataset: str = "mri-brain"  # mri-brain (Debian's mricron-data) | lgg (kaggle_3m folder)
     data_dir: str = ""  # mri-brain: folder of ch2.nii.gz + ch2bet.nii.gz ("" = Debian's); lgg: required
     downsample: int = 2  # mri-brain: integer resolution reduction
     size: int = 128  # lgg: slices resized to size x size
     test_fraction: float = 0.2  # units (patients; slices for mri-brain) held out as the shared test set
-    depth: int = 3
-    base_width: int = 8
-    norm: str = "group"  # group | instance | none (no running statistics anywhere)
-    groups: int = 8
+    depth: int = 3  # U-Net levels, 1..6
+    base_width: int = 8  # channels of the first level (doubled per level)
+    norm: str = "group"  # group | none (no running statistics anywhere)
+    groups: int = 8  # GroupNorm groups
     optimizer: str = "adam"  # adam | sgd
-    lr: float = 3e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_decay: float = 0.0
-    batch_size: int = 8
-    label_smoothing: float = 0.0
+    lr: float = 3e-3  # learning rate
+    momentum: float = 0.9  # sgd momentum
+    weight_decay: float = 0.0  # L2 weight decay
+    lr_decay: float = 0.0  # lr / (1 + lr_decay * local epochs done)
+    batch_size: int = 8  # slices per batch
+    label_smoothing: float = 0.0  # of the pixel loss
     augment: str = "flip"  # none | flip
     threshold: float = 0.5  # probability above which a pixel is foreground
-    eval_batch_size: int = 16
-
-    def task_config(self):
-        """The task module's validated ``SegTaskConfig`` (ConfigError naming ``segmentation.<key>``)."""
-        from .tasks.base import TaskConfigError
-        from .tasks.segmentation import SegTaskConfig
-
-        try:
-            return SegTaskConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
-        except TaskConfigError as exc:
-            raise _task_section_error("segmentation", exc) from None
+    eval_batch_size: int = 16  # slices per batch when evaluating
 
     def validate(self) -> None:
-        self.task_config()
+        key = "segmentation."
+        _choice(key + "dataset", self.dataset, SEG_DATASETS)
+        if self.dataset == "lgg" and not self.data_dir:
+            raise ConfigError("segmentation.data_dir must name the LGG kaggle_3m folder when "
+                              "segmentation.dataset = 'lgg'")
+        _at_least(key + "downsample", self.downsample, 1)
+        _at_least(key + "size", self.size, 8)
+        _in_range(key + "test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        _in_range(key + "depth", self.depth, 1, 6)
+        _at_least(key + "base_width", self.base_width, 1)
+        _choice(key + "norm", self.norm, ("group", "none"))
+        _at_least(key + "groups", self.groups, 1)
+        _optimizer_checks(key, self)
+        _choice(key + "augment", self.augment, ("none", "flip"))
+        _in_range(key + "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
+        _at_least(key + "eval_batch_size", self.eval_batch_size, 1)
+
+
+def _optimizer_checks(key: str, section: ImageConfig | SegmentationConfig) -> None:
+    _choice(key + "optimizer", section.optimizer, ("sgd", "adam"))
+    _positive(key + "lr", section.lr)
+    _in_range(key + "momentum", section.momentum, 0.0, 1.0, hi_open=True)
+    _at_least(key + "weight_decay", section.weight_decay, 0.0)
+    _at_least(key + "lr_decay", section.lr_decay, 0.0)
+    _at_least(key + "batch_size", section.batch_size, 1)
+    _in_range(key + "label_smoothing", section.label_smoothing, 0.0, 1.0, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -612,10 +640,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# What each preset changes for an image task (on top of PRESETS[preset] and the section defaults, which
-# are the `small` values): the tasks' recommended presets (tasks/image.py IMAGE_PRESETS, tasks/segmentation.py
-# SEG_PRESETS, where they were measured; tests/test_task_wiring.py checks the two agree) and the rounds
-# (epochs) each is meant for.
+# What each preset changes for an image task, on top of PRESETS[preset] and the section defaults (the `small`
+# values), and the rounds (epochs) each is meant for. Measured:
+# image-classification, `small` (one torch thread on a shared 2-core CPU, full test set): centralized 8 epochs
+# -> accuracy 0.903 in 231 s; FedAvg over 3 IID clients, 8 rounds of one local epoch -> 0.897 in 235 s (0.884
+# after 5 rounds, 145 s); FedAvg over FedPC's stratified split (17,460 / 27,510 / 15,030 images) -> 0.895 in
+# 248 s. `paper`: FedPC's ResNet-50 FIXUP on CIFAR-10 with momentum SGD, lr 0.01 decayed with the local steps,
+# batch 128 (Section 5.1), 250 epochs, for a GPU (23.5M parameters, 94 MB in float32).
+# segmentation, `small` (one torch thread, 28 held-out slices): centralized 30 epochs -> Dice 0.986 in 86 s;
+# FedAvg over 3 IID clients of 38 slices, 30 rounds -> Dice 0.972 in 53 s; FedPC's stratified split -> Dice
+# 0.970. `paper`: FedPC's U-Net (depth 4, width 64, ~31M parameters) on LGG 256x256 slices, 35 epochs, for a GPU.
 TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "image-classification": {
         "tiny": {"image": {"dataset": "digits", "layers": [1, 1], "widths": [8, 16], "stem_stride": 1,
@@ -687,6 +721,38 @@ def load_config(
                 raise ConfigError(f"{dotted}: {part} is not a section")
         target[leaf] = value
     return build_config(merged)
+
+
+def image_preset(name: str, **overrides: Any) -> ImageConfig:
+    """The ``image`` section of a preset (``tiny``, ``small``, ``paper``) with overrides, validated."""
+    return _task_section(ImageConfig, "image-classification", "image", name, overrides)
+
+
+def seg_preset(name: str, **overrides: Any) -> SegmentationConfig:
+    """The ``segmentation`` section of a preset (``tiny``, ``small``, ``paper``) with overrides, validated."""
+    return _task_section(SegmentationConfig, "segmentation", "segmentation", name, overrides)
+
+
+def _task_section(cls, task: str, section: str, name: str, overrides: Mapping[str, Any]):
+    _choice("preset", name, tuple(TASK_PRESETS[task]))
+    values = {**TASK_PRESETS[task][name].get(section, {}), **overrides}
+    config = _build(cls, values, prefix=f"{section}.")
+    config.validate()
+    return config
+
+
+def run_config_of(run_config: Mapping[str, Any]) -> RunConfig:
+    """The run's configuration from a Flower context's ``run_config`` (parsed once per process and text)."""
+    try:
+        raw = run_config[CONFIG_KEY]
+    except KeyError:
+        raise ConfigError(f"run_config has no {CONFIG_KEY!r} entry (the resolved run configuration)") from None
+    return _parse(str(raw))
+
+
+@lru_cache(maxsize=8)
+def _parse(text: str) -> RunConfig:
+    return RunConfig.from_json(text)
 
 
 def build_config(values: Mapping[str, Any]) -> RunConfig:

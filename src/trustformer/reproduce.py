@@ -224,7 +224,7 @@ def run_grid(
     """Run every planned run that is not cached (all with ``force``), one after another, logging
     which run of how many is going, and the elapsed time and ETA of the grid."""
     if runner is None:
-        from .runtime.inprocess import run_in_process as runner
+        from .engine.inprocess import run_in_process as runner
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     out = GridResult(results=results, runs=list(planned))
@@ -328,7 +328,7 @@ def reproduce(
     results = Path(results)
     planned = plan(preset, grid, results, config_file=config_file, overrides=overrides)
     if planned and runner is None:  # before any training: the metrics the runs need can be computed
-        from .evaluation.checks import check_metrics
+        from .tasks.checks import check_metrics
 
         check_metrics(planned[0].cfg)
     host = machine_info()

@@ -1,4 +1,5 @@
-"""The wire format: named tensors <-> Flower ``ArrayRecord`` (numpy ``.npy`` bytes, never pickle).
+"""The wire: named tensors <-> Flower ``ArrayRecord`` (numpy ``.npy`` bytes, never pickle), the message types
+the server and its clients exchange, and the :class:`Link` a round sends them over.
 
 Everything a protocol exchanges goes through these functions, so the bytes counted are the bytes
 of Flower's own protobuf serialization of the message content, and everything received is checked
@@ -7,16 +8,28 @@ for the expected names, shapes, dtypes and finite values before use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.serde import recorddict_to_proto
+
+# Message types. A round: ``train`` (local training; the reply carries the payload or a report), ``train.payload``
+# (a payload asked for after training), ``train.apply`` (the aggregate or the server's model; then a test
+# evaluation). ``evaluate``: the final evaluation. ``query``: which client a node is. ``query.*``: the secure
+# channel's own steps (attestation, secure aggregation), answered by its client mod.
+TRAIN, PAYLOAD, APPLY, EVALUATE, QUERY = "train", "train.payload", "train.apply", "evaluate", "query"
 
 
 class PayloadError(ValueError):
     """A received payload does not have the expected names, shapes or dtypes, or holds NaN/Inf."""
+
+
+class FederationError(RuntimeError):
+    """The federation cannot go on (too few valid clients, nodes missing, a secure-channel step failed)."""
 
 
 TensorSpec = dict[str, tuple[tuple[int, ...], str]]
@@ -98,3 +111,43 @@ def unpack_flat(flat: torch.Tensor, shapes: "Mapping[str, tuple[int, ...]]") -> 
         raise PayloadError(f"packed array of shape {tuple(flat.shape)}: expected {sum(sizes)} values in one dimension")
     parts = torch.split(flat, sizes)
     return {name: part.reshape(shape) for (name, shape), part in zip(shapes.items(), parts)}
+
+
+@dataclass
+class Delivery:
+    """A message's reply as it reached the server: the reply (None: none within the wait; opened when it
+    travelled sealed), the bytes sent down and up as they travelled, and why the reply cannot be used
+    (``invalid``: it failed to open or unmask; the client is dropped from the round)."""
+
+    reply: Message | None
+    down: int
+    up: int
+    invalid: str | None = None
+
+
+class Link(Protocol):
+    """How a round's messages travel (``runtime.rounds.PlainLink``; the secure channel wraps one)."""
+
+    def setup(self, nodes: list[int], needed: int) -> None:
+        """Before round 1 (the secure channel: every client attests the aggregator)."""
+
+    def prepare(self, rnd: int, nodes: list[int], exchange: bool) -> list[int]:
+        """Before a round's ``train``; returns the nodes still in."""
+
+    def send(self, nodes: Sequence[int], message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
+             ) -> dict[int, Delivery]:
+        """One message per node (its content from ``make_content(node)``), each node's reply."""
+
+    def payload_spec(self, spec: TensorSpec) -> TensorSpec:
+        """What a payload of ``spec`` looks like when it reaches the server (secure aggregation: masked)."""
+
+    def combine(self, rnd: int, payloads: dict[int, dict[str, torch.Tensor]], examples: dict[int, int],
+                weighting: str | None) -> tuple[list[dict[str, torch.Tensor]], list[int], dict[str, float]]:
+        """The aggregation's inputs, their example counts and the seconds this took (secure aggregation: the
+        mean alone, weight 1, unmasked from the sum with ``weighting``, the protocol's ``mean_weighting``)."""
+
+    def finish_row(self, rnd: int, node: int, row: dict[str, Any]) -> None:
+        """Add the link's own costs of the round to a client's line."""
+
+    def summary(self) -> dict[str, Any] | None:
+        """``summary.json["secure"]`` (None: nothing to report)."""

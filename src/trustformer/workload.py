@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig
+from .core.shared import ALL_SHARDS, derive_seed, select_device
 from .data.batching import encode_pairs, make_batches, make_token_batches
 from .data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
 from .data.split import Splits, split_corpus
@@ -34,7 +35,6 @@ class DataError(ValueError):
     """The corpus cannot be used as configured (a malformed file, too few pairs for the split)."""
 
 
-ALL_SHARDS = -1  # partition id of the centralized client, which holds the union of all shards
 
 
 @dataclass(frozen=True)
@@ -156,21 +156,9 @@ def _load_workload_cached(key: str) -> Workload:
                     corpus_pairs=len(pairs), corpus_sha256=fingerprint)
 
 
-def derive_seed(*parts: int | str) -> int:
-    """A stable 63-bit seed derived from the run seed and labels (client, round, purpose)."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def device_of(cfg: RunConfig) -> torch.device:
     """``runtime.device``: ``auto`` is CUDA when this process sees a GPU, else the CPU."""
-    name = cfg.runtime.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("runtime.device = 'cuda' but this process sees no CUDA device "
-                           "(use runtime.device = 'auto' or 'cpu')")
-    return torch.device(name)
+    return select_device(cfg.runtime.device)
 
 
 def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:

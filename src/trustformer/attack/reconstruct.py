@@ -428,7 +428,7 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     """A run without exchanges: every client's model after the last round, from its state on disk."""
     from ..runtime.checkpoint import run_key
     from ..runtime.store import ROUND_END, DiskStore
-    from ..workload import ALL_SHARDS
+    from ..core.shared import ALL_SHARDS
 
     store = DiskStore(Path(cfg.out) / "client-state" / run_key(cfg))
     clients = [ALL_SHARDS] if cfg.federation.strategy == "centralized" else list(range(cfg.federation.clients))
@@ -445,7 +445,7 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
 
 def run_attack(cfg: RunConfig) -> dict[str, Any]:
     """Run the federation ``cfg`` in this process and attack it; returns the result (see module docstring)."""
-    from ..runtime.inprocess import run_in_process
+    from ..engine.inprocess import run_in_process
 
     exchanges_model = make_protocol(cfg).exchanges
     if not exchanges_model and cfg.runtime.store != "disk":  # the truth is read from the clients' state

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli_options import add_config_options, resolve_config
 from ..config import RunConfig
 
 DEFAULT_SETTING: dict[str, Any] = {
@@ -144,15 +145,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from ..cli import _add_config_options
-
     p = argparse.ArgumentParser(
         prog="trustformer bench federation",
         description="local, fedavg and the named strategies on one non-IID setting, with the byte-matched "
                     "baselines of every beta; prints one table (module docstring of "
                     "trustformer.bench.federation_bench).",
     )
-    _add_config_options(p)
+    add_config_options(p)
     p.add_argument("--strategies", default="trustformer",
                    help="comma-separated strategies besides local and fedavg (default: trustformer)")
     p.add_argument("--betas", default="0.1,0.5", help="trustformer betas and byte budgets (default: 0.1,0.5)")
@@ -175,8 +174,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def base_config(args: argparse.Namespace) -> RunConfig:
     """The configuration every run shares: the named setting (for the small preset) under the user's
     options; --out is the folder that holds one sub-folder per run."""
-    from ..cli import resolve_config
-
     extra = [f"{k}={json.dumps(v)}" for k, v in FAST_EVAL.items()]
     if (args.preset or "small") == "small" and not args.no_default_setting:
         given = {item.partition("=")[0] for item in args.set}
@@ -208,7 +205,7 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
 
 def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False, attack: bool = False) -> None:
     from ..config import load_config
-    from ..runtime.inprocess import run_in_process
+    from ..engine.inprocess import run_in_process
 
     values = cfg.to_dict()
     flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)

@@ -7,24 +7,22 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..cli_options import add_config_options, resolve_config, setup_logging
 from ..config import ConfigError, RunConfig, parse_override
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
-# options of _add_config_options that --resume replaces with the checkpointed run's configuration
+# options of add_config_options that --resume replaces with the checkpointed run's configuration
 _RUN_OPTIONS = ("preset", "strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config",
                 "secure")
 
 
-def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Callable[[argparse.ArgumentParser], None],
-                      resolve_config: Callable[[argparse.Namespace], RunConfig],
-                      setup_logging: Callable[..., None]) -> None:
+def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``trustformer deploy`` and its subcommands."""
     p = sub.add_parser(
         "deploy",
@@ -63,7 +61,7 @@ def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Calla
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"its port (default {DEFAULT_PORT})")
     s.add_argument("--dir", metavar="DIR", help="SuperLink database, logs, app (default: <out>/superlink)")
     _add_run_options(s)
-    s.set_defaults(func=lambda a: _cmd_server(a, resolve_config, setup_logging))
+    s.set_defaults(func=_cmd_server)
 
     n = d.add_parser("client", help="a SuperNode for one data owner (runs until stopped)",
                      description="Start a SuperNode that connects to the SuperLink over TLS, authenticates "
@@ -88,7 +86,7 @@ def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Calla
     n.add_argument("--wait-registration", type=float, default=300.0, metavar="S",
                    help="while the SuperLink refuses this client's key (not registered yet), try again for "
                         "up to S seconds (default 300)")
-    n.set_defaults(func=lambda a: _cmd_client(a, setup_logging))
+    n.set_defaults(func=_cmd_client)
 
     loc = d.add_parser("local", help="a whole federation on this machine: server and N clients as processes",
                        description="Make credentials, start a SuperLink and one SuperNode per client on 127.0.0.1 "
@@ -96,7 +94,7 @@ def add_deploy_parser(sub: argparse._SubParsersAction, add_config_options: Calla
     add_config_options(loc)
     loc.add_argument("--dir", metavar="DIR", help="credentials, logs, client state (default: <out>/deployment)")
     _add_run_options(loc)
-    loc.set_defaults(func=lambda a: _cmd_local(a, resolve_config, setup_logging))
+    loc.set_defaults(func=_cmd_local)
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -108,7 +106,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
 
 
-def run_config(args: argparse.Namespace, resolve_config: Callable[[argparse.Namespace], RunConfig]) -> RunConfig:
+def run_config(args: argparse.Namespace) -> RunConfig:
     """The run's configuration: from the options, or (``--resume DIR``) from DIR's checkpoint."""
     if not getattr(args, "resume", None):
         return resolve_config(args)
@@ -185,11 +183,11 @@ def _follow(path: Path, position: int) -> int:
     return position + complete
 
 
-def _cmd_server(args: argparse.Namespace, resolve_config, setup_logging) -> int:
+def _cmd_server(args: argparse.Namespace) -> int:
     from .certs import Credentials
     from .launch import check_port_free, deployment_config, preflight, start_server
 
-    cfg = deployment_config(run_config(args, resolve_config))
+    cfg = deployment_config(run_config(args))
     preflight(cfg)
     check_port_free(args.host, args.port)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
@@ -207,11 +205,11 @@ def _cmd_server(args: argparse.Namespace, resolve_config, setup_logging) -> int:
     return _finish(status, run_id, cfg, server.superlink)
 
 
-def _cmd_local(args: argparse.Namespace, resolve_config, setup_logging) -> int:
+def _cmd_local(args: argparse.Namespace) -> int:
     from ..tasks.run import load_task
     from .launch import LocalFederation, deployment_config, preflight
 
-    cfg = deployment_config(run_config(args, resolve_config))
+    cfg = deployment_config(run_config(args))
     preflight(cfg)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once
@@ -271,7 +269,7 @@ def _finish(status: str, run_id: int, cfg: RunConfig, superlink) -> int:
     return 0
 
 
-def _cmd_client(args: argparse.Namespace, setup_logging) -> int:
+def _cmd_client(args: argparse.Namespace) -> int:
     from .launch import node_config
 
     setup_logging(quiet=False)

@@ -4,7 +4,7 @@ The app is a folder with one ``pyproject.toml`` naming the components ``trustfor
 and ``trustformer.app:client_app``; the ``trustformer`` package itself is installed on every
 machine of the federation, so the Flower App Bundle (FAB) built from the folder holds no code and
 the SuperLink runs with ``--disable-runtime-dependency-installation``. The run's resolved
-configuration travels as JSON in the run config key ``trustformer-config`` (``app.CONFIG_KEY``),
+configuration travels as JSON in the run config key ``trustformer-config`` (``config.CONFIG_KEY``),
 passed to ``flwr run --run-config FILE.toml``.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import tomli_w
 
 from .. import __version__
-from ..app import CONFIG_KEY
+from ..config import CONFIG_KEY
 from ..config import RunConfig
 
 APP_NAME = "trustformer-app"

@@ -288,7 +288,7 @@ def preflight(cfg: RunConfig) -> None:
     """What a deployed run needs on the server, checked before any process starts: with ``secure.mode``
     tee the aggregator's signing key (``secure.signing_key``, readable, a private key)."""
     from ..secure.attestation import load_signing_key
-    from ..secure.exchange import uses_tee
+    from ..secure.provision import uses_tee
 
     if uses_tee(cfg.secure.mode):
         if not cfg.secure.signing_key:
@@ -465,9 +465,9 @@ def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | 
     """A data owner's node config: which client it is, where its state and translations go, and its
     own trust anchors for ``secure.mode = tee`` (``trusted_key``: the aggregator's public key, a file on
     this machine; ``expected_measurement``: the measurement it requires; or ``pins`` as made by
-    ``secure.exchange.client_pins``)."""
+    ``secure.provision.client_pins``)."""
     from ..secure.attestation import load_trusted_key
-    from ..secure.exchange import MEASUREMENT_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG
+    from ..secure.provision import MEASUREMENT_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG
 
     config: dict[str, Any] = {"partition-id": int(partition), "state-dir": str(Path(state_dir).resolve()),
                               "diagnostics": False}
@@ -652,10 +652,10 @@ class LocalFederation:
     def for_run(cls, root: str | Path, cfg: RunConfig) -> "LocalFederation":
         """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
         one holding every shard). Stops what it started if starting fails."""
-        from ..app import expected_nodes
+        from ..runtime.server import expected_nodes
         from ..secure.attestation import load_signing_key
-        from ..secure.exchange import client_pins, uses_tee
-        from ..workload import ALL_SHARDS
+        from ..secure.provision import client_pins, uses_tee
+        from ..core.shared import ALL_SHARDS
 
         fed = cls(root, expected_nodes(cfg))
         if uses_tee(cfg.secure.mode):

@@ -1,22 +1,30 @@
-"""The interface every federated protocol implements, and what a protocol's client hooks see.
+"""The interface every federated protocol implements: :class:`FederatedProtocol`, every hook with its default.
 
-A protocol is three functions (no inheritance needed): what a client sends after local training,
-how the server combines what it received, and how a client applies what comes back. The round
-loop, the wire format, validation, measurements and state persistence are shared (``trustformer.app``).
+A protocol says what a client sends after local training (``client_payload``), how the server combines
+what it received (``aggregate``) and how a client applies what comes back (``client_apply``); every other
+hook has a default that does nothing special. What one round does on the server is the protocol's
+``run_round`` over :class:`RoundMessages` (the runtime's validated, measured, secure send/receive helper,
+``runtime/rounds.py``); the default is :func:`standard_round`. Protocols import neither a task nor the
+runtime: they move tensors.
+
+Wrapping a protocol (differential privacy, the attack harness's observer, payload coding) subclasses
+:class:`ProtocolWrapper`, which delegates every hook to the wrapped protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from ..config import RunConfig
-from ..wire import TensorSpec
+from ..core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
+from ..wire import TensorSpec, spec_of
 
-Tensors = dict[str, torch.Tensor]
+Phases = dict[str, float]
+"""Seconds of each phase a hook ran (``*_s``), and other numbers it reports on the client's line."""
 
 
 @dataclass
@@ -28,7 +36,7 @@ class ClientSession:
     round: int
     model: torch.nn.Module
     num_examples: int
-    initial_tensors: Callable[[], "Tensors"]  # the identical initial model's trainable tensors
+    initial_tensors: Callable[[], Tensors]  # the identical initial model's trainable tensors
     protocol_state: Tensors = field(default_factory=dict)
     diagnostics: bool = False  # simulation only: a protocol may report extra (non-private) measurements
     # the label smoothing of the task's loss, for a protocol's own local step (None: train.label_smoothing)
@@ -41,91 +49,244 @@ class ClientSession:
         return self.cfg.train.label_smoothing if self.label_smoothing is None else self.label_smoothing
 
 
-class FederatedProtocol(Protocol):
-    name: str
-    exchanges: bool  # False: clients never exchange anything (local, centralized)
+class RoundMessages(Protocol):
+    """What a protocol's round sees of the server (implemented by ``runtime.rounds.RoundIO``): messages to
+    clients, validated replies, the round's lines (``rows``: node → metrics) and ``fields`` added to them."""
 
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+    rnd: int
+    nodes: list[int]
+    exchange: bool
+    rows: dict[int, dict[str, Any]]
+    fields: dict[str, Any]
+    sampled: list[int] | None
+    needed: int
+
+    def client(self, node: int) -> int: ...
+    def initial(self) -> Tensors: ...
+    def prepare(self, participants: list[int]) -> list[int]: ...
+    def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Tensors] | None = None,
+              config: Mapping[str, Any] | None = None) -> dict[int, Tensors]: ...
+    def request(self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]
+                ) -> dict[int, Tensors]: ...
+    def aggregate(self, payloads: dict[int, Tensors]) -> tuple[Tensors, Phases]: ...
+    def apply(self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
+              ) -> None: ...
+    def require(self, valid: int, step: str) -> None: ...
+    def event(self, **fields: Any) -> None: ...
+    def stop(self, reason: str) -> None: ...
+
+
+class FederatedProtocol:
+    """Base class of every protocol. Subclasses set ``name`` and override what they change.
+
+    Class attributes:
+      ``exchanges``: False for the protocols that never exchange anything (local, centralized);
+      ``payload_on_request``: the ``train`` reply carries only a report; the server asks for payloads with
+      ``train.payload`` (``session.request`` holds what it asked for; FedPC);
+      ``evaluates_after_train``: the ``train`` reply of an exchange round carries a test evaluation (Phong);
+      ``mean_weighting``: ``"examples"`` or ``"uniform"`` when the aggregate is that mean of the payloads, which
+      secure aggregation can compute without seeing them; None otherwise.
+    """
+
+    name: ClassVar[str] = ""
+    exchanges: ClassVar[bool] = True
+    payload_on_request: ClassVar[bool] = False
+    evaluates_after_train: ClassVar[bool] = False
+    mean_weighting: ClassVar[str | None] = None
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    # ------------------------------------------------------------------ client
+    def client_optimizer(self, model: torch.nn.Module, client: int) -> torch.optim.Optimizer | None:
+        """The client's optimizer instead of the task's (None: the task's; FedPC: its private choice)."""
+        return None
+
+    def local_step(self, session: ClientSession) -> LocalStep | None:
+        """The step of local training (None: the task's plain step), e.g. SAM or a regularised loss."""
+        return None
+
+    def train_options(self, session: ClientSession) -> dict[str, int]:
+        """Keyword arguments of the task's ``train_local`` (``epochs``, ``batch_size``; image tasks)."""
+        return {}
+
+    def client_trained(self, session: ClientSession, metrics: dict[str, Any]) -> None:
+        """After local training: keep what the protocol needs in ``session.protocol_state``; remove from
+        ``metrics`` what must not leave the client."""
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         """What a client sends after local training, and the seconds of each phase it ran."""
-        ...
+        raise NotImplementedError(f"{self.name} exchanges nothing")
 
-    def payload_spec(self, session: ClientSession) -> TensorSpec:
-        """The names/shapes/dtypes a client expects back from the server."""
-        ...
+    def payload_spec(self, session: ClientSession) -> TensorSpec | None:
+        """The names/shapes/dtypes a client expects back from the server (None: checked in ``client_apply``)."""
+        return spec_of(dict(session.model.named_parameters()))
 
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        """Update the client's model from the server's aggregate (or model); returns the seconds of each phase."""
+        raise NotImplementedError(f"{self.name} applies nothing")
+
+    # ------------------------------------------------------------------ server
     def expected_payload(self, initial: Tensors) -> TensorSpec:
-        """Server: the names/shapes/dtypes of the payload every client must send, from the run's
-        configuration and the identical initial model's trainable tensors (never from the clients)."""
-        ...
+        """The names/shapes/dtypes every client's payload must have, from the configuration and the identical
+        initial model (never from the clients)."""
+        return spec_of(initial)
 
-    def aggregate(
-        self, payloads: Sequence[Tensors], num_examples: Sequence[int]
-    ) -> tuple[Tensors, dict[str, float]]:
-        """Server: combine the round's valid payloads; also returns the seconds of each phase."""
-        ...
+    def check_payload(self, payload: Tensors) -> None:
+        """Raise ``wire.PayloadError`` to drop a payload the generic checks accept."""
 
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
-        """Client: update the model from the server's aggregate; returns the seconds of each phase."""
-        ...
+    def server_begin(self, num_clients: int) -> None:
+        """Once, before round 1; raising ValueError refuses to start (e.g. the privacy budget)."""
 
+    def participants(self, rnd: int, clients: Sequence[int]) -> list[int] | None:
+        """The clients that take part in exchange round ``rnd`` (None: stop the run before it, ``stop_reason``
+        says why). Clients left out still receive the aggregate."""
+        return list(clients)
 
-# Optional hooks, looked up with getattr by the round loop (``trustformer.app``); a protocol
-# without them behaves as above. Client side:
-#
-#   local_step(session) -> LocalStep | None
-#       the step of local training (default: Adam on the batch loss), e.g. SAM or a regularised loss.
-#   client_optimizer(task, model, client) -> torch.optim.Optimizer
-#       the client's optimizer instead of the task's (e.g. FedPC's private hyper-parameters).
-#   train_options(session) -> dict
-#       keyword arguments of the task's ``train_local`` (``epochs``, ``batch_size``; image tasks).
-#   client_trained(session, metrics) -> None
-#       after local training: keep what the protocol needs in ``session.protocol_state`` and remove from
-#       ``metrics`` what must not leave the client (e.g. FedPC's learning rate and step counts).
-#   payload_on_request: bool (attribute)
-#       the ``train`` reply carries no payload, only the report (``train_loss``, ``num_examples``); the
-#       server then asks for payloads with ``train.payload`` (``session.request`` holds what it asked for).
-#   evaluates_after_train: bool (attribute)
-#       the ``train`` reply of an exchange round carries a test evaluation (e.g. Phong's sequential round).
-#   A ``train`` message may carry a model (Phong): the client adopts it with ``client_apply`` first.
-#
-# Server side (the protocol object lives for the whole run):
-#
-#   server_begin(num_clients) -> None
-#       once, before round 1; raising ValueError refuses to start (e.g. the privacy budget).
-#   server_round(round, nodes) -> list[int] | None
-#       at the start of every exchange round: the nodes that take part (client sampling), or None
-#       to stop the run before this round (e.g. the privacy budget is spent; ``stop_reason()`` -> str
-#       says why). With this hook, the nodes that do not take part still receive the aggregate.
-#   check_payload(payload) -> None
-#       raise wire.PayloadError to drop a client's payload the generic checks accept.
-#   server_round_done(round) -> dict[str, float | None]
-#       after every exchange round: fields added to every client's line of that round.
-#   server_summary() -> dict
-#       extra top-level fields of summary.json (e.g. ``privacy``).
-#   run_round(io: runtime.rounds.RoundIO) -> None
-#       the whole server side of one round, as messages over the shared helper (FedPC's report → choose
-#       → request round, Phong's sequential round); without it the standard round runs (train, aggregate,
-#       apply). The helper applies the secure exchange, validation, measurements and drops.
-#   server_state() -> dict  /  load_server_state(dict) -> None
-#       the server-side state a resumed run needs (JSON values; e.g. the privacy accountant), saved
-#       in the round checkpoint after every round and loaded, after server_begin, on resume.
+    def samples_clients(self) -> bool:
+        """Whether ``participants`` may leave clients out (their lines then say ``sampled``)."""
+        return False
 
-LocalStep = Callable[[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
-"""One local training step on a batch ``(model, optimizer, src, tgt)``: updates the model and returns
-the batch loss summed over tokens (detached) and the token count, like ``model.loss``."""
+    def stop_reason(self) -> str:
+        return "stopped by the protocol"
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+        """Combine the round's valid payloads; also returns the seconds of each phase."""
+        raise NotImplementedError(f"{self.name} aggregates nothing")
+
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        """After every exchange round: fields added to every client's line of the round (e.g. ε spent)."""
+        return {}
+
+    def line_fields(self) -> dict[str, Any]:
+        """Fields added to every line of every round (e.g. Trustformer's β)."""
+        return {}
+
+    def server_summary(self) -> dict[str, Any]:
+        """Extra top-level fields of summary.json (e.g. ``privacy``)."""
+        return {}
+
+    def server_state(self) -> dict[str, Any] | None:
+        """The server-side state a resumed run needs (JSON values), saved in every round's checkpoint."""
+        return None
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`server_state` on resume (after ``server_begin``)."""
+        raise ValueError(f"{self.name} keeps no server state, but the checkpoint holds some")
+
+    def run_round(self, io: RoundMessages) -> None:
+        """The server side of one round, as messages (default: :func:`standard_round`)."""
+        standard_round(self, io)
 
 
-def trainable_tensors(model: torch.nn.Module) -> Tensors:
-    """Detached copies of a model's trainable tensors by name (shared tensors once)."""
-    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
+    """Every participant trains and (exchange rounds) sends its payload; the server aggregates the valid ones;
+    every client applies the aggregate and evaluates (Algorithm 1 of the paper, server side)."""
+    participants = io.nodes
+    if io.exchange:
+        chosen = protocol.participants(io.rnd, [io.client(n) for n in io.nodes])  # by client id: any runtime
+        if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
+            io.stop(protocol.stop_reason())
+            return
+        participants = [n for n in io.nodes if io.client(n) in set(chosen)]
+        io.needed = min(io.needed, len(participants))
+    participants = io.prepare(participants)
+    if io.exchange and protocol.samples_clients():
+        io.sampled = participants
+    payloads = io.train(participants, payload=io.exchange)
+    if not io.exchange:
+        io.require(len(io.rows), "train")
+        return
+    for node in [n for n in io.rows if n not in payloads]:
+        io.rows.pop(node)
+    io.require(len(io.rows), "train")
+    if not io.rows:
+        io.event(event="no_participants", reason="no client was sampled for this round")
+    else:
+        aggregate, phases = io.aggregate(payloads)
+        others = [n for n in io.nodes if n not in io.rows] if protocol.samples_clients() else []  # left out
+        io.apply(list(io.rows) + others, aggregate, phases)
+        io.require(len(io.rows), "apply")
+    io.fields = protocol.exchange_done(io.rnd)
 
 
-def assign_tensors(model: torch.nn.Module, tensors: Tensors) -> None:
-    """Overwrite a model's trainable tensors in place (names and shapes must match)."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in tensors.items():
-            params[name].copy_(value.to(params[name].dtype))
+class ProtocolWrapper(FederatedProtocol):
+    """A protocol that behaves as ``inner`` except where a subclass overrides a hook (differential privacy,
+    payload coding, the attack harness's observer). Every hook is delegated explicitly."""
+
+    def __init__(self, inner: FederatedProtocol) -> None:
+        super().__init__(inner.cfg)
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.exchanges = inner.exchanges  # type: ignore[misc]
+        self.payload_on_request = inner.payload_on_request  # type: ignore[misc]
+        self.evaluates_after_train = inner.evaluates_after_train  # type: ignore[misc]
+        self.mean_weighting = inner.mean_weighting  # type: ignore[misc]
+
+    def client_optimizer(self, model, client):
+        return self.inner.client_optimizer(model, client)
+
+    def local_step(self, session):
+        return self.inner.local_step(session)
+
+    def train_options(self, session):
+        return self.inner.train_options(session)
+
+    def client_trained(self, session, metrics):
+        self.inner.client_trained(session, metrics)
+
+    def client_payload(self, session):
+        return self.inner.client_payload(session)
+
+    def payload_spec(self, session):
+        return self.inner.payload_spec(session)
+
+    def client_apply(self, session, aggregate):
+        return self.inner.client_apply(session, aggregate)
+
+    def expected_payload(self, initial):
+        return self.inner.expected_payload(initial)
+
+    def check_payload(self, payload):
+        self.inner.check_payload(payload)
+
+    def server_begin(self, num_clients):
+        self.inner.server_begin(num_clients)
+
+    def participants(self, rnd, clients):
+        return self.inner.participants(rnd, clients)
+
+    def samples_clients(self):
+        return self.inner.samples_clients()
+
+    def stop_reason(self):
+        return self.inner.stop_reason()
+
+    def aggregate(self, payloads, num_examples):
+        return self.inner.aggregate(payloads, num_examples)
+
+    def exchange_done(self, rnd):
+        return self.inner.exchange_done(rnd)
+
+    def line_fields(self):
+        return self.inner.line_fields()
+
+    def server_summary(self):
+        return self.inner.server_summary()
+
+    def server_state(self):
+        return self.inner.server_state()
+
+    def load_server_state(self, state):
+        self.inner.load_server_state(state)
+
+    def run_round(self, io):
+        # the standard round calls this wrapper's hooks; a protocol-declared round calls io.aggregate, which
+        # goes through the server's protocol object (this wrapper)
+        if type(self.inner).run_round is FederatedProtocol.run_round:
+            standard_round(self, io)
+        else:
+            self.inner.run_round(io)
 
 
 def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
@@ -136,3 +297,7 @@ def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
         return {n: session.protocol_state[prefix + n] for n in names}
     initial = session.initial_tensors()
     return {n: initial[n].detach().clone() for n in names}
+
+
+__all__ = ["ClientSession", "FederatedProtocol", "LocalStep", "Phases", "ProtocolWrapper", "RoundMessages",
+           "Tensors", "assign_tensors", "held_global", "standard_round", "trainable_tensors"]

@@ -1,11 +1,11 @@
-"""DP-FedSAM (Shi et al. 2023, "Make landscape flatter in differentially private federated
-learning", Algorithm 1): local training with Sharpness-Aware Minimization, then the clipped update
-and server-side Gaussian noise of DP-FedAvg.
+"""DP-FedSAM (Shi et al. 2023, "Make landscape flatter in differentially private federated learning",
+Algorithm 1): DP-FedAvg (``dp.py`` around ``fedavg_updates.py``) whose clients train with Sharpness-Aware
+Minimization.
 
 Each local step: g = ∇L(w), ε̂ = ρ·g/‖g‖, g_SAM = ∇L(w + ε̂), and the optimizer steps from w with
-g_SAM (the base optimizer is the run's Adam, paper Table II, where Shi et al. use SGD). The
-noise is added once to the sum on the server (as in DP-FedAvg) rather than split over the clients
-as N(0, σ²C²/m) each: the same distribution of the sum, and the same accounting.
+g_SAM (the base optimizer is the run's Adam, paper Table II, where Shi et al. use SGD). The noise is
+added once to the sum on the server (as in DP-FedAvg) rather than split over the clients as
+N(0, σ²C²/m) each: the same distribution of the sum, and the same accounting.
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ from __future__ import annotations
 from ..config import RunConfig
 from ..core.local_rules import sam_step
 from .base import ClientSession, LocalStep
-from .dp_fedavg import DPFedAvg
+from .dp import DifferentialPrivacy
+from .fedavg_updates import FedAvgUpdates
 
 
-class DPFedSAM(DPFedAvg):
-    name = "dp-fedsam"
+def sam_local_step(rho: float):
+    """The SAM step of local training, for a client's session (``privacy.sam_rho`` = ρ)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.rho = cfg.privacy.sam_rho
-
-    def local_step(self, session: ClientSession) -> LocalStep:
+    def make(session: ClientSession) -> LocalStep:
         smoothing = session.smoothing
-        rho = self.rho
 
         def step(model, optimizer, src, tgt):
             params = [p for p in model.parameters() if p.requires_grad]
@@ -41,5 +37,12 @@ class DPFedSAM(DPFedAvg):
 
         return step
 
+    return make
 
-__all__ = ["DPFedSAM"]
+
+def dp_fedsam(cfg: RunConfig) -> DifferentialPrivacy:
+    inner = FedAvgUpdates(cfg, local_step=sam_local_step(cfg.privacy.sam_rho))
+    return DifferentialPrivacy(inner, cfg.privacy, name="dp-fedsam")
+
+
+__all__ = ["dp_fedsam", "sam_local_step"]

@@ -7,31 +7,22 @@ import time
 from collections.abc import Sequence
 
 from ..core.aggregation import weighted_mean
-from ..wire import TensorSpec, spec_of
-from .base import ClientSession, Tensors, assign_tensors, trainable_tensors
+from .base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
 
 
-class FedAvg:
+class FedAvg(FederatedProtocol):
     name = "fedavg"
-    exchanges = True
+    mean_weighting = "examples"
 
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
 
-    def payload_spec(self, session: ClientSession) -> TensorSpec:
-        return spec_of(dict(session.model.named_parameters()))
-
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        return spec_of(initial)
-
-    def aggregate(
-        self, payloads: Sequence[Tensors], num_examples: Sequence[int]
-    ) -> tuple[Tensors, dict[str, float]]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
         return mean, {"aggregate_s": time.perf_counter() - started}
 
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()
         assign_tensors(session.model, aggregate)
         return {"apply_s": time.perf_counter() - started}

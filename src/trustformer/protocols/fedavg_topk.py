@@ -5,6 +5,9 @@ Client: Δ = W_local − W_global (+ the residual it did not send before, with e
 as (int32 ``indices``, float32 ``values``): the bytes counted include the indices. Server: the
 data-size-weighted mean of the sparse updates (zeros where a client sent nothing), returned sparse on
 the union of the kept coordinates. Every client adopts W_global + mean update, as in FedAvg.
+
+The same class, without error feedback and with BLUR's local step, is the sparsified update inside
+DP-BLUR-LUS (``dp_blur_lus.py``), whose noised aggregate may come back dense (``values`` of length d).
 """
 
 from __future__ import annotations
@@ -17,24 +20,30 @@ import torch
 from ..config import RunConfig
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
-from .base import ClientSession, Tensors, assign_tensors, held_global, trainable_tensors
+from .base import (ClientSession, FederatedProtocol, LocalStep, Phases, Tensors, assign_tensors, held_global,
+                   trainable_tensors)
 
 INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
 
 
-class FedAvgTopK:
+class FedAvgTopK(FederatedProtocol):
     name = "fedavg-topk"
-    exchanges = True
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.keep = cfg.federation.topk_keep
-        self.error_feedback = cfg.federation.topk_error_feedback
+    def __init__(self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None,
+                 local_step=None) -> None:
+        super().__init__(cfg)
+        self.keep = cfg.federation.topk_keep if keep is None else keep
+        self.error_feedback = cfg.federation.topk_error_feedback if error_feedback is None else error_feedback
+        self._local_step = local_step  # (session) -> LocalStep | None
         self.dim = 2**31 - 1  # server: the model's dimension, from expected_payload
 
     # ------------------------------------------------------------------------------ client
 
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+    def local_step(self, session: ClientSession) -> LocalStep | None:
+        return self._local_step(session) if self._local_step is not None else None
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
         local, base = trainable_tensors(session.model), held_global(session, GLOBAL)
         update = flatten({n: local[n].double() - base[n].double() for n in base})
@@ -51,17 +60,23 @@ class FedAvgTopK:
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         return None  # the union of kept coordinates varies: checked in client_apply
 
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        """W_global[indices] += values (sparse), or W_global += values (a dense update of length d)."""
         started = time.perf_counter()
         base = held_global(session, GLOBAL)
         flat = flatten(base).double()
-        if set(aggregate) != {INDICES, VALUES}:
-            raise PayloadError(f"aggregate from the server: arrays {sorted(aggregate)}, expected {[INDICES, VALUES]}")
-        try:
-            check_sparse(aggregate[INDICES], aggregate[VALUES], flat.numel(), what="aggregate from the server")
-        except ValueError as exc:
-            raise PayloadError(str(exc)) from None
-        flat.index_add_(0, aggregate[INDICES].to(torch.int64).to(flat.device), aggregate[VALUES].double())
+        dim = flat.numel()
+        if set(aggregate) == {INDICES, VALUES}:
+            try:
+                check_sparse(aggregate[INDICES], aggregate[VALUES], dim, what="aggregate from the server")
+            except ValueError as exc:
+                raise PayloadError(str(exc)) from None
+            flat.index_add_(0, aggregate[INDICES].to(torch.int64).to(flat.device), aggregate[VALUES].double())
+        elif set(aggregate) == {VALUES} and tuple(aggregate[VALUES].shape) == (dim,):
+            flat += aggregate[VALUES].double()
+        else:
+            raise PayloadError(f"aggregate from the server: unexpected arrays {sorted(aggregate)} "
+                               f"(expected {INDICES!r} and {VALUES!r}, or {VALUES!r} of length {dim})")
         new_global = unflatten(flat, base)
         assign_tensors(session.model, new_global)
         for n, t in new_global.items():
@@ -86,7 +101,7 @@ class FedAvgTopK:
         except ValueError as exc:
             raise PayloadError(str(exc)) from None
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         """Σ_k (n_k / n)·sparse Δ_k on the union of the kept coordinates."""
         started = time.perf_counter()
         total = float(sum(num_examples))
@@ -100,4 +115,4 @@ class FedAvgTopK:
         return out, {"aggregate_s": time.perf_counter() - started}
 
 
-__all__ = ["FedAvgTopK"]
+__all__ = ["FedAvgTopK", "INDICES", "VALUES"]

@@ -49,9 +49,9 @@ import torch
 from ..config import RunConfig
 from ..core import ternary
 from ..core.dp import flatten, unflatten
+from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
-from ..workload import derive_seed
-from .base import ClientSession, Tensors, assign_tensors, held_global, trainable_tensors
+from .base import ClientSession, FederatedProtocol, RoundMessages, Tensors, assign_tensors, held_global, trainable_tensors
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,12 @@ def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
     }
 
 
-class FedPC:
+class FedPC(FederatedProtocol):
     name = "fedpc"
-    exchanges = True
     payload_on_request = True  # train reports the cost only; payloads come with train.payload
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         self.p = cfg.fedpc
         self.sign = 1.0 if self.p.sign == "paper" else -1.0
         # master
@@ -98,7 +97,7 @@ class FedPC:
 
     # ------------------------------------------------------------------------------ worker
 
-    def client_optimizer(self, task, model: torch.nn.Module, client: int) -> torch.optim.Optimizer:
+    def client_optimizer(self, model: torch.nn.Module, client: int) -> torch.optim.Optimizer:
         """The worker's private optimizer: momentum SGD or Adam (the task section's momentum and weight decay)."""
         hp = private_hyperparameters(self.cfg, client)
         section = self.cfg.image if self.cfg.task == "image-classification" else self.cfg.segmentation
@@ -141,9 +140,6 @@ class FedPC:
         initial = session.initial_tensors()
         return {n: initial[n].detach().clone() for n in names}
 
-    def payload_spec(self, session: ClientSession) -> TensorSpec:
-        return spec_of(dict(session.model.named_parameters()))  # the master's model P^t
-
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
         """Adopt P^t; keep P^{t-1} as the model before it (Eq. 5 needs both)."""
         started = time.perf_counter()
@@ -180,12 +176,12 @@ class FedPC:
         previous = self.costs.get(client)
         return None if previous is None else size * (previous - cost)
 
-    def run_round(self, io) -> None:
+    def run_round(self, io: RoundMessages) -> None:
         """Report → choose the pilot → request model and ternary vectors → Eq. 3 → every worker adopts P^t."""
         if not self.model_spec:
-            self.expected_payload(io.server.initial())
+            self.expected_payload(io.initial())
         if self.last is None:
-            self.last = {n: t.clone() for n, t in io.server.initial().items()}
+            self.last = {n: t.clone() for n, t in io.initial().items()}
         nodes = io.prepare(io.nodes)
         io.train(nodes, payload=False)
         io.require(len(io.rows), "train")

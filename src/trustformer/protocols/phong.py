@@ -22,42 +22,34 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..wire import TensorSpec, spec_of
-from ..workload import derive_seed
-from .base import ClientSession, Tensors, assign_tensors, trainable_tensors
+from ..core.shared import derive_seed
+from .base import ClientSession, FederatedProtocol, Phases, RoundMessages, Tensors, assign_tensors, trainable_tensors
 
 STATE_FILE = "phong-server.pt"  # the model the master holds between epochs, beside checkpoint.json
 
 
-class Phong:
+class Phong(FederatedProtocol):
     name = "phong"
-    exchanges = True
     evaluates_after_train = True  # each worker's reply carries the test loss of the model it produced
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         self.model: Tensors | None = None  # master: the model after the last worker of the last epoch
         self.orders: list[list[int]] = []  # master: the visiting order of every epoch (client ids)
 
     # ------------------------------------------------------------------------------ worker
 
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
 
-    def payload_spec(self, session: ClientSession) -> TensorSpec:
-        return spec_of(dict(session.model.named_parameters()))
-
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()
         assign_tensors(session.model, aggregate)
         return {"apply_s": time.perf_counter() - started}
 
     # ------------------------------------------------------------------------------ master
 
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        return spec_of(initial)
-
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         """The model after the last worker of the sequence (there is nothing to average)."""
         return dict(payloads[-1]), {}
 
@@ -68,9 +60,9 @@ class Phong:
             random.Random(derive_seed(self.cfg.seed, "phong-order", rnd)).shuffle(clients)
         return clients
 
-    def run_round(self, io) -> None:
+    def run_round(self, io: RoundMessages) -> None:
         """The model visits the workers one after another; the last epoch ends with the final model sent to all."""
-        model = self.model if self.model is not None else dict(io.server.initial())
+        model = self.model if self.model is not None else dict(io.initial())
         nodes = io.prepare(io.nodes)
         by_client = {io.client(n): n for n in nodes}
         order = [by_client[c] for c in self.order(io.rnd, list(by_client))]

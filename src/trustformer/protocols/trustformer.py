@@ -98,9 +98,9 @@ from ..core.centroids import (
     random_partition,
 )
 from ..core.kmeans import choose_initial_rows, cluster_layers
+from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
-from ..workload import derive_seed
-from .base import ClientSession, Tensors
+from .base import ClientSession, FederatedProtocol, Phases, Tensors
 
 LABELS, LOCAL, GLOBAL, REFERENCE, MOVED = "labels/", "local/", "global/", "reference/", "moved/"
 PAYLOAD = "centroids"
@@ -108,17 +108,23 @@ MODES = ("shared", "tracked", "rotating", "focused", "local")
 MOVED_DECAY = 0.5  # focused: weight of the older shifts in the per-row running mean
 
 
-class Trustformer:
+class Trustformer(FederatedProtocol):
     name = "trustformer"
-    exchanges = True
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         fed = cfg.federation
         self.beta = fed.beta
         self.min_rows = fed.min_cluster_rows
         self.weighting = fed.weighting
         self.memberships = fed.memberships
+        self.mean_weighting = "examples" if fed.weighting == "data_size" else "uniform"  # type: ignore[misc]
+
+    def line_fields(self) -> dict[str, float]:
+        return {"beta": self.beta}
+
+    def server_summary(self) -> dict[str, float]:
+        return {"beta": self.beta}
 
     # ------------------------------------------------------------------ layout
     def clusters(self, initial: Tensors) -> dict[str, tuple[int, int]]:
@@ -266,7 +272,7 @@ class Trustformer:
         return self.public_labels(initial, public, rnd)[0]
 
     # ------------------------------------------------------------------ the three steps
-    def client_payload(self, session: ClientSession) -> tuple[Tensors, dict[str, float]]:
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         """Algorithm 2: memberships of every exchanged tensor's rows, then the cluster means, each of
         at least ``min_cluster_rows`` rows (checked here, before anything is sent)."""
         layout = self.clusters(session.initial_tensors())
@@ -292,14 +298,14 @@ class Trustformer:
             "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),  # fewer rows than min_cluster_rows: never sent
         }
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         """Algorithm 3 / Eq. 2: mean of centroid j of layer l over the clients (server sees centroids only)."""
         started = time.perf_counter()
         weights = [float(n) for n in num_examples] if self.weighting == "data_size" else [1.0] * len(payloads)
         mean = weighted_mean(payloads, weights)
         return mean, {"aggregate_s": time.perf_counter() - started}
 
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> dict[str, float]:
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         """Algorithms 4–5: shift every row by its cluster's (global − local) centroid difference."""
         started = time.perf_counter()
         params = dict(session.model.named_parameters())

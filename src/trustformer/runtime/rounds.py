@@ -1,26 +1,24 @@
-"""The server's round, as a protocol declares it, over one validated, measured, secure send/receive helper.
+"""One round's validated, measured messages: the send/receive helper every protocol's round runs over.
 
-``run_federation`` (``trustformer.app``) runs the rounds; what happens inside one is the protocol's
-``run_round(rnd_io)`` (an optional hook, ``protocols/base.py``), or :func:`standard_round` — train,
-collect every client's payload, aggregate, apply — for the protocols that do not declare one (FedAvg,
-Trustformer, the DP baselines, top-k). A round function only says which messages go to which clients
-and what the server computes from the replies; :class:`RoundIO` does the rest for every protocol alike:
+A protocol's ``run_round`` (``protocols/base.py``; the default is the standard round: train, aggregate,
+apply) only says which messages go to which clients and what the server computes from the replies;
+:class:`RoundIO` does the rest for every protocol alike:
 
-- **secure channel**: every message goes out and comes back through the run's ``ServerExchange``
-  (``secure/exchange.py``): sealed after attestation (``tee``), masked (``secagg``), or plain; a
-  protocol never sees the difference;
+- **transport**: every message goes out and comes back through the run's :class:`~trustformer.wire.Link`:
+  :class:`PlainLink` here, or the secure channel that wraps it (``secure/channel.py``: sealed after
+  attestation, masked by secure aggregation); a round never sees the difference;
 - **validation**: a reply must be a metrics record of numbers naming the client this node is and the
-  round (``validate_reply``), every payload must have the names/shapes/dtypes the configuration and the
-  protocol give, finite values, and pass the protocol's ``check_payload``; a client whose reply is
+  round (:func:`validate_reply`), every payload must have the names/shapes/dtypes the configuration and
+  the protocol give, finite values, and pass the protocol's ``check_payload``; a client whose reply is
   invalid, missing (dropout, timeout) or makes the aggregation raise is dropped from the round with a
   ``dropped`` event;
-- **measurements**: the bytes of every message, down and up, and every phase time land on the
-  client's line of the round in ``metrics.jsonl`` (several messages to one client in a round add up).
+- **measurements**: the bytes of every message, down and up, as they travelled, and every phase time land
+  on the client's line of the round in ``metrics.jsonl`` (several messages to one client add up).
 
-Message types: ``train`` (local training; the reply carries the payload, or only a report when the
-protocol asks for payloads afterwards; an incoming model — Phong's sequential round — is adopted before
-training), ``train.payload`` (the server asks a client for a payload after training: FedPC's pilot model
-or ternary vector), ``train.apply`` (the server's model or aggregate, then a test evaluation).
+Message types (``wire.py``): ``train`` (local training; the reply carries the payload, or only a report when
+the protocol asks for payloads afterwards; an incoming model — Phong's sequential round — is adopted before
+training), ``train.payload`` (the server asks a client for a payload after training: FedPC's pilot model or
+ternary vector), ``train.apply`` (the server's model or aggregate, then a test evaluation).
 """
 
 from __future__ import annotations
@@ -36,21 +34,19 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import RunConfig
+from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
-from ..wire import PayloadError, TensorSpec, payload_bytes, spec_of
+from ..protocols.base import FederatedProtocol
+from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record, payload_bytes,
+                    spec_of, to_array_record)
 
 log = logging.getLogger(__name__)
 
-TRAIN, APPLY, PAYLOAD, EVALUATE, QUERY = "train", "train.apply", "train.payload", "evaluate", "query"
 POLL_S = 0.5  # seconds between two pulls of the replies still awaited
 TTL_MARGIN_S = 10.0  # a message outlives the wait for its reply by this much (the SuperLink then drops it)
 # metrics keys the server writes itself: a client's reply may not set them
 SERVER_KEYS = frozenset({"event", "node", "reason", "bytes_up", "bytes_down", "exchanged", "sampled", "epsilon",
                          "beta", "pilot", "goodness", "position"})
-
-
-class FederationError(RuntimeError):
-    """The federation cannot go on (too few valid clients, nodes missing)."""
 
 
 class ReplyError(ValueError):
@@ -86,23 +82,52 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict
     return replies
 
 
-def send(grid: Grid, node_ids, message_type: str, rnd: int, make_content, *,
-         timeout: float | None = None) -> dict[int, tuple[Message | None, int]]:
-    """Send one message per node; return each node's reply (None: none within ``timeout`` seconds)
-    with the bytes sent down to it."""
-    messages, down = [], {}
-    for node in node_ids:
-        content = make_content(node)
-        down[node] = payload_bytes(content)
-        messages.append(Message(content, node, message_type, group_id=str(rnd), ttl=ttl(timeout)))
-    replies = exchange(grid, messages, timeout)
-    return {node: (replies.get(node), down[node]) for node in node_ids}
+class PlainLink:
+    """The :class:`~trustformer.wire.Link` of ``secure.mode = none``: messages as they are, aggregation in the
+    clear. The secure channel (``secure/channel.py``) wraps one of these."""
+
+    def __init__(self, grid: Grid, timeout: float | None) -> None:
+        self.grid, self.timeout = grid, timeout
+
+    def setup(self, nodes: list[int], needed: int) -> None:
+        return None
+
+    def prepare(self, rnd: int, nodes: list[int], exchange: bool) -> list[int]:
+        return nodes
+
+    def send(self, nodes, message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
+             ) -> dict[int, Delivery]:
+        messages, down = [], {}
+        for node in nodes:
+            content = make_content(node)
+            down[node] = payload_bytes(content)
+            messages.append(Message(content, node, message_type, group_id=str(rnd), ttl=ttl(self.timeout)))
+        replies = exchange(self.grid, messages, self.timeout)
+        return {node: Delivery(replies.get(node), down[node], _bytes_up(replies.get(node))) for node in nodes}
+
+    def payload_spec(self, spec: TensorSpec) -> TensorSpec:
+        return spec
+
+    def combine(self, rnd: int, payloads: dict[int, Tensors], examples: dict[int, int], weighting: str | None
+                ) -> tuple[list[Tensors], list[int], dict[str, float]]:
+        return list(payloads.values()), [examples[n] for n in payloads], {}
+
+    def finish_row(self, rnd: int, node: int, row: dict[str, Any]) -> None:
+        return None
+
+    def summary(self) -> dict[str, Any] | None:
+        return None
+
+
+def _bytes_up(reply: Message | None) -> int:
+    return payload_bytes(reply.content) if reply is not None and reply.has_content() else 0
+
+
+# --------------------------------------------------------------------------------------- validation
 
 
 def client_of(metrics, node: int, clients: Mapping[int, int], expected: int) -> int:
     """The client id a reply names, which must be a valid one and the one this node is known as."""
-    from ..workload import ALL_SHARDS
-
     client = metrics.get("client") if hasattr(metrics, "get") else None
     if isinstance(client, bool) or not isinstance(client, int):
         raise ReplyError(f"'client' must be an integer, got {client!r}")
@@ -181,20 +206,19 @@ class Server:
     """What the server's rounds share for a whole run."""
 
     cfg: RunConfig
-    grid: Grid
-    protocol: Any
+    link: Link
+    protocol: FederatedProtocol
     recorder: RunRecorder
-    secure: Any  # secure.exchange.ServerExchange
     clients: dict[int, int]  # node id -> client id
     min_valid: int
-    timeout: float | None
     payload_spec: Callable[[], TensorSpec]  # what every client's payload must be, from the configuration
-    initial: Callable[[], dict[str, torch.Tensor]]  # the identical initial model's trainable tensors
+    initial: Callable[[], Tensors]  # the identical initial model's trainable tensors
     server_phases: dict[str, float] = field(default_factory=dict)
 
 
 class RoundIO:
-    """One round's validated, measured, secure messages (see the module's docstring).
+    """One round's validated, measured messages (see the module's docstring); implements
+    ``protocols.base.RoundMessages``.
 
     ``rows`` holds each client's line of the round (node id -> metrics), merged over every message the
     client answered; a client dropped from the round loses its line. ``fields`` are added to every line.
@@ -202,7 +226,7 @@ class RoundIO:
 
     def __init__(self, server: Server, rnd: int, nodes: list[int], exchange: bool) -> None:
         self.server, self.rnd, self.nodes, self.exchange = server, rnd, list(nodes), exchange
-        self.cfg, self.protocol, self.clients = server.cfg, server.protocol, server.clients
+        self.cfg, self.protocol, self.clients, self.link = server.cfg, server.protocol, server.clients, server.link
         self.needed = server.min_valid
         self.rows: dict[int, dict[str, Any]] = {}
         self.fields: dict[str, Any] = {}
@@ -213,6 +237,9 @@ class RoundIO:
 
     def client(self, node: int) -> int:
         return self.clients[node]
+
+    def initial(self) -> Tensors:
+        return self.server.initial()
 
     def drop(self, node: int, reason: str) -> None:
         drop(self.server.recorder, self.rnd, node, self.clients, reason)
@@ -229,14 +256,17 @@ class RoundIO:
         self.server.recorder.event(event="stopped", round=self.rnd, reason=reason)
         self.stopped = reason
 
-    def _row(self, node: int, reply: Message | None, down: int, step: str) -> dict[str, Any] | None:
-        """The reply's validated metrics as a line (with its bytes), or None (the client is dropped)."""
-        fed = self.cfg.federation
+    def _receive(self, node: int, got: Delivery, step: str) -> dict[str, Any] | None:
+        """The reply's validated metrics merged into the client's line (bytes add up), or None (dropped)."""
+        reply, fed = got.reply, self.cfg.federation
         if reply is None:
             self.drop(node, f"no reply to {step}")
             return None
         if reply.has_error():
             self.drop(node, f"{step} failed: {reply.error.reason}")
+            return None
+        if got.invalid is not None:
+            self.drop(node, f"invalid payload: {got.invalid}")
             return None
         try:
             client, metrics = validate_reply(reply, self.rnd, node, self.clients, step, expected=fed.clients,
@@ -245,186 +275,119 @@ class RoundIO:
             self.drop(node, f"invalid reply to {step}: {exc}")
             return None
         self.clients[node] = client
-        row: dict[str, Any] = dict(metrics)
-        row.update(round=self.rnd, client=client, bytes_down=down, bytes_up=payload_bytes(reply.content))
+        row = self.rows.setdefault(node, {"bytes_up": 0, "bytes_down": 0})
+        row["bytes_up"] += got.up
+        row["bytes_down"] += got.down
+        row.update(metrics, round=self.rnd, client=client)
         return row
 
-    def _merge(self, node: int, row: dict[str, Any]) -> dict[str, Any]:
-        """Add a message's line to the client's line of the round (bytes add up)."""
-        if node not in self.rows:
-            self.rows[node] = row
-            return row
-        merged = self.rows[node]
-        merged["bytes_up"] += row.pop("bytes_up")
-        merged["bytes_down"] += row.pop("bytes_down")
-        merged.update(row)
-        return merged
-
-    def _payload(self, node: int, reply: Message, row: dict[str, Any], spec: TensorSpec | None,
-                 kind: str) -> dict[str, torch.Tensor]:
-        """A reply's payload through the secure channel, checked against ``spec`` and the protocol."""
-        secure = self.server.secure
-        payload = secure.read_payload(node, self.rnd, reply, row, kind=kind)
-        if self.cfg.secure.mode in ("none", "tee"):  # secagg: the masked vector's length is checked
-            check_spec(payload, spec if spec is not None else self.server.payload_spec())
-        check = getattr(self.protocol, "check_payload", None)
-        if check is not None:
-            check(payload)
-        return payload
-
-    # -- messages
-
-    def prepare(self, participants: list[int]) -> list[int]:
-        """Before the round's ``train``: the secure exchange's setup (tee: attest new nodes; secagg: keys
-        and shares); returns the participants still in."""
-        return self.server.secure.prepare_round(self.rnd, participants, self.exchange)
-
-    def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
-              config: Mapping[str, Any] | None = None) -> dict[int, dict[str, torch.Tensor]]:
-        """``train`` to ``nodes`` (each adopting ``models[node]`` first, when given); returns the valid
-        payloads (``payload``), every valid reply's line in ``rows``. Invalid payloads drop their client."""
-        secure, rnd = self.server.secure, self.rnd
-        train_cfg = ConfigRecord({"round": rnd, "exchange": self.exchange, **dict(config or {})})
-
-        def content(node: int) -> RecordDict:
-            record = secure.train_content(node, rnd, self.exchange, RecordDict({"config": train_cfg}))
-            if models is not None and node in models:
-                secure.put_model(record, node, rnd, models[node])
-            return record
-
-        replies = send(self.server.grid, nodes, TRAIN, rnd, content, timeout=self.server.timeout)
-        payloads: dict[int, dict[str, torch.Tensor]] = {}
-        for node, (reply, down) in replies.items():
-            row = self._row(node, reply, down, "train")
-            if row is None:
+    def _payloads(self, deliveries: dict[int, Delivery], step: str, specs: Mapping[int, TensorSpec | None]
+                  ) -> dict[int, Tensors]:
+        """The valid payloads of the replies, each checked against its spec and by the protocol."""
+        payloads: dict[int, Tensors] = {}
+        for node, got in deliveries.items():
+            if self._receive(node, got, step) is None or node not in specs:
                 continue
-            row = self._merge(node, row)
             try:
-                if payload:
-                    payloads[node] = self._payload(node, reply, row, None, "train")
-                elif self.exchange and self.cfg.secure.mode != "none":  # a sealed report without arrays
-                    check_spec(self.server.secure.read_payload(node, self.rnd, reply, row), {})
+                payload = from_array_record(got.reply.content["payload"], what="payload")
+                spec = specs[node] if specs[node] is not None else self.server.payload_spec()
+                check_spec(payload, self.link.payload_spec(spec))
+                self.protocol.check_payload(payload)
+                payloads[node] = payload
             except FederationError:
                 raise
             except Exception as exc:  # anything a client's reply makes us raise drops that client
                 self.drop(node, f"invalid payload: {describe(exc)}")
         return payloads
 
+    # -- messages
+
+    def prepare(self, participants: list[int]) -> list[int]:
+        """Before the round's ``train``: the link's setup of the round (secure channel: attest new nodes, the
+        secure-aggregation keys and shares); returns the participants still in."""
+        return self.link.prepare(self.rnd, participants, self.exchange)
+
+    def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Tensors] | None = None,
+              config: Mapping[str, Any] | None = None) -> dict[int, Tensors]:
+        """``train`` to ``nodes`` (each adopting ``models[node]`` first, when given); returns the valid
+        payloads (``payload``), every valid reply's line in ``rows``. Invalid payloads drop their client."""
+        train_cfg = ConfigRecord({"round": self.rnd, "exchange": self.exchange, **dict(config or {})})
+
+        def content(node: int) -> RecordDict:
+            record = RecordDict({"config": train_cfg})
+            if models is not None and node in models:
+                record["model"] = to_array_record(dict(models[node]))
+            return record
+
+        deliveries = self.link.send(nodes, TRAIN, self.rnd, content)
+        return self._payloads(deliveries, "train", {n: None for n in nodes} if payload else {})
+
     def request(self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]
-                ) -> dict[int, dict[str, torch.Tensor]]:
+                ) -> dict[int, Tensors]:
         """``train.payload``: ask each node for the payload ``requests[node]`` describes (after its ``train``),
         checked against ``specs[node]``; returns the valid payloads."""
         rnd = self.rnd
-        replies = send(self.server.grid, list(requests), PAYLOAD, rnd,
-                       lambda n: RecordDict({"config": ConfigRecord({"round": rnd, **dict(requests[n])})}),
-                       timeout=self.server.timeout)
-        payloads: dict[int, dict[str, torch.Tensor]] = {}
-        for node, (reply, down) in replies.items():
-            row = self._row(node, reply, down, "payload")
-            if row is None:
-                continue
-            row = self._merge(node, row)
-            kind = PAYLOAD + ".retry" if requests[node].get("retry") else PAYLOAD
-            try:
-                payloads[node] = self._payload(node, reply, row, specs[node], kind)
-            except FederationError:
-                raise
-            except Exception as exc:
-                self.drop(node, f"invalid payload: {describe(exc)}")
-        return payloads
+        deliveries = self.link.send(list(requests), PAYLOAD, rnd, lambda n: RecordDict(
+            {"config": ConfigRecord({"round": rnd, **dict(requests[n])})}))
+        return self._payloads(deliveries, "payload", specs)
 
-    def aggregate(self, payloads: dict[int, dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """The protocol's aggregate of ``payloads`` (through the secure exchange: in the TEE with tee,
-        unmasked with secagg). When the aggregation raises, each contribution is aggregated on its own to
-        find the ones that make it fail: those clients are dropped and the others aggregated, while
-        ``federation.min_clients`` allows."""
-        secure, protocol, rnd, rows = self.server.secure, self.protocol, self.rnd, self.rows
+    def _combine(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
+        inputs, weights, phases = self.link.combine(self.rnd, payloads,
+                                                    {n: self.rows[n]["num_examples"] for n in payloads},
+                                                    self.protocol.mean_weighting)
+        aggregate, more = self.protocol.aggregate(inputs, weights)
+        return aggregate, {**phases, **more}
+
+    def aggregate(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
+        """The protocol's aggregate of ``payloads`` (secure aggregation combines them first, unseen). When it
+        raises, each contribution is aggregated on its own to find the ones that make it fail: those clients
+        are dropped and the others aggregated, while ``federation.min_clients`` allows."""
         try:
-            return secure.aggregate(protocol, rnd, payloads, rows)
+            aggregate, phases = self._combine(payloads)
         except FederationError:
             raise
         except Exception as exc:
-            first = exc
-        culprits = {}
-        for node in list(payloads):
-            try:
-                secure.aggregate(protocol, rnd, {node: payloads[node]}, {node: rows[node]})
-            except FederationError:
-                raise
-            except Exception as exc:  # this client's contribution alone makes the aggregation fail
-                culprits[node] = exc
-        if not culprits:
-            raise FederationError(f"round {rnd}: the aggregation failed with every client's contribution valid on "
-                                  f"its own: {describe(first)}") from first
-        for node, exc in culprits.items():
-            self.drop(node, f"aggregation failed on its contribution: {describe(exc)}")
-            payloads.pop(node)
-        self.require(len(rows), "aggregate")
-        return secure.aggregate(protocol, rnd, payloads, rows)
+            culprits = {}
+            for node in list(payloads):
+                try:
+                    self._combine({node: payloads[node]})
+                except FederationError:
+                    raise
+                except Exception as single:  # this client's contribution alone makes the aggregation fail
+                    culprits[node] = single
+            if not culprits:
+                raise FederationError(f"round {self.rnd}: the aggregation failed with every client's contribution "
+                                      f"valid on its own: {describe(exc)}") from exc
+            for node, single in culprits.items():
+                self.drop(node, f"aggregation failed on its contribution: {describe(single)}")
+                payloads.pop(node)
+            self.require(len(self.rows), "aggregate")
+            aggregate, phases = self._combine(payloads)
+        for key, value in phases.items():
+            self.server.server_phases[key] = self.server.server_phases.get(key, 0.0) + value
+        return aggregate, phases
 
     def apply(self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
               ) -> None:
         """``train.apply``: every node adopts ``tensors`` (the aggregate or the server's model) and evaluates;
         ``phases`` (the server's phase times of the round) go on each of their lines."""
-        replies = send(self.server.grid, nodes, APPLY, self.rnd,
-                       self.server.secure.apply_content(self.rnd, dict(tensors)), timeout=self.server.timeout)
-        for node, (reply, down) in replies.items():
-            row = self._row(node, reply, down, "apply")
-            if row is None:
-                continue
-            self._merge(node, row).update(phases or {})
+        content = RecordDict({"config": ConfigRecord({"round": self.rnd}), "aggregate": to_array_record(dict(tensors))})
+        for node, got in self.link.send(nodes, APPLY, self.rnd, lambda _n: content).items():
+            row = self._receive(node, got, "apply")
+            if row is not None:
+                row.update(phases or {})
 
     def finish(self) -> None:
-        """Write every line of the round (client order), with the round's fields and secure costs."""
-        secure, recorder = self.server.secure, self.server.recorder
+        """Write every line of the round (client order), with the round's fields and the link's costs."""
         for node in sorted(self.rows, key=lambda n: self.clients[n]):
             row = self.rows[node]
             row["exchanged"] = self.exchange
             if self.sampled is not None:
                 row["sampled"] = node in self.sampled
             row.update(self.fields)
-            secure.finish_row(self.rnd, node, row)
-            if self.protocol.name == "trustformer":
-                row["beta"] = self.cfg.federation.beta
-            recorder.record(row)
+            self.link.finish_row(self.rnd, node, row)
+            row.update(self.protocol.line_fields())
+            self.server.recorder.record(row)
 
 
-def standard_round(io: RoundIO) -> None:
-    """The round of the protocols that declare none: every client trains and (exchange rounds) sends its
-    payload; the server aggregates the valid ones; every valid client applies the aggregate and evaluates.
-    With client sampling (the protocol's ``server_round``), the clients not sampled only adopt the aggregate."""
-    protocol = io.protocol
-    choose = getattr(protocol, "server_round", None)  # optional hooks: see protocols/base.py
-    participants = io.nodes
-    if io.exchange and choose is not None:
-        chosen = choose(io.rnd, [io.client(n) for n in io.nodes])  # sampled by client id: the same in any runtime
-        if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
-            io.stop(getattr(protocol, "stop_reason", lambda: "stopped by the protocol")())
-            return
-        participants = [n for n in io.nodes if io.client(n) in set(chosen)]
-        io.needed = min(io.needed, len(participants))
-    participants = io.prepare(participants)
-    if io.exchange and choose is not None:
-        io.sampled = participants
-    payloads = io.train(participants, payload=io.exchange)
-    if not io.exchange:
-        io.require(len(io.rows), "train")
-        return
-    for node in [n for n in io.rows if n not in payloads]:
-        io.rows.pop(node)
-    io.require(len(io.rows), "train")
-    if io.rows:
-        aggregate, phases = io.aggregate(payloads)
-        for key, value in phases.items():
-            io.server.server_phases[key] = io.server.server_phases.get(key, 0.0) + value
-        others = [n for n in io.nodes if n not in io.rows] if choose is not None else []
-        io.apply(list(io.rows) + others, aggregate, phases)
-        io.require(len(io.rows), "apply")
-    else:
-        io.event(event="no_participants", reason="no client was sampled for this round")
-    round_done = getattr(protocol, "server_round_done", None)
-    if round_done is not None:
-        io.fields = round_done(io.rnd)
-
-
-__all__ = ["FederationError", "ReplyError", "RoundIO", "SERVER_KEYS", "Server", "standard_round", "validate_reply"]
+__all__ = ["FederationError", "PlainLink", "ReplyError", "RoundIO", "SERVER_KEYS", "Server", "validate_reply"]

@@ -1,9 +1,9 @@
 """Aggregator attestation: the measurement, signed quotes, and their verification by a client.
 
 Measurement. SHA-256 over (1) the source of the code the aggregator runs — :data:`MEASURED_FILES`
-plus every module of ``protocols/`` and of ``secure/`` except the command line (``secure/cli.py``),
-each as its package-relative path and bytes, in sorted order — and (2) the protocol configuration
-the aggregator applies (:func:`measured_config`, canonical JSON). ``trustformer attest`` prints it.
+(the apps, the round loop, the wire and the aggregation rules) plus every module of ``protocols/`` and
+of ``secure/``, each as its package-relative path and bytes, in sorted order — and (2) the protocol
+configuration the aggregator applies (:func:`measured_config`, canonical JSON). ``trustformer attest`` prints it.
 
 Quote. For each client the aggregator signs (Ed25519, key provisioned out of band; clients trust
 its public key) the measurement, its run's fresh X25519 public key, the client's nonce and X25519
@@ -29,12 +29,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..config import DP_STRATEGIES, RunConfig
+from ..config import RunConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-MEASURED_FILES = ("app.py", "wire.py", "core/aggregation.py", "core/dp.py", "core/accounting.py")
+MEASURED_FILES = ("app.py", "wire.py", "runtime/server.py", "runtime/rounds.py", "core/shared.py", "core/aggregation.py",
+                  "core/dp.py", "core/accounting.py", "core/centroids.py", "core/ternary.py", "core/quantize.py")
 MEASURED_PACKAGES = ("protocols", "secure")
-NOT_MEASURED = ("secure/cli.py",)  # the operator's command, not the aggregator's code
 QUOTE_VERSION = 1
 QUOTE_DOMAIN = b"trustformer quote v1\0"
 MEASUREMENT_DOMAIN = b"trustformer measurement v1\0"
@@ -51,7 +51,7 @@ def measured_sources() -> list[str]:
     paths = set(MEASURED_FILES)
     for package in MEASURED_PACKAGES:
         paths.update(f"{package}/{p.name}" for p in (PACKAGE_ROOT / package).glob("*.py"))
-    return sorted(paths - set(NOT_MEASURED))
+    return sorted(p for p in paths if (PACKAGE_ROOT / p).exists())
 
 
 def measured_config(cfg: RunConfig) -> dict[str, Any]:
@@ -63,9 +63,8 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
         "secure": {"mode": sec.mode, "secagg_threshold": sec.secagg_threshold,
                    "secagg_scale_bits": sec.secagg_scale_bits},
     }
-    if fed.strategy in DP_STRATEGIES:  # the server clips, samples and adds noise from these
-        values["privacy"] = asdict(cfg.privacy)
-        values["seed"] = cfg.seed
+    values["privacy"] = asdict(cfg.privacy)  # a DP aggregator clips, samples and adds noise from these
+    values["seed"] = cfg.seed
     return values
 
 

@@ -9,7 +9,6 @@ convention, so a protocol's own local step (SAM, a BLUR penalty) runs unchanged 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sized
@@ -18,9 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-LocalStep = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
-"""One local step on a batch ``(model, optimizer, inputs, targets)``: updates the model, returns the
-batch loss summed over examples (detached) and the example count (as ``protocols.base.LocalStep``)."""
+from ..core.shared import LocalStep, derive_seed
 
 PARTITIONS = ("iid", "stratified", "dirichlet")
 
@@ -65,12 +62,6 @@ class Task(Protocol):
     def final_metrics(self, model: nn.Module) -> dict[str, Any]: ...
 
     def describe(self) -> dict[str, Any]: ...
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A stable 63-bit seed from the run seed and labels (the same function as ``workload.derive_seed``)."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def seeded_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:

@@ -35,11 +35,13 @@ def _parse_value(text: str) -> Any:
 
 def make_task(task: str, preset: str, overrides: dict[str, Any], seed: int):
     if task in ("image", "image-classification"):
-        from .image import ImageClassificationTask, image_preset
+        from ..config import image_preset
+        from .image import ImageClassificationTask
 
         return ImageClassificationTask(image_preset(preset, **overrides), seed=seed)
     if task == "segmentation":
-        from .segmentation import SegmentationTask, seg_preset
+        from ..config import seg_preset
+        from .segmentation import SegmentationTask
 
         return SegmentationTask(seg_preset(preset, **overrides), seed=seed)
     raise SystemExit(f"--task must be image or segmentation; got {task!r}")

@@ -9,7 +9,7 @@ CIFAR-10 folder the user provides.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -18,116 +18,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.fixup_resnet import BLOCKS, STEMS, FixupConfig, FixupResNet, count_parameters, resnet50_config
+from ..config import ImageConfig
+from ..models.fixup_resnet import FixupConfig, FixupResNet, count_parameters
 from . import image_data
 from .base import (
-    PARTITIONS, LocalStep, TaskConfigError, build_optimizer, check_choice, check_positive, derive_seed,
+    PARTITIONS, LocalStep, build_optimizer, check_choice, derive_seed,
     plain_step, run_epochs, seeded_model,
 )
 from .image_metrics import accuracy, per_class_accuracy
 from .partition import partition as make_partition
 
-DATASETS = ("fashion-mnist", "digits", "cifar10")
-AUGMENTS = ("none", "flip", "crop-flip")
-OPTIMIZERS = ("sgd", "adam")
 
 
-@dataclass(frozen=True)
-class ImageTaskConfig:
-    """Options of the image-classification task (validated; errors name the field)."""
-
-    dataset: str = "fashion-mnist"
-    data_dir: str = ""              # fashion-mnist: idx folder (default Debian's); cifar10: required
-    train_size: int = 0             # 0: the whole training set, else a seeded random subset
-    test_size: int = 0              # 0: the whole test set, else its first test_size images
-    # model: FIXUP ResNet
-    block: str = "basic"
-    layers: tuple[int, ...] = (1, 1, 1)
-    widths: tuple[int, ...] = (16, 32, 64)
-    stem: str = "cifar"
-    stem_stride: int = 2
-    stem_width: int = 0
-    # local training
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_decay: float = 0.0           # lr / (1 + lr_decay · local epochs done): FedPC's step-based decay
-    batch_size: int = 128
-    label_smoothing: float = 0.0
-    augment: str = "none"
-    eval_batch_size: int = 1000
-
-    def __post_init__(self) -> None:
-        check_choice("dataset", self.dataset, DATASETS)
-        if self.dataset == "cifar10" and not self.data_dir:
-            raise TaskConfigError("data_dir must name the CIFAR-10 python folder (data_batch_1..5, test_batch)")
-        check_positive("train_size", self.train_size, allow_zero=True, integer=True)
-        check_positive("test_size", self.test_size, allow_zero=True, integer=True)
-        check_choice("block", self.block, BLOCKS)
-        check_choice("stem", self.stem, STEMS)
-        check_choice("stem_stride", self.stem_stride, (1, 2))
-        check_positive("stem_width", self.stem_width, allow_zero=True, integer=True)
-        object.__setattr__(self, "layers", tuple(self.layers))
-        object.__setattr__(self, "widths", tuple(self.widths))
-        if not self.layers or any(not isinstance(v, int) or v < 1 for v in self.layers):
-            raise TaskConfigError(f"layers must be a non-empty list of block counts ≥ 1; got {list(self.layers)}")
-        if len(self.widths) != len(self.layers) or any(not isinstance(v, int) or v < 1 for v in self.widths):
-            raise TaskConfigError(f"widths must give one width ≥ 1 per stage of layers ({len(self.layers)}); "
-                                  f"got {list(self.widths)}")
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_positive("lr", self.lr)
-        if not (isinstance(self.momentum, (int, float)) and 0.0 <= self.momentum < 1.0):
-            raise TaskConfigError(f"momentum must be in [0, 1); got {self.momentum!r}")
-        check_positive("weight_decay", self.weight_decay, allow_zero=True)
-        check_positive("lr_decay", self.lr_decay, allow_zero=True)
-        check_positive("batch_size", self.batch_size, integer=True)
-        check_positive("eval_batch_size", self.eval_batch_size, integer=True)
-        if not (isinstance(self.label_smoothing, (int, float)) and 0.0 <= self.label_smoothing < 1.0):
-            raise TaskConfigError(f"label_smoothing must be in [0, 1); got {self.label_smoothing!r}")
-        check_choice("augment", self.augment, AUGMENTS)
-
-    def model_config(self, in_channels: int, num_classes: int) -> FixupConfig:
-        return FixupConfig(block=self.block, layers=self.layers, widths=self.widths, in_channels=in_channels,
-                           num_classes=num_classes, stem=self.stem, stem_stride=self.stem_stride,
-                           stem_width=self.stem_width)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["layers"], d["widths"] = list(self.layers), list(self.widths)
-        return d
-
-
-_R50 = resnet50_config()
-
-#: ``tiny``: digits, seconds (tests). ``small``: Fashion-MNIST on 2 CPU cores in minutes (measured with
-#: ``scripts/bench_image_tasks.py``). ``paper``: FedPC's ResNet-50 FIXUP on CIFAR-10 with momentum SGD,
-#: lr 0.01 decayed with the local steps (the rate is ours: halved after 100 epochs), batch 128 (Section
-#: 5.1), 250 epochs, for a GPU; ``data_dir`` must name the CIFAR-10 folder. Its stem is the CIFAR one (3×3, stride 1) that 32×32 inputs need;
-#: 23.5M parameters, 94 MB in float32 (FedPC quotes 35 MB for its ResNet-50 FIXUP, which no ResNet-50
-#: in float32 matches; Section 5.4).
-#: Measured for ``small`` (``python -m trustformer.tasks.bench``, one torch thread on a shared 2-core
-#: CPU, full test set): centralized 8 epochs → accuracy 0.903 in 231 s; FedAvg over 3 IID clients,
-#: 8 rounds of one local epoch → 0.897 in 235 s (0.884 after 5 rounds, 145 s); FedAvg over FedPC's
-#: stratified split (17,460 / 27,510 / 15,030 images) → 0.895 in 248 s.
-IMAGE_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(dataset="digits", layers=(1, 1), widths=(8, 16), stem_stride=1, optimizer="adam", lr=0.01,
-                 batch_size=32, weight_decay=0.0),
-    "small": dict(dataset="fashion-mnist", layers=(1, 1, 1), widths=(16, 32, 64), stem_stride=2, lr=0.03,
-                  lr_decay=0.3, momentum=0.9, weight_decay=5e-4, batch_size=32),
-    "paper": dict(dataset="cifar10", block="bottleneck", layers=_R50.layers, widths=_R50.widths, stem="cifar",
-                  stem_stride=1, stem_width=64, optimizer="sgd", lr=0.01, lr_decay=0.01, momentum=0.9,
-                  weight_decay=5e-4, batch_size=128, augment="crop-flip"),
-}
-#: Epochs (rounds × local epochs) each preset is meant for.
-IMAGE_PRESET_EPOCHS = {"tiny": 2, "small": 8, "paper": 250}
-
-
-def image_preset(name: str, **overrides: Any) -> ImageTaskConfig:
-    """An :class:`ImageTaskConfig` from a preset (``tiny``, ``small``, ``paper``) with overrides."""
-    if name not in IMAGE_PRESETS:
-        raise TaskConfigError(f"preset must be one of {', '.join(IMAGE_PRESETS)}; got {name!r}")
-    return ImageTaskConfig(**{**IMAGE_PRESETS[name], **overrides})
+def fixup_config(config: ImageConfig, in_channels: int, num_classes: int) -> FixupConfig:
+    """The FIXUP ResNet of an ``image`` section for data of ``in_channels`` and ``num_classes``."""
+    return FixupConfig(block=config.block, layers=config.layers, widths=config.widths, in_channels=in_channels,
+                       num_classes=num_classes, stem=config.stem, stem_stride=config.stem_stride,
+                       stem_width=config.stem_width)
 
 
 @lru_cache(maxsize=4)
@@ -164,13 +71,13 @@ class ImageClassificationTask:
 
     name = "image-classification"
 
-    def __init__(self, config: ImageTaskConfig | None = None, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
-        self.config = config or ImageTaskConfig()
+    def __init__(self, config: ImageConfig | None = None, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        self.config = config or ImageConfig()
         self.seed = seed
         self.device = torch.device(device)
         self.train, self.test = _load(self.config.dataset, self.config.data_dir, seed,
                                       self.config.train_size, self.config.test_size)
-        self.model_config = self.config.model_config(self.train.shape[0], self.train.num_classes)
+        self.model_config = fixup_config(self.config, self.train.shape[0], self.train.num_classes)
 
     # ------------------------------------------------------------------------------ data
 
@@ -273,9 +180,8 @@ class ImageClassificationTask:
                      f"widths {list(self.config.widths)})",
             "parameters": self.parameter_count,
             "model_bytes_float32": 4 * self.parameter_count,
-            "config": self.config.to_dict(),
+            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()},
         }
 
 
-__all__ = ["AUGMENTS", "DATASETS", "IMAGE_PRESETS", "IMAGE_PRESET_EPOCHS", "ImageClassificationTask",
-           "ImageTaskConfig", "augment_batch", "image_preset"]
+__all__ = ["ImageClassificationTask", "augment_batch", "fixup_config"]

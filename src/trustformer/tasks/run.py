@@ -1,4 +1,4 @@
-"""The task of a run, as the round loop (``trustformer.app``) uses it, chosen by the config's ``task``.
+"""The task of a run, as the client runtime (``runtime/client.py``) uses it, chosen by the config's ``task``.
 
 Every run task gives the round loop the same things: a client's training shard (``ALL_SHARDS``: the
 union, for centralized training) and a description of it, the identical initial model on
@@ -24,13 +24,9 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
-from ..workload import ALL_SHARDS, device_of
-from .base import LocalStep
+from ..core.shared import ALL_SHARDS, LocalStep, select_device, trainable_tensors
+from .results import FINAL_METRICS
 
-# the scores every client's final evaluation reply must carry (numbers, besides test_loss and model_bytes);
-# summary.json lists each per client
-FINAL_METRICS = {"translation": ("bleu", "chrf"), "image-classification": ("accuracy",),
-                 "segmentation": ("dice", "iou", "pixel_accuracy")}
 MASK_SAMPLES = 4  # segmentation: test slices a client draws beside the truth at the end
 
 
@@ -73,6 +69,12 @@ class RunTask(Protocol):
     def final_log(self, metrics: dict[str, Any]) -> str: ...
 
 
+@lru_cache(maxsize=4)
+def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
+    """The identical initial model's trainable tensors of a configuration (what every payload's shapes follow)."""
+    return trainable_tensors(load_task(RunConfig.from_json(cfg_json)).initial_model())
+
+
 def load_task(cfg: RunConfig) -> RunTask:
     """The run task of ``cfg.task`` (cached per process and configuration; the image data sets are
     cached by the task modules, the translation workload by ``workload.py``)."""
@@ -97,15 +99,15 @@ class ImageRunTask:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.name = cfg.task
-        device = device_of(cfg)
+        device = select_device(cfg.runtime.device)
         if cfg.task == "image-classification":
             from .image import ImageClassificationTask
 
-            self.task = ImageClassificationTask(cfg.image.task_config(), seed=cfg.seed, device=device)
+            self.task = ImageClassificationTask(cfg.image, seed=cfg.seed, device=device)
         elif cfg.task == "segmentation":
             from .segmentation import SegmentationTask
 
-            self.task = SegmentationTask(cfg.segmentation.task_config(), seed=cfg.seed, device=device)
+            self.task = SegmentationTask(cfg.segmentation, seed=cfg.seed, device=device)
         else:  # pragma: no cover - RunConfig.validate rejects other tasks
             raise ValueError(f"task = {cfg.task!r} is not an image task")
         self.shards = self.task.client_shards(cfg.federation.clients, cfg.data.partition, cfg.seed,
@@ -200,4 +202,4 @@ class ImageRunTask:
                 f"pixel accuracy {metrics['pixel_accuracy']:.4f}")
 
 
-__all__ = ["ALL_SHARDS", "FINAL_METRICS", "RunTask", "ImageRunTask", "load_task"]
+__all__ = ["ALL_SHARDS", "FINAL_METRICS", "RunTask", "ImageRunTask", "initial_tensors", "load_task"]

@@ -8,7 +8,7 @@ Offline, the default is brain extraction on Debian's ``mricron-data`` T1 templat
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -16,108 +16,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config import SegmentationConfig
 from ..models.fixup_resnet import count_parameters
-from ..models.unet import NORMS, UNet, UNetConfig, segmentation_loss
+from ..models.unet import UNet, UNetConfig, segmentation_loss
 from . import seg_data
 from .base import (
-    PARTITIONS, LocalStep, TaskConfigError, build_optimizer, check_choice, check_positive, derive_seed,
+    PARTITIONS, LocalStep, TaskConfigError, build_optimizer, check_choice, derive_seed,
     plain_step, run_epochs, seeded_model,
 )
 from .image_metrics import SegmentationScores
 from .partition import partition as make_partition
 
-DATASETS = ("mri-brain", "lgg")
-AUGMENTS = ("none", "flip")
-OPTIMIZERS = ("adam", "sgd")
 
 
-@dataclass(frozen=True)
-class SegTaskConfig:
-    """Options of the segmentation task (validated; errors name the field)."""
-
-    dataset: str = "mri-brain"
-    data_dir: str = ""               # mri-brain: folder of ch2.nii.gz + ch2bet.nii.gz (default Debian's); lgg: required
-    downsample: int = 2              # mri-brain: integer resolution reduction (2: 108×90 slices)
-    size: int = 128                  # lgg: slices resized to size×size (the files are 256×256)
-    test_fraction: float = 0.2       # units (patients; slices for mri-brain) held out for the shared test set
-    # model: U-Net
-    depth: int = 3
-    base_width: int = 8
-    norm: str = "group"
-    groups: int = 8
-    # local training
-    optimizer: str = "adam"
-    lr: float = 3e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_decay: float = 0.0           # lr / (1 + lr_decay · local epochs done): FedPC's step-based decay
-    batch_size: int = 8
-    label_smoothing: float = 0.0
-    augment: str = "flip"
-    threshold: float = 0.5           # probability above which a pixel is foreground
-    eval_batch_size: int = 16
-
-    def __post_init__(self) -> None:
-        check_choice("dataset", self.dataset, DATASETS)
-        if self.dataset == "lgg" and not self.data_dir:
-            raise TaskConfigError("data_dir must name the LGG kaggle_3m folder")
-        check_positive("downsample", self.downsample, integer=True)
-        check_positive("size", self.size, integer=True)
-        if self.size < 8:
-            raise TaskConfigError(f"size must be ≥ 8; got {self.size}")
-        if not (isinstance(self.test_fraction, (int, float)) and 0.0 < self.test_fraction < 1.0):
-            raise TaskConfigError(f"test_fraction must be in (0, 1); got {self.test_fraction!r}")
-        check_positive("depth", self.depth, integer=True)
-        if self.depth > 6:
-            raise TaskConfigError(f"depth must be in 1..6; got {self.depth}")
-        check_positive("base_width", self.base_width, integer=True)
-        check_choice("norm", self.norm, NORMS)
-        check_positive("groups", self.groups, integer=True)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_positive("lr", self.lr)
-        if not (isinstance(self.momentum, (int, float)) and 0.0 <= self.momentum < 1.0):
-            raise TaskConfigError(f"momentum must be in [0, 1); got {self.momentum!r}")
-        check_positive("weight_decay", self.weight_decay, allow_zero=True)
-        check_positive("lr_decay", self.lr_decay, allow_zero=True)
-        check_positive("batch_size", self.batch_size, integer=True)
-        check_positive("eval_batch_size", self.eval_batch_size, integer=True)
-        if not (isinstance(self.label_smoothing, (int, float)) and 0.0 <= self.label_smoothing < 1.0):
-            raise TaskConfigError(f"label_smoothing must be in [0, 1); got {self.label_smoothing!r}")
-        check_choice("augment", self.augment, AUGMENTS)
-        if not (isinstance(self.threshold, (int, float)) and 0.0 < self.threshold < 1.0):
-            raise TaskConfigError(f"threshold must be in (0, 1); got {self.threshold!r}")
-
-    def model_config(self, in_channels: int) -> UNetConfig:
-        return UNetConfig(in_channels=in_channels, out_channels=1, depth=self.depth, base_width=self.base_width,
-                          norm=self.norm, groups=self.groups)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: ``tiny``: 4× down-sampled slices and a 2-level U-Net of width 4 (seconds). ``small``: 108×90 slices,
-#: 3-level U-Net of width 8 (minutes on a CPU; measured with ``scripts/bench_image_tasks.py``).
-#: ``paper``: FedPC's U-Net (Ronneberger et al.: depth 4, width 64, ~31M parameters, 119 MB) on LGG
-#: 256×256 slices with Adam at FedPC's initial lr 0.01 decayed with the local steps (the rate is ours),
-#: batch 16, 35 epochs — for a GPU; ``data_dir`` must name ``kaggle_3m``.
-#: Measured for ``small`` (one torch thread, shared 2-core CPU, 28 held-out slices): centralized
-#: 30 epochs → Dice 0.986 (pixel accuracy 0.992) in 86 s; FedAvg over 3 IID clients of 38 slices,
-#: 30 rounds → Dice 0.972 in 53 s (first ≥ 0.90 at round 13, from round 18 on for good); FedPC's
-#: stratified split (33 / 52 / 29 slices) → Dice 0.970.
-SEG_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(dataset="mri-brain", downsample=4, depth=2, base_width=4, groups=4, lr=1e-2, batch_size=8),
-    "small": dict(dataset="mri-brain", downsample=2, depth=3, base_width=8, groups=8, lr=3e-3, batch_size=8),
-    "paper": dict(dataset="lgg", size=256, depth=4, base_width=64, groups=8, optimizer="adam", lr=0.01,
-                  lr_decay=0.1, batch_size=16, augment="flip"),
-}
-SEG_PRESET_EPOCHS = {"tiny": 2, "small": 30, "paper": 35}
-
-
-def seg_preset(name: str, **overrides: Any) -> SegTaskConfig:
-    """A :class:`SegTaskConfig` from a preset (``tiny``, ``small``, ``paper``) with overrides."""
-    if name not in SEG_PRESETS:
-        raise TaskConfigError(f"preset must be one of {', '.join(SEG_PRESETS)}; got {name!r}")
-    return SegTaskConfig(**{**SEG_PRESETS[name], **overrides})
+def unet_config(config: SegmentationConfig, in_channels: int) -> UNetConfig:
+    """The U-Net of a ``segmentation`` section for images of ``in_channels``."""
+    return UNetConfig(in_channels=in_channels, out_channels=1, depth=config.depth, base_width=config.base_width,
+                      norm=config.norm, groups=config.groups)
 
 
 @lru_cache(maxsize=4)
@@ -140,13 +55,14 @@ class SegmentationTask:
 
     name = "segmentation"
 
-    def __init__(self, config: SegTaskConfig | None = None, *, seed: int = 0, device: str | torch.device = "cpu") -> None:
-        self.config = config or SegTaskConfig()
+    def __init__(self, config: SegmentationConfig | None = None, *, seed: int = 0,
+                 device: str | torch.device = "cpu") -> None:
+        self.config = config or SegmentationConfig()
         self.seed = seed
         self.device = torch.device(device)
         c = self.config
         self.train, self.test = _load(c.dataset, c.data_dir, c.downsample, c.size, float(c.test_fraction), seed)
-        self.model_config = c.model_config(self.train.channels)
+        self.model_config = unet_config(c, self.train.channels)
 
     # ------------------------------------------------------------------------------ data
 
@@ -259,9 +175,8 @@ class SegmentationTask:
             "model": f"U-Net (depth {self.config.depth}, base width {self.config.base_width}, norm {self.config.norm})",
             "parameters": self.parameter_count,
             "model_bytes_float32": 4 * self.parameter_count,
-            "config": self.config.to_dict(),
+            "config": asdict(self.config),
         }
 
 
-__all__ = ["DATASETS", "SEG_PRESETS", "SEG_PRESET_EPOCHS", "SegTaskConfig", "SegmentationTask", "flip_batch",
-           "seg_preset"]
+__all__ = ["SegmentationTask", "flip_batch", "unet_config"]

@@ -16,7 +16,8 @@ from ..config import RunConfig
 from ..data.batching import encode_pairs
 from ..data.corpus import load_tsv
 from .. import workload as wl
-from .base import LocalStep
+from ..core.shared import LocalStep
+from .results import SAMPLE_TRANSLATIONS
 
 
 class TranslationTask:
@@ -72,8 +73,6 @@ class TranslationTask:
                       ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
         """(scores, labels, samples): BLEU, chrF, METEOR, BERTScore; decoded test sentences written to
         ``<output_dir>/translations.tsv`` on the client's machine; three sample translations."""
-        from ..app import SAMPLE_TRANSLATIONS, write_translations
-
         scores, triples = wl.translation_scores(self.cfg, model, self.workload)
         labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
         metrics = {k: v for k, v in scores.items() if not isinstance(v, str)}
@@ -88,3 +87,18 @@ class TranslationTask:
         return (f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"
                 + (f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "")
                 + (f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else ""))
+
+
+def write_translations(path: Path, triples: list[tuple[str, str, str]]) -> Path:
+    """``source<TAB>reference<TAB>hypothesis`` per decoded test sentence, after a header line
+    (tabs and line breaks inside a sentence become spaces)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def clean(text: str) -> str:
+        return " ".join(text.replace("\t", " ").splitlines())
+
+    lines = ["source\treference\thypothesis"] + ["\t".join(clean(x) for x in t) for t in triples]
+    tmp = path.with_suffix(".tsv.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path

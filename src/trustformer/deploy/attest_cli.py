@@ -7,16 +7,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 
 from pathlib import Path
 
+from ..cli_options import add_config_options, resolve_config
 from ..config import ConfigError
-from .attestation import EMULATED_BACKEND, measured_config, measured_sources, measurement, write_key_pair
+from ..secure.attestation import EMULATED_BACKEND, measured_config, measured_sources, measurement, write_key_pair
 
 
-def add_attest_parser(sub: argparse._SubParsersAction, add_config_options: Callable[[argparse.ArgumentParser], None],
-                      resolve_config: Callable[[argparse.Namespace], object]) -> None:
+def add_attest_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attest",
         help="print the aggregator's measurement for a configuration (to pin with secure.expected_measurement)",
@@ -30,10 +29,10 @@ def add_attest_parser(sub: argparse._SubParsersAction, add_config_options: Calla
                    help="also write a new Ed25519 attestation key pair: PREFIX.key (the aggregator's, private, "
                         "for secure.signing_key) and PREFIX.pub (the clients', for secure.trusted_key)")
     p.add_argument("--json", action="store_true", help="print the measurement, files and configuration as JSON")
-    p.set_defaults(func=lambda args: _cmd_attest(args, resolve_config))
+    p.set_defaults(func=_cmd_attest)
 
 
-def _cmd_attest(args: argparse.Namespace, resolve_config) -> int:
+def _cmd_attest(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if args.keygen:
         existing = [p for p in (Path(f"{args.keygen}.key"), Path(f"{args.keygen}.pub")) if p.exists()]

@@ -18,6 +18,7 @@ client and never delivers its reply (the server stops waiting after ``federation
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -37,9 +38,13 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from ..config import Fault, RunConfig
+from .. import app as apps
+from ..config import CONFIG_KEY, Fault, RunConfig
+from ..core.shared import ALL_SHARDS
+from ..runtime import diagnostics
+from ..runtime.client import release_memory_store
+from ..secure.provision import provisioned
 from ..tasks.run import load_task
-from . import diagnostics
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +194,6 @@ def _corrupt_payload(content: RecordDict, kind: str) -> None:
 
 def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
     """One node per client: its data partition (centralized: one node holding every shard)."""
-    from ..workload import ALL_SHARDS
-
     if cfg.federation.strategy == "centralized":
         partitions = [ALL_SHARDS]
     else:
@@ -213,35 +216,26 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
 
     ``node_config``: entries added to every client's node config, what each client would set for itself
     (e.g. its trust anchors ``trusted-key`` and ``expected-measurement``, kept over the runtime's own)."""
-    from .. import app as apps
-
-    server_app = server_app or apps.server_app
-    client_app = client_app or apps.client_app
+    server_app, client_app = server_app or apps.server_app, client_app or apps.client_app
     torch.set_num_threads(cfg.runtime.threads or os.cpu_count() or 1)
     load_task(cfg)  # data problems surface here, before any client starts
     run_id = int(time.time_ns() % (1 << 62))
-    run_config = {apps.CONFIG_KEY: cfg.to_json()}
-    from ..secure import exchange as secure
-
+    run_config = {CONFIG_KEY: cfg.to_json()}
     nodes = node_configs(cfg)
     for node in nodes:
         node.update(node_config or {})
     if cfg.runtime.store == "disk" and not cfg.runtime.resume:
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
-    secure.provision_in_process(cfg, run_id, nodes)  # secure.mode tee: the attestation key pair, out of band
-    grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id, faults=cfg.federation.fault_plan())
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:
-        server_context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
-                                 run_config=run_config)
-        server_app(grid, server_context)
+        with provisioned(cfg, run_id, nodes):  # secure.mode tee: the attestation key pair, out of band
+            grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id, faults=cfg.federation.fault_plan())
+            server_app(grid, Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                                     run_config=run_config))
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
-        apps.release_memory_store(run_id)
+        release_memory_store(run_id)
         diagnostics.clear(run_id)
-        secure.release_in_process(run_id)
-    import json
-
     return json.loads((Path(cfg.out) / "summary.json").read_text(encoding="utf-8"))

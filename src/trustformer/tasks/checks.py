@@ -17,11 +17,11 @@ def check_metrics(cfg: RunConfig) -> None:
         return
     if cfg.eval.meteor:
         from ..workload import cache_dir
-        from .meteor import wordnet_folder
+        from ..evaluation.meteor import wordnet_folder
 
         wordnet_folder(cache_dir(cfg))
     if cfg.eval.bertscore:
-        from .bertscore import resolve_model
+        from ..evaluation.bertscore import resolve_model
 
         resolve_model(cfg.eval.bertscore_model, cfg.eval.bertscore_layers)
 

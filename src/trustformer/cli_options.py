@@ -1,0 +1,76 @@
+"""The options every command that builds a run shares (``trustformer run``, ``config``, ``bench``, ``attack``,
+``deploy``, ``attest``), how they resolve into a :class:`~trustformer.config.RunConfig`, and the commands'
+logging."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, RunConfig, load_config, parse_override
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
+    p.add_argument("--config", metavar="FILE", help="TOML file with any run option (docs/configuration.md)")
+    p.add_argument("--task", choices=TASKS,
+                   help="learning task (default: translation); the preset's values follow the task")
+    p.add_argument("--strategy", choices=STRATEGIES, help="federated protocol")
+    p.add_argument("--rounds", type=int, help="training rounds (local epochs)")
+    p.add_argument("--clients", type=int, help="number of data owners")
+    p.add_argument("--seed", type=int, help="seed of every random choice")
+    p.add_argument("--data", metavar="FILE.tsv", help="own corpus: UTF-8 lines 'source<TAB>target[<TAB>domain]'")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
+    p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
+    p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
+    p.add_argument("--secure", choices=SECURE_MODES, metavar="MODE",
+                   help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
+                        "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)")
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    """The run configuration of the shared options: preset < ``--config`` < options < ``--set``."""
+    overrides: dict[str, Any] = {
+        "task": getattr(args, "task", None),
+        "federation.strategy": args.strategy,
+        "federation.rounds": args.rounds,
+        "federation.clients": args.clients,
+        "federation.beta": args.beta,
+        "federation.agg_every": args.agg_every,
+        "secure.mode": getattr(args, "secure", None),
+        "seed": args.seed,
+        "out": args.out,
+    }
+    if args.data:
+        overrides["data.source"] = "tsv"
+        overrides["data.path"] = args.data
+    for item in args.set:
+        key, value = parse_override(item)
+        overrides[key] = value
+    preset = args.preset or "small"
+    cfg = load_config(preset, args.config, overrides)
+    if not cfg.out:
+        task = "" if cfg.task == "translation" else f"{cfg.task}-"
+        cfg = load_config(preset, args.config, {
+            **overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
+        })
+    return cfg
+
+
+def setup_logging(*, quiet: bool) -> None:
+    """Progress lines on stderr (only warnings when ``quiet``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    root = logging.getLogger("trustformer")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING if quiet else logging.INFO)
+    root.propagate = False
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+__all__ = ["add_config_options", "resolve_config", "setup_logging"]

@@ -1,0 +1,369 @@
+"""The client's side of every round: its view of the run, its saved session, and the message handlers.
+
+A handler loads the client's state (``runtime/store.py``: the snapshot at the point of the round loop the
+message starts from), runs the task (local training, test loss, final metrics) and the protocol's client
+hooks, saves the state and replies. Handlers see plain records only: the secure channel's client mod
+(``secure/mod.py``) opens what arrives sealed before a handler runs and seals or masks its reply after.
+
+- ``train``: local training; then the protocol's payload (exchange rounds), or a test evaluation;
+- ``train.payload``: the payload the server asks for after training (FedPC's pilot model or ternary vector);
+- ``train.apply``: apply the server's aggregate, then evaluate on the shared test set;
+- ``evaluate``: the final evaluation (test loss and the task's scores);
+- ``query``: which client (data partition) this node is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from ..config import RunConfig, run_config_of
+from ..core.shared import ALL_SHARDS, derive_seed, trainable_tensors
+from ..protocols import get_protocol
+from ..protocols.base import ClientSession, FederatedProtocol
+from ..secure.mod import SecureClient
+from ..tasks.run import RunTask, initial_tensors, load_task
+from ..wire import FederationError, from_array_record, payload_bytes, to_array_record
+from . import diagnostics
+from .checkpoint import run_key
+from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
+
+log = logging.getLogger(__name__)
+
+DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
+
+
+def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
+    """Torch threads from ``runtime.threads``. In a process Flower's deployment runtime started, also
+    the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's ``server.log``,
+    since Flower keeps a ServerApp's own output for ``flwr log``)."""
+    threads = cfg.runtime.threads or os.cpu_count() or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    root = logging.getLogger("trustformer")
+    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES or root.handlers or not cfg.runtime.progress:
+        return
+    formatter = logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+# --------------------------------------------------------------------------------------- the client's view
+
+
+@dataclass(frozen=True)
+class ClientEnv:
+    """What a client node knows: the run config, its partition, the task, its training shard and its state store."""
+
+    cfg: RunConfig
+    client: int
+    task: RunTask  # tasks/run.py: TranslationTask or ImageRunTask
+    protocol: FederatedProtocol
+    store: MemoryStore | DiskStore
+    shard: Any  # the client's training examples, in the task's own form
+    diagnostics: bool = False  # simulation only: report fedavg_distance (needs every client's weights)
+    load_s: float = 0.0  # seconds this message spent building the client's data (every message, deployed)
+    startup_s: float = 0.0  # deployed: seconds from the start of this message's ClientApp process to here
+    created: float = 0.0  # perf_counter when this view was built
+
+    def timings(self, msg: Message) -> dict[str, float]:
+        """The per-message overheads a reply reports: ``load_s``; from a ClientApp process of its own also
+        ``startup_s`` and ``deliver_s`` (from the message's creation on the server to this process's start)."""
+        if not self.startup_s:
+            return {"load_s": self.load_s}
+        started_at = time.time() - (time.perf_counter() - self.created) - self.startup_s
+        return {"load_s": self.load_s, "startup_s": self.startup_s,
+                "deliver_s": max(0.0, started_at - msg.metadata.created_at)}
+
+    @property
+    def key(self) -> str:
+        return "all" if self.client == ALL_SHARDS else f"client-{self.client}"
+
+    def initial(self):
+        return initial_tensors(self.cfg.to_json())
+
+
+_memory_stores: dict[int, MemoryStore] = {}
+
+
+def memory_store(run_id: int) -> MemoryStore:
+    """The in-process state store of a run (shared by its in-process clients)."""
+    return _memory_stores.setdefault(run_id, MemoryStore())
+
+
+def release_memory_store(run_id: int) -> None:
+    _memory_stores.pop(run_id, None)
+
+
+def client_id(context: Context) -> int:
+    """The client (data partition) this node is, from its node config's ``partition-id``."""
+    if "partition-id" not in context.node_config:
+        raise FederationError("node_config has no 'partition-id' (which data shard this client owns)")
+    return int(context.node_config["partition-id"])
+
+
+def client_store(cfg: RunConfig, context: Context) -> MemoryStore | DiskStore:
+    """Node config ``state-dir``: state on disk under ``<state-dir>/<run key>/``; else the run's memory store."""
+    state_dir = context.node_config.get("state-dir")
+    return DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
+
+
+def client_env(context: Context) -> ClientEnv:
+    """The client's view of the run. Node config: ``partition-id``; optional ``state-dir`` (state on
+    disk, under ``<state-dir>/<run key>/``), ``train-file`` (a TSV of the client's own training pairs
+    instead of its shard of the configured corpus), ``output-dir`` (translations), ``diagnostics``
+    (simulation only)."""
+    started = time.perf_counter()
+    cfg = run_config_of(context.run_config)
+    process_setup(cfg)
+    client = client_id(context)
+    task, shard = _client_data(cfg.to_json(), client, str(context.node_config.get("train-file", "")))
+    return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=client_store(cfg, context),
+                     shard=shard, diagnostics=bool(context.node_config.get("diagnostics", False)),
+                     load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
+
+
+def secure_view(context: Context) -> SecureClient:
+    """What the secure channel's client mod needs to know about this client."""
+    cfg = run_config_of(context.run_config)
+    client = client_id(context)
+    store = client_store(cfg, context)
+    key = f"{'all' if client == ALL_SHARDS else f'client-{client}'}.secure"
+
+    def load() -> dict[str, torch.Tensor]:
+        stored = store.load(key)
+        return dict(stored.protocol) if stored is not None else {}
+
+    def save(state: dict[str, torch.Tensor]) -> None:
+        store.save(key, ClientState(model={}, optimizer={}, protocol=state, rounds_done=0))
+
+    def layout():
+        protocol = get_protocol(cfg)
+        return protocol.expected_payload(initial_tensors(cfg.to_json())), protocol.mean_weighting
+
+    return SecureClient(cfg=cfg, client=client, run_id=int(context.run_id), node_config=context.node_config,
+                        load_state=load, save_state=save, payload_layout=layout,
+                        diagnostics=bool(context.node_config.get("diagnostics", False)))
+
+
+def _process_age_s(now: float) -> float:
+    """Seconds since this process started, at ``now`` (perf_counter), in a process Flower started for
+    one message; 0 elsewhere (or where /proc is missing)."""
+    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES:
+        return 0.0
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    age_now = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    return max(0.0, age_now - (time.perf_counter() - now))
+
+
+@lru_cache(maxsize=16)
+def _client_data(cfg_json: str, client: int, train_file: str = ""):
+    """The run's task and the client's training shard (translation: its encoded pairs, or those of
+    its own ``train_file``; see the task's ``shard``)."""
+    task = load_task(RunConfig.from_json(cfg_json))
+    return task, task.shard(client, train_file)
+
+
+# --------------------------------------------------------------------------------------- the session
+
+
+class SavedOptimizerState:
+    """An optimizer's saved state, passed through unchanged by a message that does not train (building
+    a torch optimizer imports torch._dynamo: about 1.7 s in every fresh ClientApp process)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool = True
+                 ) -> tuple[ClientSession, torch.optim.Optimizer | SavedOptimizerState]:
+    """Rebuild the client's model, optimizer and protocol state as saved at or before the point ``upto``
+    (round, TRAINED | ROUND_END) of the round loop; none saved yet: the shared initial model.
+    ``train=False``: the optimizer's saved state is kept as it is, without building an optimizer."""
+    model = env.task.initial_model()
+    state = env.store.load(env.key, upto=upto)
+    optimizer: torch.optim.Optimizer | SavedOptimizerState
+    if train or state is None:
+        optimizer = env.protocol.client_optimizer(model, env.client) or env.task.new_optimizer(model)
+    else:
+        optimizer = SavedOptimizerState(state.optimizer)
+    protocol_state: dict[str, torch.Tensor] = {}
+    if state is not None:
+        model.load_state_dict(state.model)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizer.load_state_dict(state.optimizer)
+        protocol_state = dict(state.protocol)
+    session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
+                            num_examples=len(env.shard), label_smoothing=env.task.label_smoothing,
+                            initial_tensors=env.initial, protocol_state=protocol_state, diagnostics=env.diagnostics)
+    return session, optimizer
+
+
+def save_session(env: ClientEnv, session: ClientSession, optimizer: torch.optim.Optimizer | SavedOptimizerState,
+                 at: int) -> None:
+    """Save the client's state as snapshot (session.round, ``at``): TRAINED or ROUND_END."""
+    env.store.save(env.key, ClientState(model=session.model.state_dict(), optimizer=optimizer.state_dict(),
+                                        protocol=session.protocol_state, rounds_done=session.round),
+                   at=(session.round, at))
+
+
+def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, Any]) -> None:
+    started = time.perf_counter()
+    metrics["test_loss"] = env.task.test_loss(session.model)
+    metrics["eval_s"] = time.perf_counter() - started
+
+
+# --------------------------------------------------------------------------------------- handlers
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Local training; then the protocol's payload (exchange rounds) or a test evaluation."""
+    env = client_env(context)
+    config = msg.content["config"]
+    rnd, exchange = int(config["round"]), bool(config["exchange"])
+    session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
+                               **env.timings(msg)}
+    protocol = env.protocol
+    if "model" in msg.content:  # Phong: the model to train on
+        incoming = from_array_record(msg.content["model"], protocol.payload_spec(session), what="model from the server")
+        metrics.update(protocol.client_apply(session, incoming))
+    metrics.update(env.task.train_local(session.model, optimizer, env.shard,
+                                        seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
+                                        step=protocol.local_step(session), **protocol.train_options(session)))
+    protocol.client_trained(session, metrics)
+    content = RecordDict()
+    if exchange and env.diagnostics:
+        diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
+                                       session.num_examples)
+    if exchange and not protocol.payload_on_request:  # FedPC: only the report now
+        payload, phases = protocol.client_payload(session)
+        metrics.update(phases)
+        if protocol.evaluates_after_train:
+            _evaluate_into(env, session, metrics)
+        content["payload"] = to_array_record({name: tensor.cpu() for name, tensor in payload.items()})
+    elif not exchange:
+        _evaluate_into(env, session, metrics)
+    save_session(env, session, optimizer, TRAINED if exchange else ROUND_END)
+    _log_training(env.client, rnd, metrics)
+    content["metrics"] = MetricRecord(metrics)
+    return Message(content, reply_to=msg)
+
+
+def _log_training(client: int, rnd: int, metrics: dict[str, Any]) -> None:
+    rate, unit = ((metrics["tokens_per_s"], "tok/s") if "tokens_per_s" in metrics
+                  else (metrics.get("examples_per_s", 0.0), "examples/s"))
+    if "steps" in metrics:  # (FedPC: private, removed by client_trained)
+        log.info("client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f", client, rnd,
+                 metrics["steps"], metrics["train_s"], rate, unit, metrics["train_loss"])
+    else:
+        log.info("client %s · round %d · trained in %.1f s · train loss %.3f", client, rnd, metrics["train_s"],
+                 metrics["train_loss"])
+
+
+def train_payload(msg: Message, context: Context) -> Message:
+    """The payload the server asks for after this round's training (``session.request``: FedPC's pilot
+    model or ternary vector)."""
+    env = client_env(context)
+    config = msg.content["config"]
+    rnd = int(config["round"])
+    session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
+    session.request = {k: v for k, v in dict(config).items() if k != "round"}
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
+                               **env.timings(msg)}
+    payload, phases = env.protocol.client_payload(session)
+    metrics.update(phases)
+    save_session(env, session, optimizer, TRAINED)
+    return Message(RecordDict({"payload": to_array_record({n: t.cpu() for n, t in payload.items()}),
+                               "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def train_apply(msg: Message, context: Context) -> Message:
+    """Apply the server's aggregate (validated against what this client expects), then evaluate."""
+    env = client_env(context)
+    rnd = int(msg.content["config"]["round"])
+    session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
+    metrics: dict[str, Any] = {"client": env.client, "round": rnd, **env.timings(msg)}
+    aggregate = from_array_record(msg.content["aggregate"], env.protocol.payload_spec(session),
+                                  what="aggregate from the server")
+    device = next(session.model.parameters()).device
+    metrics.update(env.protocol.client_apply(session, {name: t.to(device) for name, t in aggregate.items()}))
+    if env.diagnostics:
+        metrics["fedavg_distance"] = diagnostics.fedavg_distance(context.run_id, rnd,
+                                                                 trainable_tensors(session.model))
+    _evaluate_into(env, session, metrics)
+    save_session(env, session, optimizer, ROUND_END)
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def query(msg: Message, context: Context) -> Message:
+    """Which client this node is (its ``partition-id``): the server maps node ids to clients with it."""
+    return Message(RecordDict({"metrics": MetricRecord({"client": client_id(context)})}), reply_to=msg)
+
+
+def secure_channel_only(msg: Message, context: Context) -> Message:
+    """``query.attest`` / ``query.secagg`` reach a handler only when the run's ``secure.mode`` has no such step."""
+    mode = run_config_of(context.run_config).secure.mode
+    raise FederationError(f"this client runs secure.mode = {mode!r}, which has no {msg.metadata.message_type} step")
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """Final evaluation: test loss and the task's metrics (translation: decoded translations scored
+    with BLEU, chrF, METEOR, BERTScore; image classification: accuracy and per-class accuracy;
+    segmentation: Dice, IoU, pixel accuracy).
+
+    Only the scores (and, for translation, three sample translations) go back to the server. Where
+    the node config names an ``output-dir`` (the in-process runtime sets ``<out>/client-<id>``; a
+    deployed SuperNode may set its own), the client also writes every decoded test sentence to
+    ``<output-dir>/translations.tsv`` (segmentation: ``masks.png``, a few predicted masks beside the
+    truth) itself, on its own machine: what a client's model outputs says more about it than the
+    scores do, so it never crosses the wire.
+    """
+    env = client_env(context)
+    rnd = int(msg.content["config"]["round"])
+    session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
+    metrics: dict[str, Any] = {"client": env.client}
+    _evaluate_into(env, session, metrics)
+    output_dir = context.node_config.get("output-dir")
+    scores, labels, samples = env.task.final_metrics(session.model, str(output_dir) if output_dir else None)
+    scores.pop("test_loss", None)  # the task's own copy of what _evaluate_into measured
+    metrics.update(scores)
+    # what the whole model costs under the same serializer (the size of a FedAvg payload)
+    metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))
+    data = env.task.describe(env.client)
+    if env.cfg.task == "translation":
+        data["train_pairs"] = session.num_examples
+    content = RecordDict({"metrics": MetricRecord(metrics), "data": ConfigRecord(data)})
+    if labels:
+        content["labels"] = ConfigRecord(labels)
+    if samples:
+        content["samples"] = ConfigRecord(samples)
+    log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
+    return Message(content, reply_to=msg)
+
+
+__all__ = ["ClientEnv", "client_env", "evaluate", "open_session", "process_setup", "query", "release_memory_store",
+           "save_session", "secure_view", "train", "train_apply", "train_payload"]

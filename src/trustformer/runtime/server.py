@@ -1,0 +1,243 @@
+"""The server's run loop (Algorithm 1 of the paper, server side) for any protocol, in any runtime.
+
+:func:`run_federation` reads in one screen: connect the clients, then for each round the protocol runs its
+round over the send/receive helper (``runtime/rounds.py``), the round's lines are recorded and a checkpoint
+is written; after the last round every client evaluates its model and the summary is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import flwr
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from ..config import RunConfig
+from ..metrics import RunRecorder
+from ..protocols import get_protocol
+from ..secure.channel import secure_link
+from ..tasks.results import FINAL_METRICS, task_summary
+from ..tasks.run import initial_tensors
+from ..wire import EVALUATE, QUERY
+from .checkpoint import Checkpointer
+from .rounds import FederationError, PlainLink, ReplyError, RoundIO, Server, client_of, describe, drop, exchange, ttl
+
+log = logging.getLogger(__name__)
+
+
+def expected_nodes(cfg: RunConfig) -> int:
+    return 1 if cfg.federation.strategy == "centralized" else cfg.federation.clients
+
+
+def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = None) -> dict[str, Any]:
+    """Connect the clients, run every round of the protocol, evaluate, write ``summary.json``; returns it.
+
+    Every round starts from the nodes connected now, in client order (a client that restarts rejoins,
+    under a new node id too); each message's replies are awaited at most ``federation.round_timeout_s``
+    (later ones: dropped from the round); every completed round ends with a checkpoint that
+    ``runtime.resume`` continues from (``runtime/checkpoint.py``).
+    """
+    protocol, fed = get_protocol(cfg), cfg.federation
+    nodes = Nodes(grid, cfg, node_wait_s)
+    try:
+        protocol.server_begin(nodes.expected)
+    except ValueError as exc:
+        raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
+    recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
+    checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
+    payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.to_json())))
+    link = secure_link(cfg, PlainLink(grid, nodes.timeout), run_id=int(grid.run.run_id), recorder=recorder,
+                       drop=lambda r, n, why: drop(recorder, r, n, nodes.clients, why), clients=nodes.clients,
+                       payload_spec=payload_spec)
+    server = Server(cfg=cfg, link=link, protocol=protocol, recorder=recorder, clients=nodes.clients,
+                    min_valid=nodes.needed, payload_spec=payload_spec, initial=lambda: initial_tensors(cfg.to_json()),
+                    server_phases=checkpoints.server_phases)
+    log.info("strategy %s · %d client(s) · %d round(s) · output %s%s", protocol.name, len(nodes.connected()),
+             fed.rounds, cfg.out, f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "")
+    link.setup(nodes.connected(), nodes.needed)  # the secure channel: every client attests the aggregator
+    rounds_run = checkpoints.completed
+    for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
+        io = RoundIO(server, rnd, nodes.connected(), exchange=protocol.exchanges and rnd % fed.agg_every == 0)
+        protocol.run_round(io)
+        if io.stopped is not None:
+            break
+        io.finish()
+        recorder.round_done(rnd)
+        checkpoints.round_done(rnd, nodes.clients)
+        rounds_run = rnd
+    return finish_run(cfg, server, nodes, checkpoints, rounds_run)
+
+
+def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
+               ) -> dict[str, Any]:
+    """The final evaluation of every connected client, then ``summary.json``."""
+    recorder, protocol = server.recorder, server.protocol
+    final = server.link.send(nodes.connected(), EVALUATE, rounds_run,
+                             lambda _n: RecordDict({"config": ConfigRecord({"round": rounds_run})}))
+    per_client = {}
+    for node, got in final.items():
+        reply = got.reply
+        why = ("no reply to evaluate" if reply is None else
+               f"final evaluation failed: {reply.error.reason}" if reply.has_error() else None)
+        try:
+            if why is None:
+                client, per_client[client] = final_metrics(reply, node, nodes.clients, cfg.federation.clients, cfg.task)
+        except (KeyError, TypeError, ValueError) as exc:
+            why = f"invalid reply to evaluate: {describe(exc)}"
+        if why is not None:
+            drop(recorder, rounds_run, node, nodes.clients, why)
+    order = sorted(per_client)
+    extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
+    if checkpoints.resumed:
+        extra["resumed_after_rounds"] = checkpoints.resumed
+    secure = server.link.summary()
+    if secure is not None:
+        extra["secure"] = secure
+    distances = {r["client"]: r["fedavg_distance"] for r in recorder.records if "fedavg_distance" in r}
+    if distances:  # the last exchange's value per client (simulation-only diagnostic)
+        extra["fedavg_distance"] = [distances.get(c) for c in order]
+    summary = recorder.summary(
+        strategy=protocol.name, preset=cfg.preset, rounds=rounds_run, clients=expected_nodes(cfg), seed=cfg.seed,
+        config=cfg.to_dict(), client_ids=order, test_loss=[per_client[c]["test_loss"] for c in order],
+        **task_summary(cfg.task, cfg.out, per_client, order),
+        data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
+        bytes={"fedavg_model_bytes": max((int(per_client[c]["model_bytes"]) for c in order), default=0)},
+        server_time_s={k: round(v, 4) for k, v in server.server_phases.items()},
+        versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__}, **extra)
+    first = FINAL_METRICS[cfg.task][0]
+    log.info("done in %.1f s · test loss %s · %s %s · wrote %s", summary["time_s"]["total"],
+             _fmt_list(summary["test_loss"]), first.upper() if first == "bleu" else first,
+             _fmt_list(summary[first], 2 if first == "bleu" else 4), Path(cfg.out) / "summary.json")
+    return summary
+
+
+def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int, task: str = "translation"
+                  ) -> tuple[int, dict[str, Any]]:
+    """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if
+    malformed): ``test_loss``, ``model_bytes`` and the task's scores (``FINAL_METRICS``) must be numbers."""
+    record = reply.content["metrics"]
+    if not isinstance(record, MetricRecord):
+        raise ReplyError("the 'metrics' record is not a MetricRecord")
+    metrics: dict[str, Any] = dict(record)
+    client = client_of(metrics, node, clients, expected)
+    for key in ("test_loss", *FINAL_METRICS[task], "model_bytes"):
+        if isinstance(metrics.get(key), bool) or not isinstance(metrics.get(key), (int, float)):
+            raise ReplyError(f"metric {key!r} must be a number, got {metrics.get(key)!r}")
+    per_class = metrics.get("per_class_accuracy")
+    if per_class is not None and (not isinstance(per_class, list)
+                                  or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)):
+        raise ReplyError(f"metric 'per_class_accuracy' must be a list of accuracies in [0, 1], got {per_class!r}")
+    samples = reply.content["samples"] if "samples" in reply.content else None
+    metrics["samples"] = ([[str(x) for x in t] for t in zip(samples["source"], samples["reference"],
+                                                             samples["hypothesis"])] if samples is not None else [])
+    metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
+    metrics["labels"] = ({k: str(v) for k, v in dict(reply.content["labels"]).items()}
+                         if "labels" in reply.content else {})
+    return client, metrics
+
+
+def _data_record(record: ConfigRecord) -> dict[str, Any]:
+    """A client's data description, with its per-domain counts as ``{domain: pairs}`` dicts."""
+    data = dict(record)
+    for prefix in ("", "test_"):
+        names, counts = data.pop(f"{prefix}domain_names", None), data.pop(f"{prefix}domain_counts", None)
+        if names is not None and counts is not None:
+            data[f"{prefix}domains"] = {str(n): int(c) for n, c in zip(names, counts)}
+    return data
+
+
+# --------------------------------------------------------------------------------------- nodes
+
+
+class Nodes:
+    """The client nodes of a run: which client (data partition) each node is, from its answer to a ``query``;
+    a client that reconnects under a new node id retires its old one."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, node_wait_s: float | None = None) -> None:
+        fed = cfg.federation
+        self.grid = grid
+        self.timeout = fed.round_timeout_s or None
+        self.wait_s = fed.node_wait_s if node_wait_s is None else node_wait_s
+        self.expected = expected_nodes(cfg)
+        self.needed = min(fed.min_clients or self.expected, self.expected)
+        self.clients: dict[int, int] = {}  # node id -> client (partition) id
+        self.retired: set[int] = set()
+        self._first = True
+
+    def connected(self) -> list[int]:
+        """The connected clients' node ids in client order: at the start, waits for every expected client
+        (up to ``federation.node_wait_s``); later, for ``federation.min_clients``."""
+        want = self.expected if self._first else self.needed
+        self._first = False
+        return self.wait_for(want=want, need=self.needed, wait_s=self.wait_s)
+
+    def identify(self, nodes: list[int]) -> list[int]:
+        """Ask the nodes not met yet which client they are (a ``query``); return the nodes of known
+        clients in client order. A client answering from a new node id retires its old one."""
+        unknown = [n for n in nodes if n not in self.clients and n not in self.retired]
+        replies = exchange(self.grid, [Message(RecordDict({"config": ConfigRecord({"round": 0})}), n, QUERY,
+                                               group_id="identify", ttl=ttl(self.timeout)) for n in unknown],
+                           self.timeout)
+        for node in unknown:
+            reply = replies.get(node)
+            if reply is None or reply.has_error():
+                log.warning("node %d did not say which client it is (%s); left out for now", node,
+                            "no reply" if reply is None else reply.error.reason)
+                continue
+            try:
+                record = reply.content["metrics"]
+                client = record["client"] if isinstance(record, MetricRecord) else None
+                if isinstance(client, bool) or not isinstance(client, int):
+                    raise ReplyError(f"'client' must be an integer, got {client!r}")
+            except (KeyError, ReplyError) as exc:
+                log.warning("node %d did not say which client it is (malformed reply: %s); left out for now", node,
+                            exc)
+                continue
+            for old in [n for n, c in self.clients.items() if c == client]:
+                del self.clients[old]
+                self.retired.add(old)
+                log.info("client %d reconnected as node %d (was node %d)", client, node, old)
+            self.clients[node] = client
+        return sorted((n for n in nodes if n in self.clients), key=lambda n: self.clients[n])
+
+    def wait_for(self, *, want: int, need: int, wait_s: float) -> list[int]:
+        """Waits up to ``wait_s`` seconds for ``want`` connected clients; fewer than ``need`` after that is a
+        FederationError."""
+        started = time.monotonic()
+        shown: tuple[int, ...] | None = None
+        while True:
+            nodes = self.identify(sorted(self.grid.get_node_ids()))
+            if len(nodes) >= want:
+                return nodes
+            connected = tuple(sorted(self.clients[n] for n in nodes))
+            if connected != shown:  # who is connected so far, each time it changes
+                log.info("waiting for client nodes: %d of %d connected (client%s %s) · %.0f s of %.0f s "
+                         "(federation.node_wait_s)", len(nodes), want, "" if len(nodes) == 1 else "s",
+                         ", ".join(map(str, connected)) or "none", time.monotonic() - started, wait_s)
+                shown = connected
+            if time.monotonic() > started + wait_s:
+                if len(nodes) >= need:
+                    return nodes
+                raise FederationError(
+                    f"only {len(nodes)} of {want} client node(s) connected within {wait_s:.0f} s "
+                    f"(federation.node_wait_s); at least {need} required (federation.min_clients)")
+            time.sleep(0.5)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _fmt_list(values, digits: int = 3) -> str:
+    return "[" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+__all__ = ["FederationError", "Nodes", "expected_nodes", "final_metrics", "run_federation"]

@@ -1,0 +1,132 @@
+"""The package's layers, checked on the import statements themselves (late imports inside functions count):
+every import points down the table below, no package imports its importer, and the round's seams hold
+(protocols import neither a task nor the runtime; nothing in ``secure/`` imports a protocol)."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
+
+# unit -> the units it may import (besides itself). A unit is a sub-package or a top-level module.
+ALLOWED = {
+    "__init__": set(),
+    "__main__": {"cli"},
+    "core": {"wire"},
+    "wire": set(),
+    "config": set(),
+    "tracking": set(),
+    "metrics": {"tracking"},
+    "optim": set(),
+    "data": {"core"},
+    "models": {"core"},
+    "evaluation": {"models", "data", "core"},
+    "workload": {"config", "core", "data", "models", "evaluation", "optim"},
+    "tasks": {"config", "core", "data", "models", "evaluation", "workload", "optim"},
+    "protocols": {"config", "core", "wire"},
+    "secure": {"config", "core", "wire", "metrics"},
+    "runtime": {"config", "core", "wire", "metrics", "protocols", "secure", "tasks"},
+    "app": {"config", "runtime", "secure", "wire"},
+    "engine": {"app", "config", "core", "runtime", "secure", "tasks", "wire"},
+    "export": {"config", "core", "data", "models", "evaluation", "tasks", "workload"},
+    "cli_options": {"config"},
+    "deploy": {"cli_options", "config", "core", "runtime", "secure", "tasks", "wire"},
+    "attack": {"cli_options", "config", "core", "engine", "protocols", "runtime", "tasks", "wire", "workload",
+               "data", "models", "evaluation"},
+    "report": {"config", "core", "tasks"},
+    "bench": {"attack", "cli_options", "config", "core", "engine", "report", "tasks", "workload", "protocols", "data",
+              "models", "evaluation"},
+    "reproduce": {"config", "engine", "metrics", "report", "tasks", "core"},
+    "cli": {"*"},
+}
+
+
+def unit_of(module: str) -> str:
+    """``trustformer.<unit>[...]``; a name the package's ``__init__`` defines (``__version__``) is ``__init__``."""
+    parts = module.split(".")
+    if len(parts) < 2 or not ((SRC / parts[1]).is_dir() or (SRC / f"{parts[1]}.py").exists()):
+        return "__init__"
+    return parts[1]
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every ``trustformer`` import in a file, late ones included."""
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("trustformer"):
+                if target.count(".") == 0 or not node.module:  # `from . import x` / `from .. import x`
+                    found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+                else:
+                    found.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("trustformer")]
+    return found
+
+
+def modules():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        yield ".".join(p for p in rel.parts if p != "__init__") or "trustformer", path
+
+
+def test_every_import_points_down_the_layers():
+    wrong = []
+    for name, path in modules():
+        unit = unit_of(name) if name != "trustformer" else "__init__"
+        for line, target in imports_of(path):
+            other = unit_of(target) if target != "trustformer" else "__init__"
+            if other == unit or "*" in ALLOWED[unit] or other == "__init__":
+                continue
+            if other not in ALLOWED[unit]:
+                wrong.append(f"{path.relative_to(SRC)}:{line} ({unit}) imports {target} ({other})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_every_unit_is_in_the_table():
+    units = {unit_of(name) if name != "trustformer" else "__init__" for name, _ in modules()}
+    assert units <= set(ALLOWED), sorted(units - set(ALLOWED))
+
+
+def test_no_import_cycles_between_modules():
+    graph: dict[str, set[str]] = {}
+    names = {name for name, _ in modules()}
+    for name, path in modules():
+        graph[name] = set()
+        for _line, target in imports_of(path):
+            while target not in names and "." in target:
+                target = target.rsplit(".", 1)[0]  # `from pkg.mod import name`
+            if target in names and target != name:
+                graph[name].add(target)
+    # a package's __init__ is imported with every submodule: only edges between distinct modules count
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_secure_channel_names_no_protocol():
+    from trustformer.config import STRATEGIES
+
+    for path in (SRC / "secure").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for strategy in STRATEGIES:
+            assert f'"{strategy}"' not in text and f"'{strategy}'" not in text, (path.name, strategy)
