@@ -32,16 +32,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .deploy.cli import run_config
 
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
-    if cfg.runtime.resume and cfg.runtime.store != "disk":
+    from .runtime.client import keeps_state_on_disk
+
+    if cfg.runtime.resume and not keeps_state_on_disk(cfg):
         raise ConfigError(f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
                           "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
                           "--set runtime.store=disk")
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     from .tasks.checks import check_metrics
-    from .engine.inprocess import run_in_process
+    from .engine import run
 
     check_metrics(cfg)  # before any training, not after it
-    summary = run_in_process(cfg)
+    summary = run(cfg)
     from .tasks.results import FINAL_METRICS
 
     if cfg.task != "translation":
@@ -85,6 +87,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         setup_logging(quiet=True)
         return federation_main(args.rest)
+    if args.what == "scale":
+        from .bench.scale_bench import main as scale_main
+
+        return scale_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
@@ -355,8 +361,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .deploy.certs import CredentialsError
     from .deploy.launch import DeployError
     from .runtime.checkpoint import CheckpointError
+    from .export import ExportError
 
-    return (CheckpointError, CredentialsError, DeployError,
+    return (CheckpointError, CredentialsError, DeployError, ExportError,
             CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
             FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError,
             AttestationError, TaskConfigError, ImageDataError, SegDataError)
@@ -373,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(c)
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans", "federation"])
+    b.add_argument("what", choices=["kmeans", "federation", "scale"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)
@@ -385,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .deploy.attest_cli import add_attest_parser
 
     add_attest_parser(sub)
+    from .export import add_predict_parser, add_translate_parser
+
+    add_translate_parser(sub)
+    add_predict_parser(sub)
     return parser
 
 

@@ -29,6 +29,9 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secure", choices=SECURE_MODES, metavar="MODE",
                    help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
                         "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)")
+    p.add_argument("--engine", choices=("inprocess", "simulation"),
+                   help="what runs the apps: inprocess (one process, the default) | simulation (Flower's Simulation "
+                        "Engine on Ray; shorthand for --set runtime.engine=ENGINE)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)")
 
@@ -43,6 +46,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "federation.beta": args.beta,
         "federation.agg_every": args.agg_every,
         "secure.mode": getattr(args, "secure", None),
+        "runtime.engine": getattr(args, "engine", None),
         "seed": args.seed,
         "out": args.out,
     }

@@ -159,6 +159,9 @@ class FederationConfig:
     # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
     min_cluster_rows: int = 2
     min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
+    # client sampling: this many clients, drawn anew each round from the run seed, train and exchange; 0 = every
+    # client every round. A client left out keeps its state and catches up when next drawn (docs/protocols.md)
+    clients_per_round: int = 0
     round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
     node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
     kmeans_max_iter: int = 50  # Lloyd iterations at most per layer (cold: round 1, or memberships=shared)
@@ -195,6 +198,18 @@ class FederationConfig:
                 f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
                 f"(beta = 1 is then exactly FedAvg)")
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
+        _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
+        if self.clients_per_round and self.strategy in NO_CLIENT_SAMPLING:
+            raise ConfigError(f"federation.clients_per_round does not apply to federation.strategy = "
+                              f"{self.strategy!r}: {NO_CLIENT_SAMPLING[self.strategy]}; set it to 0")
+        if self.clients_per_round and self.strategy == "trustformer" and self.memberships in ("tracked", "focused"):
+            raise ConfigError(f"federation.clients_per_round needs memberships every client can compute from the "
+                              f"seed alone: federation.memberships = {self.memberships!r} follows a reference model "
+                              "built from every aggregate, which a client left out of a round never receives; use "
+                              "'rotating', 'shared' or 'local'")
+        if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
+            raise ConfigError(f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
+                              f"= {self.clients_per_round}: a round has only that many clients")
         _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
         _positive("federation.node_wait_s", self.node_wait_s)
         _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
@@ -231,6 +246,16 @@ class FederationConfig:
             seen.add((fault.client, fault.round))
         return plan
 
+
+NO_CLIENT_SAMPLING = {  # strategies that refuse federation.clients_per_round, and why
+    "local": "nothing is exchanged, so there is nothing to sample for",
+    "centralized": "one client holds all the data",
+    "dp-fedavg": "its privacy accounting assumes Poisson sampling: use privacy.sampling_rate",
+    "dp-fedsam": "its privacy accounting assumes Poisson sampling: use privacy.sampling_rate",
+    "dp-blur-lus": "its privacy accounting assumes Poisson sampling: use privacy.sampling_rate",
+    "fedpc": "the master's update (Eq. 3) weighs every worker's report of the epoch",
+    "phong": "the model visits every worker in turn; a worker left out would be skipped, not sampled",
+}
 
 FAULT_KINDS = {
     "nan": "the payload holds a NaN",
@@ -331,6 +356,8 @@ class PrivacyConfig:
 class EvalConfig:
     bleu_size: int = 200  # test sentences decoded and scored (BLEU, chrF, METEOR, BERTScore; 0 = all)
     beam_size: int = 1  # 1 = greedy decoding
+    # score each distinct final model once: clients holding the same model (FedAvg) share its scores
+    decode_once: bool = True
     batch_size: int = 64
     meteor: bool = True  # METEOR with WordNet synonyms (NLTK; WordNet from Debian's wordnet-base)
     bertscore: bool = True  # BERTScore F1
@@ -346,17 +373,40 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
+    # what runs the apps: inprocess (one process, no Ray; the default) | simulation (Flower's Simulation Engine on
+    # Ray: virtual clients in worker processes, per-client CPUs/GPUs, an existing Ray cluster)
+    engine: str = "inprocess"
     device: str = "auto"  # where models and protocol tensors live: auto (CUDA when present, else CPU) | cpu | cuda
     threads: int = 0  # torch threads; 0 = all cores
-    store: str = "memory"  # client state store: memory | disk (under <out>/client-state)
+    # client state store: memory | disk (under <out>/client-state) | auto (memory while every client's state fits
+    # in runtime.memory_budget_mb, else disk); the simulation engine always keeps it on disk
+    store: str = "auto"
+    memory_budget_mb: int = 2048  # store = auto: the most client state kept in memory
+    client_cpus: float = 1.0  # simulation: CPUs each virtual client reserves (Ray runs floor(CPUs / this) at once)
+    client_gpus: float = 0.0  # simulation: GPUs (or a fraction of one) each virtual client reserves
+    ray_address: str = ""  # simulation: join this Ray cluster ("auto" or host:port); "" = start a local Ray
+    ray_cpus: int = 0  # simulation, local Ray: CPUs it may use; 0 = every core
     progress: bool = True
     checkpoint: bool = True  # write <out>/checkpoint.json after every completed round
     resume: bool = False  # continue the run checkpointed in <out> (the CLI's --resume DIR sets it)
+    # experiment trackers that mirror metrics.jsonl and summary.json beside them: tensorboard (<out>/tensorboard)
+    # and/or mlflow (<out>/mlruns; needs `pip install mlflow-skinny`)
+    log: tuple[str, ...] = ()
 
     def validate(self) -> None:
         _choice("runtime.device", self.device, DEVICES)
+        for tracker in self.log:
+            _choice("runtime.log", tracker, ("tensorboard", "mlflow"))
         _at_least("runtime.threads", self.threads, 0)
-        _choice("runtime.store", self.store, ("memory", "disk"))
+        _choice("runtime.engine", self.engine, ("inprocess", "simulation"))
+        _choice("runtime.store", self.store, ("memory", "disk", "auto"))
+        _positive("runtime.memory_budget_mb", self.memory_budget_mb)
+        _positive("runtime.client_cpus", self.client_cpus)
+        _at_least("runtime.client_gpus", self.client_gpus, 0.0)
+        _at_least("runtime.ray_cpus", self.ray_cpus, 0)
+        if self.ray_address and self.ray_cpus:
+            raise ConfigError("runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
+                              f"runtime.ray_address = {self.ray_address!r}")
 
 
 IMAGE_DATASETS = ("fashion-mnist", "digits", "cifar10")
@@ -597,6 +647,15 @@ class RunConfig:
                               "'segmentation'): its workers' private hyper-parameters are FedPC's image-model choices")
         self.secure.validate()
         self.secure.check_federation(self.federation)
+        if self.runtime.engine == "simulation":
+            if self.secure.mode in ("tee", "tee+secagg"):
+                raise ConfigError(f"secure.mode = {self.secure.mode!r} cannot run on runtime.engine = 'simulation': "
+                                  "Flower's Simulation Engine gives every virtual client the same node config, which "
+                                  "cannot carry each client's own trust anchors (the aggregator key and measurement "
+                                  "it pins); use runtime.engine = 'inprocess' or a deployment (trustformer deploy)")
+            if self.federation.faults:
+                raise ConfigError("federation.faults are injected by the in-process engine's grid: set "
+                                  "runtime.engine = 'inprocess' to use them")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -451,22 +451,9 @@ def image_input_spec(task: Any) -> dict[str, Any]:
     probability ``threshold``.
     """
     inner = getattr(task, "task", task)
-    from .tasks.image import ImageClassificationTask
-    from .tasks.image_data import CHANNEL_STATS
-    from .tasks.segmentation import SegmentationTask
-
-    if isinstance(inner, ImageClassificationTask):
-        c, h, w = inner.train.shape
-        mean, std = CHANNEL_STATS[inner.config.dataset]
-        return {"dataset": inner.config.dataset, "channels": c, "height": h, "width": w, "scale": 255.0,
-                "mean": list(mean), "std": list(std), "classes": list(inner.train.classes)}
-    if isinstance(inner, SegmentationTask):
-        _, c, h, w = inner.train.images.shape
-        intensity = ({"scale": 255.0} if inner.config.dataset == "lgg"
-                     else {"percentile": 99.5, "clip": 1.5})
-        return {"dataset": inner.config.dataset, "channels": int(c), "height": int(h), "width": int(w),
-                "intensity": intensity, "threshold": float(inner.config.threshold)}
-    raise TypeError(f"image_input_spec: not an image task: {type(inner).__name__}")
+    if not hasattr(inner, "input_spec"):
+        raise TypeError(f"image_input_spec: not an image task: {type(inner).__name__}")
+    return inner.input_spec()
 
 
 def _check_input_spec(task: str, spec: Mapping[str, Any], in_channels: int, num_classes: int | None) -> dict:

@@ -27,7 +27,8 @@ RATE_SUFFIX = "_per_s"  # a rate (tokens_per_s, examples_per_s), not seconds of 
 class RunRecorder:
     """Appends per-(round, client) records to ``metrics.jsonl`` and builds ``summary.json``."""
 
-    def __init__(self, out_dir: str | Path, *, total_rounds: int) -> None:
+    def __init__(self, out_dir: str | Path, *, total_rounds: int, tracker: Any = None) -> None:
+        self.tracker = tracker  # tracking.Tracker: mirrors every line to TensorBoard / MLflow (runtime.log)
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -42,6 +43,8 @@ class RunRecorder:
         self.records.append(record)
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
+        if self.tracker is not None:
+            self.tracker.record(record)
 
     def event(self, **event: Any) -> None:
         """A noteworthy event (a dropped client, a rejected payload), also kept in metrics.jsonl."""
@@ -49,6 +52,8 @@ class RunRecorder:
         self.events.append(event)
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(event, sort_keys=True) + "\n")
+        if self.tracker is not None:
+            self.tracker.event(event)
 
     def round_done(self, round_: int) -> None:
         """Log one progress line for the round: per-client test loss, round time, ETA."""
@@ -65,6 +70,8 @@ class RunRecorder:
             _fmt_s(elapsed), _fmt_s(eta),
         )
         self._round_started = now
+        if self.tracker is not None:
+            self.tracker.round_done(round_)
 
     def summary(self, **fields: Any) -> dict[str, Any]:
         """Aggregate the records into the summary dict (and write ``summary.json``)."""
@@ -105,6 +112,9 @@ class RunRecorder:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
+        if self.tracker is not None:
+            self.tracker.summary(summary)
+            self.tracker.close()
         return summary
 
 

@@ -448,7 +448,7 @@ def run_attack(cfg: RunConfig) -> dict[str, Any]:
     from ..engine.inprocess import run_in_process
 
     exchanges_model = make_protocol(cfg).exchanges
-    if not exchanges_model and cfg.runtime.store != "disk":  # the truth is read from the clients' state
+    if not exchanges_model and cfg.runtime.store != "disk":  # the truth is read from the clients' state on disk
         cfg = load_config(cfg.preset, None, {**_flat(cfg), "runtime.store": "disk"})
     recorder = RunRecorder()
     started = time.perf_counter()

@@ -88,6 +88,15 @@ def load_tsv(path: str | os.PathLike[str]) -> list[Pair]:
     return load_tsv_domains(path)[0]
 
 
+def check_corpus_file(path: Path) -> None:
+    """A corpus path must name a readable file (ValueError saying what it names instead)."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: --data (data.path) takes one TSV file of `source<TAB>target` "
+                         "lines (optionally `<TAB>domain`); to use several files, concatenate them")
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: --data (data.path) takes a TSV file of `source<TAB>target` lines")
+
+
 def load_tsv_domains(path: str | os.PathLike[str]) -> tuple[list[Pair], list[str] | None]:
     """Read a strict UTF-8 TSV corpus: ``source<TAB>target`` per line, or ``source<TAB>target<TAB>domain``
     on every line (the domain names the part of the corpus a pair comes from, e.g. a help module).
@@ -98,6 +107,7 @@ def load_tsv_domains(path: str | os.PathLike[str]) -> tuple[list[Pair], list[str
     number; so does a file with no pairs at all.
     """
     path = Path(path)
+    check_corpus_file(path)
     pairs: list[Pair] = []
     domains: list[str] = []
     columns: int | None = None

@@ -42,7 +42,7 @@ from .. import app as apps
 from ..config import CONFIG_KEY, Fault, RunConfig
 from ..core.shared import ALL_SHARDS
 from ..runtime import diagnostics
-from ..runtime.client import release_memory_store
+from ..runtime.client import keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
 
@@ -193,21 +193,11 @@ def _corrupt_payload(content: RecordDict, kind: str) -> None:
 
 
 def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
-    """One node per client: its data partition (centralized: one node holding every shard)."""
-    if cfg.federation.strategy == "centralized":
-        partitions = [ALL_SHARDS]
-    else:
-        partitions = list(range(cfg.federation.clients))
-    configs = []
-    for p in partitions:
-        node: dict[str, Any] = {"partition-id": p, "num-partitions": cfg.federation.clients,
-                                "diagnostics": True,
-                                # where the client itself writes its decoded test translations
-                                "output-dir": str(Path(cfg.out) / f"client-{'all' if p == ALL_SHARDS else p}")}
-        if cfg.runtime.store == "disk":  # each client keeps <state-dir>/<client>/state.pt
-            node["state-dir"] = str(Path(cfg.out) / "client-state")
-        configs.append(node)
-    return configs
+    """One node per client: its data partition (centralized: one node holding every shard), where it writes
+    its translations and its final model, and (state on disk) where it keeps its state."""
+    partitions = [ALL_SHARDS] if cfg.federation.strategy == "centralized" else list(range(cfg.federation.clients))
+    return [{"partition-id": p, "num-partitions": cfg.federation.clients, "diagnostics": True,
+             **node_defaults(cfg, p)} for p in partitions]
 
 
 def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
@@ -224,7 +214,7 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     nodes = node_configs(cfg)
     for node in nodes:
         node.update(node_config or {})
-    if cfg.runtime.store == "disk" and not cfg.runtime.resume:
+    if keeps_state_on_disk(cfg) and not cfg.runtime.resume:
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)

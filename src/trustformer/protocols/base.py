@@ -13,6 +13,7 @@ Wrapping a protocol (differential privacy, the attack harness's observer, payloa
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from ..config import RunConfig
-from ..core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
+from ..core.shared import LocalStep, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..wire import TensorSpec, spec_of
 
 Phases = dict[str, float]
@@ -60,6 +61,7 @@ class RoundMessages(Protocol):
     fields: dict[str, Any]
     sampled: list[int] | None
     needed: int
+    synced: dict[int, int]  # client -> the round of the last aggregate it applied (client sampling)
 
     def client(self, node: int) -> int: ...
     def initial(self) -> Tensors: ...
@@ -85,7 +87,9 @@ class FederatedProtocol:
       ``train.payload`` (``session.request`` holds what it asked for; FedPC);
       ``evaluates_after_train``: the ``train`` reply of an exchange round carries a test evaluation (Phong);
       ``mean_weighting``: ``"examples"`` or ``"uniform"`` when the aggregate is that mean of the payloads, which
-      secure aggregation can compute without seeing them; None otherwise.
+      secure aggregation can compute without seeing them; None otherwise;
+      ``informs_left_out``: clients a round leaves out still receive its aggregate (the DP baselines' Poisson
+      sampling); otherwise a client left out catches up when it is next drawn (:meth:`catch_up`).
     """
 
     name: ClassVar[str] = ""
@@ -93,6 +97,7 @@ class FederatedProtocol:
     payload_on_request: ClassVar[bool] = False
     evaluates_after_train: ClassVar[bool] = False
     mean_weighting: ClassVar[str | None] = None
+    informs_left_out: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -126,6 +131,11 @@ class FederatedProtocol:
         """Update the client's model from the server's aggregate (or model); returns the seconds of each phase."""
         raise NotImplementedError(f"{self.name} applies nothing")
 
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        """Adopt the model a ``train`` message carries before training (a client catching up on the exchanges
+        it missed, :meth:`catch_up`; Phong's model passed from worker to worker)."""
+        return self.client_apply(session, model)
+
     # ------------------------------------------------------------------ server
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """The names/shapes/dtypes every client's payload must have, from the configuration and the identical
@@ -138,14 +148,22 @@ class FederatedProtocol:
     def server_begin(self, num_clients: int) -> None:
         """Once, before round 1; raising ValueError refuses to start (e.g. the privacy budget)."""
 
-    def participants(self, rnd: int, clients: Sequence[int]) -> list[int] | None:
-        """The clients that take part in exchange round ``rnd`` (None: stop the run before it, ``stop_reason``
-        says why). Clients left out still receive the aggregate."""
-        return list(clients)
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
+        """The clients that take part in round ``rnd`` (None: stop the run before it, ``stop_reason`` says
+        why): every client, or ``federation.clients_per_round`` of them drawn from the run seed and the round."""
+        k = self.cfg.federation.clients_per_round
+        if not k or k >= len(clients):
+            return list(clients)
+        return sorted(random.Random(derive_seed(self.cfg.seed, "clients-per-round", rnd)).sample(sorted(clients), k))
 
     def samples_clients(self) -> bool:
         """Whether ``participants`` may leave clients out (their lines then say ``sampled``)."""
-        return False
+        return bool(self.cfg.federation.clients_per_round)
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        """The global model a client that missed exchanges (client sampling) receives with its next ``train``
+        message, and the round it is from; None: a client left out continues from its own state."""
+        return None
 
     def stop_reason(self) -> str:
         return "stopped by the protocol"
@@ -180,20 +198,21 @@ class FederatedProtocol:
 
 
 def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
-    """Every participant trains and (exchange rounds) sends its payload; the server aggregates the valid ones;
-    every client applies the aggregate and evaluates (Algorithm 1 of the paper, server side)."""
-    participants = io.nodes
-    if io.exchange:
-        chosen = protocol.participants(io.rnd, [io.client(n) for n in io.nodes])  # by client id: any runtime
-        if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
-            io.stop(protocol.stop_reason())
-            return
-        participants = [n for n in io.nodes if io.client(n) in set(chosen)]
-        io.needed = min(io.needed, len(participants))
+    """The participants train (a client that missed exchanges first catches up) and, in exchange rounds, send
+    their payloads; the server aggregates the valid ones; the clients apply the aggregate and evaluate
+    (Algorithm 1 of the paper, server side)."""
+    chosen = protocol.participants(io.rnd, [io.client(n) for n in io.nodes], io.exchange)  # by client id
+    if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
+        io.stop(protocol.stop_reason())
+        return
+    participants = [n for n in io.nodes if io.client(n) in set(chosen)]
+    io.needed = min(io.needed, len(participants))
     participants = io.prepare(participants)
-    if io.exchange and protocol.samples_clients():
+    if protocol.samples_clients():
         io.sampled = participants
-    payloads = io.train(participants, payload=io.exchange)
+    held = protocol.catch_up()
+    behind = {n: held[1] for n in participants if io.synced.get(io.client(n), 0) < held[0]} if held else None
+    payloads = io.train(participants, payload=io.exchange, models=behind)
     if not io.exchange:
         io.require(len(io.rows), "train")
         return
@@ -204,9 +223,10 @@ def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
         io.event(event="no_participants", reason="no client was sampled for this round")
     else:
         aggregate, phases = io.aggregate(payloads)
-        others = [n for n in io.nodes if n not in io.rows] if protocol.samples_clients() else []  # left out
+        others = [n for n in io.nodes if n not in io.rows] if protocol.informs_left_out else []
         io.apply(list(io.rows) + others, aggregate, phases)
         io.require(len(io.rows), "apply")
+        io.synced.update({io.client(n): io.rnd for n in io.rows})
     io.fields = protocol.exchange_done(io.rnd)
 
 
@@ -222,6 +242,7 @@ class ProtocolWrapper(FederatedProtocol):
         self.payload_on_request = inner.payload_on_request  # type: ignore[misc]
         self.evaluates_after_train = inner.evaluates_after_train  # type: ignore[misc]
         self.mean_weighting = inner.mean_weighting  # type: ignore[misc]
+        self.informs_left_out = inner.informs_left_out  # type: ignore[misc]
 
     def client_optimizer(self, model, client):
         return self.inner.client_optimizer(model, client)
@@ -244,6 +265,9 @@ class ProtocolWrapper(FederatedProtocol):
     def client_apply(self, session, aggregate):
         return self.inner.client_apply(session, aggregate)
 
+    def client_start_from(self, session, model):
+        return self.inner.client_start_from(session, model)
+
     def expected_payload(self, initial):
         return self.inner.expected_payload(initial)
 
@@ -253,11 +277,14 @@ class ProtocolWrapper(FederatedProtocol):
     def server_begin(self, num_clients):
         self.inner.server_begin(num_clients)
 
-    def participants(self, rnd, clients):
-        return self.inner.participants(rnd, clients)
+    def participants(self, rnd, clients, exchange):
+        return self.inner.participants(rnd, clients, exchange)
 
     def samples_clients(self):
         return self.inner.samples_clients()
+
+    def catch_up(self):
+        return self.inner.catch_up()
 
     def stop_reason(self):
         return self.inner.stop_reason()

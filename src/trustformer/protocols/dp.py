@@ -42,11 +42,13 @@ class DifferentialPrivacy(ProtocolWrapper):
     """``inner`` under user-level DP; ``name`` is the composed baseline's (e.g. ``dp-fedavg``)."""
 
     mean_weighting = None  # a noised sum over qN: not a mean secure aggregation can compute
+    informs_left_out = True  # every client, sampled or not, adds the noised update to the global model it holds
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, name: str) -> None:
         super().__init__(inner)
         self.name = name  # type: ignore[misc]
         self.mean_weighting = None  # type: ignore[misc]
+        self.informs_left_out = True  # type: ignore[misc]
         self.privacy = privacy
         self.ledger: PrivacyLedger | None = None  # server side, from server_begin
         self.population = 0
@@ -111,11 +113,13 @@ class DifferentialPrivacy(ProtocolWrapper):
         """``privacy.noise_source = "seeded-not-private"``: noise and sampling recomputable from the run seed."""
         return self.privacy.noise_source == "seeded-not-private"
 
-    def participants(self, rnd: int, clients: Sequence[int]) -> list[int] | None:
-        """Poisson client sampling with rate q (the OS's randomness; the run seed and round only with
-        ``noise_source = "seeded-not-private"``); None when the next release would exceed the target ε and
-        ``on_exceed = 'stop'``."""
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
+        """Exchange rounds: Poisson client sampling with rate q (the OS's randomness; the run seed and round
+        only with ``noise_source = "seeded-not-private"``); None when the next release would exceed the target
+        ε and ``on_exceed = 'stop'``. Rounds without an exchange: every client."""
         assert self.ledger is not None, "server_begin was not called"
+        if not exchange:
+            return list(clients)
         self._round = rnd
         p = self.privacy
         if p.on_exceed == "stop" and self.ledger.epsilon_with(1) > p.epsilon:
@@ -128,6 +132,9 @@ class DifferentialPrivacy(ProtocolWrapper):
 
     def samples_clients(self) -> bool:
         return True
+
+    def catch_up(self) -> None:
+        return None  # every client receives every aggregate
 
     def stop_reason(self) -> str:
         assert self.ledger is not None

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+import torch
 
 from ..core.aggregation import weighted_mean
 from .base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
 
 
+STATE_FILE = "fedavg-server.pt"  # client sampling: the last global model, beside checkpoint.json
+
+
 class FedAvg(FederatedProtocol):
+    """With client sampling, the server keeps the last global model: a client drawn after missing exchanges
+    receives it with its ``train`` message and starts from it."""
+
     name = "fedavg"
     mean_weighting = "examples"
+    latest: tuple[int, Tensors] | None = None  # server, client sampling: (round, the last global model)
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
@@ -20,7 +30,27 @@ class FedAvg(FederatedProtocol):
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
+        if self.samples_clients():
+            self._mean = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
+
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        if self.samples_clients():
+            self.latest = (rnd, self._mean)
+        return {}
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        return self.latest
+
+    def server_state(self) -> dict[str, object] | None:
+        """With client sampling, the last global model (``fedavg-server.pt`` beside the checkpoint)."""
+        if self.latest is None:
+            return None
+        torch.save(self.latest[1], Path(self.cfg.out) / STATE_FILE)
+        return {"latest_round": self.latest[0]}
+
+    def load_server_state(self, state: dict[str, object]) -> None:
+        self.latest = (int(state["latest_round"]), torch.load(Path(self.cfg.out) / STATE_FILE, weights_only=True))
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()

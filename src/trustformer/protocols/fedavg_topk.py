@@ -37,6 +37,9 @@ class FedAvgTopK(FederatedProtocol):
         self.error_feedback = cfg.federation.topk_error_feedback if error_feedback is None else error_feedback
         self._local_step = local_step  # (session) -> LocalStep | None
         self.dim = 2**31 - 1  # server: the model's dimension, from expected_payload
+        # server, client sampling: the global model (the initial one plus every aggregate) and its round
+        self.global_model: Tensors | None = None
+        self.latest_round = 0
 
     # ------------------------------------------------------------------------------ client
 
@@ -83,10 +86,20 @@ class FedAvgTopK(FederatedProtocol):
             session.protocol_state[GLOBAL + n] = t
         return {"apply_s": time.perf_counter() - started}
 
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        """A client catching up adopts the global model (its residual stays its own)."""
+        started = time.perf_counter()
+        assign_tensors(session.model, model)
+        for n, t in model.items():
+            session.protocol_state[GLOBAL + n] = t.clone()
+        return {"apply_s": time.perf_counter() - started}
+
     # ------------------------------------------------------------------------------ server
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """``indices`` (int32) and ``values`` (float32) of ceil(keep·d) coordinates, d the model's dimension."""
+        if self.samples_clients() and self.global_model is None:
+            self.global_model = {n: t.detach().clone() for n, t in initial.items()}
         self.dim = sum(t.numel() for t in initial.values())
         kept = keep_count(self.dim, self.keep)
         index = str(torch.empty(0, dtype=index_dtype(self.dim)).numpy().dtype)
@@ -112,7 +125,18 @@ class FedAvgTopK(FederatedProtocol):
         values = torch.zeros(union.numel(), dtype=torch.float64)
         values.index_add_(0, inverse, torch.cat([p[VALUES].double() for p in payloads]) * weights)
         out = {INDICES: union.to(payloads[0][INDICES].dtype), VALUES: values.to(torch.float32)}
+        if self.global_model is not None:  # client sampling: keep the global model clients left out catch up to
+            flat = flatten(self.global_model).double()
+            flat.index_add_(0, union, out[VALUES].double())
+            self.global_model = unflatten(flat, self.global_model)
         return out, {"aggregate_s": time.perf_counter() - started}
+
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        self.latest_round = rnd
+        return {}
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        return (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
 
 
 __all__ = ["FedAvgTopK", "INDICES", "VALUES"]

@@ -237,111 +237,129 @@ def _varying(run: RunResult, base: dict[str, Any]) -> str:
 
 def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) -> list[str]:
     """What differs from the paper, measured on these runs where possible, with the reason."""
-    items: list[str] = []
-    first = runs[0] if runs else None
-    if first is not None:
-        m = first.config.get("model", {})
-        d = first.config.get("data", {})
-        fed = first.config.get("federation", {})
-        vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size", "?")
-        items.append(
-            f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
+    tf = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
+                key=lambda r: r.beta)
+    fedavg = next((r for r in runs if r.strategy == "fedavg" and r.agg_every == 1), None)
+    notes = [_scale_note(runs), _bytes_note(tf), _clustering_note(tf), _total_time_note(fedavg, tf, epochs),
+             TIMING_NOTE, _bertscore_note(runs), _quality_note(runs), _dp_note(runs, fedavg),
+             _convergence_note(runs, fedavg, tf)]
+    return [note for note in notes if note]
+
+
+TIMING_NOTE = ("**Timing conditions.** Our clients run one after another in one process on a shared CPU (each timed "
+               "alone; Eq. 5 takes the slowest, as if they ran in parallel). Other work on the machine inflates and "
+               "scatters the seconds; repeat runs to judge small differences.")
+
+
+def _scale_note(runs: Sequence[RunResult]) -> str | None:
+    if not runs:
+        return None
+    first = runs[0]
+    m, d, fed = (first.config.get(k, {}) for k in ("model", "data", "federation"))
+    vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size", "?")
+    return (f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
             f"{m.get('n_encoder_layers')}+{m.get('n_decoder_layers')} layers, FFN {m.get('d_ff')}, vocabulary "
             f"{vocab}, {fed.get('clients')} clients × {d.get('client_size') or 'all'} pairs of {d.get('source')} "
             f"data, {first.rounds} round(s), CPU. Paper: {paper.PAPER_SETUP}. Bytes and seconds scale with the "
             "model and the hardware, so only relative numbers are comparable; our models are far from converged, "
             "so quality scores are low.")
-    # bytes
-    tf = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-                key=lambda r: r.beta)
+
+
+def _bytes_note(tf: Sequence[RunResult]) -> str | None:
     rel = []
     for r in tf:
         up, _ = r.bytes_per_exchange()
         model = r.model_bytes()
-        key = r.paper_key
-        if up is not None and model and key in paper.TABLE3_KIB:
-            rel.append(f"β={r.beta:g}: {100 * up / model:.1f}% vs {100 * paper.TABLE3_KIB[key] / paper.PAPER_MODEL_KIB:.1f}%")
-    if rel:
-        items.append(
-            "**Communication (Table III).** Trustformer's payload relative to a FedAvg model, ours vs the paper's: "
+        if up is not None and model and r.paper_key in paper.TABLE3_KIB:
+            rel.append(f"β={r.beta:g}: {100 * up / model:.1f}% vs "
+                       f"{100 * paper.TABLE3_KIB[r.paper_key] / paper.PAPER_MODEL_KIB:.1f}%")
+    if not rel:
+        return None
+    return ("**Communication (Table III).** Trustformer's payload relative to a FedAvg model, ours vs the paper's: "
             + "; ".join(rel) + ". Both grow like β (k = ⌊r·β⌋ centroids per layer). Ours counts every trainable "
             "tensor (biases and LayerNorm as r×1, never skipped), rounds k down per layer and includes the message "
             "framing and control records; small layers (k ≥ 1) weigh more in a small model.")
-    # time
-    fedavg = next((r for r in runs if r.strategy == "fedavg" and r.agg_every == 1), None)
+
+
+def _clustering_note(tf: Sequence[RunResult]) -> str | None:
     shares = []
     for r in tf:
         e = r.epoch_times()
-        key = r.paper_key
-        if e["train"] > 0 and key in paper.TABLE4_S:
-            p = paper.TABLE4_S[key]
+        if e["train"] > 0 and r.paper_key in paper.TABLE4_S:
+            p = paper.TABLE4_S[r.paper_key]
             shares.append(f"β={r.beta:g}: {e['cluster'] / e['train']:.2f}× vs {p[1] / p[0]:.2f}×")
-    if shares:
-        items.append(
-            "**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
+    if not shares:
+        return None
+    return ("**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
             "the paper's: " + "; ".join(shares) + ". Our Trustformer runs here cluster as the paper's Algorithm 2 "
             "(k-means of each client's trained weights at every exchange, memberships = local, no privacy floor); "
             "after the first exchange k-means starts from the previous global centroids and runs at most "
             "federation.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
             "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
             "(it peaks at β = 0.6), which it attributes to k-means convergence.")
-    if fedavg is not None and tf:
-        items.append(
-            "**Total time (Table V).** Computed by Eq. 5 with e = "
+
+
+def _total_time_note(fedavg: RunResult | None, tf: Sequence[RunResult], epochs: int) -> str | None:
+    if fedavg is None or not tf:
+        return None
+    return ("**Total time (Table V).** Computed by Eq. 5 with e = "
             f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
             "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
             f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, {paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
             "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
             "'paper / FedAvg' column inherits that.")
-    items.append(
-        "**Timing conditions.** Our clients run one after another in one process on a shared CPU (each timed "
-        "alone; Eq. 5 takes the slowest, as if they ran in parallel). Other work on the machine inflates and "
-        "scatters the seconds; repeat runs to judge small differences.")
+
+
+def _bertscore_note(runs: Sequence[RunResult]) -> str | None:
     bert = next((r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")), None)
-    if bert:
-        items.append(
-            f"**BERTScore.** Computed with {bert}, without baseline rescaling; the paper does not name its model "
+    if not bert:
+        return None
+    return (f"**BERTScore.** Computed with {bert}, without baseline rescaling; the paper does not name its model "
             "(bert-score's default for English is roberta-large, which needs a download). Compare BERTScore only "
             "between runs scored with the same model.")
+
+
+def _quality_note(runs: Sequence[RunResult]) -> str | None:
     bleu = [v for r in runs for v in r.per_client("bleu") if v is not None]
-    if bleu and max(bleu) < 1.0:
-        items.append(
-            "**Quality.** Every BLEU here is below 1: at this scale and number of rounds the models have not "
+    if not bleu or max(bleu) >= 1.0:
+        return None
+    return ("**Quality.** Every BLEU here is below 1: at this scale and number of rounds the models have not "
             "learnt to translate yet (many hypotheses are empty or repeat frequent words), so Figure 6 shows noise, "
             "not a ranking. The paper's Figure 6 gives no numbers to compare with.")
+
+
+def _dp_note(runs: Sequence[RunResult], fedavg: RunResult | None) -> str:
     dp = [r for r in runs if r.strategy.startswith("dp-")]
     if not dp:
-        items.append("**DP baselines.** No DP-FedAvg / DP-FedSAM / DP-BLUR-LUS runs in this report, so their paper "
-                     "rows stand alone.")
-    else:
-        desc = []
-        for r in dp:
-            privacy = r.summary.get("privacy") if isinstance(r.summary.get("privacy"), dict) else {}
-            loss = r.mean("test_loss")
-            eps = privacy.get("epsilon")
-            desc.append(f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?")
-            desc[-1] += (", final test loss "
-                         + (f"{loss:.3f}" if loss is not None else "—"))
-            if r.noise_not_private:
-                desc[-1] += (" — its noise and client sampling were derived from the run seed "
-                             "(privacy.noise_source = seeded-not-private): anyone who knows the seed can remove the "
-                             "noise, so this ε protects nothing")
-        ref = fedavg.mean("test_loss") if fedavg is not None else None
-        items.append(
-            "**DP baselines.** " + "; ".join(desc) + (f" (FedAvg: {ref:.3f})" if ref is not None else "") + ". "
+        return ("**DP baselines.** No DP-FedAvg / DP-FedSAM / DP-BLUR-LUS runs in this report, so their paper "
+                "rows stand alone.")
+    desc = []
+    for r in dp:
+        privacy = r.summary.get("privacy") if isinstance(r.summary.get("privacy"), dict) else {}
+        loss, eps = r.mean("test_loss"), privacy.get("epsilon")
+        text = f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?"
+        text += ", final test loss " + (f"{loss:.3f}" if loss is not None else "—")
+        if r.noise_not_private:
+            text += (" — its noise and client sampling were derived from the run seed "
+                     "(privacy.noise_source = seeded-not-private): anyone who knows the seed can remove the "
+                     "noise, so this ε protects nothing")
+        desc.append(text)
+    ref = fedavg.mean("test_loss") if fedavg is not None else None
+    return ("**DP baselines.** " + "; ".join(desc) + (f" (FedAvg: {ref:.3f})" if ref is not None else "") + ". "
             "User-level DP noise is calibrated to the clip norm and the number of clients, not to the data size: "
             "with 3 clients the noise on the mean update is large, and with small shards and few rounds it can "
             "outweigh the learning signal. The paper's DP rows come from its own (differently built) baselines.")
+
+
+def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: Sequence[RunResult]) -> str | None:
     local = next((r for r in runs if r.strategy == "local"), None)
     parts = []
-    if fedavg is not None:
-        ff = [v for v in fedavg.per_client("test_loss") if v is not None]
-        if ff:
-            parts.append(f"FedAvg's clients share one model (final test loss {statistics.fmean(ff):.3f})")
-    if local is not None:
-        lf = [v for v in local.per_client("test_loss") if v is not None]
-        if lf:
-            parts.append(f"clients trained alone end between {min(lf):.3f} and {max(lf):.3f}")
+    ff = [v for v in fedavg.per_client("test_loss") if v is not None] if fedavg is not None else []
+    if ff:
+        parts.append(f"FedAvg's clients share one model (final test loss {statistics.fmean(ff):.3f})")
+    lf = [v for v in local.per_client("test_loss") if v is not None] if local is not None else []
+    if lf:
+        parts.append(f"clients trained alone end between {min(lf):.3f} and {max(lf):.3f}")
     dist = [(r.beta, statistics.fmean(d)) for r in tf
             if (d := [x for x in (r.summary.get("fedavg_distance") or []) if x is not None])]
     if len(dist) >= 2:
@@ -350,6 +368,4 @@ def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) 
                      + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)
                      + (": it falls as β grows, as Theorem 1 predicts (→ 0 at β = 1)" if falling else
                         ": not monotone in β here (too few rounds or too much noise to show Theorem 1's trend)"))
-    if parts:
-        items.append("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.")
-    return items
+    return ("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.") if parts else None

@@ -28,11 +28,12 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ..config import RunConfig, run_config_of
 from ..core.shared import ALL_SHARDS, derive_seed, trainable_tensors
+from ..export import export_model, model_fingerprint
 from ..protocols import get_protocol
 from ..protocols.base import ClientSession, FederatedProtocol
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
-from ..wire import FederationError, from_array_record, payload_bytes, to_array_record
+from ..wire import FederationError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
 from .checkpoint import run_key
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
@@ -118,10 +119,42 @@ def client_id(context: Context) -> int:
     return int(context.node_config["partition-id"])
 
 
+def keeps_state_on_disk(cfg: RunConfig) -> bool:
+    """``runtime.store``: disk, memory, or (auto) disk when every client's state would not fit in
+    ``runtime.memory_budget_mb`` (a model and two optimizer moments per snapshot, two snapshots per client);
+    the simulation engine's clients live in several processes, so their state is always on disk."""
+    if cfg.runtime.engine == "simulation" or cfg.runtime.store != "auto":
+        return cfg.runtime.engine == "simulation" or cfg.runtime.store == "disk"
+    params = sum(t.numel() for t in initial_tensors(cfg.to_json()).values())
+    return cfg.federation.clients * params * 4 * 3 * 2 > cfg.runtime.memory_budget_mb * 2**20
+
+
+def node_defaults(cfg: RunConfig, client: int) -> dict[str, str]:
+    """Where a client keeps its state and writes its outputs when its node config does not say (the engines set
+    these for their virtual clients; a deployed SuperNode sets its own)."""
+    name = "client-all" if client == ALL_SHARDS else f"client-{client}"
+    out = Path(cfg.out)
+    defaults = {"output-dir": str(out / name), "models-dir": str(out / "models")}
+    if keeps_state_on_disk(cfg):
+        defaults["state-dir"] = str(out / "client-state")
+    return defaults
+
+
 def client_store(cfg: RunConfig, context: Context) -> MemoryStore | DiskStore:
-    """Node config ``state-dir``: state on disk under ``<state-dir>/<run key>/``; else the run's memory store."""
+    """Node config ``state-dir``: state on disk under ``<state-dir>/<run key>/``; else the run's memory store
+    (the simulation engine: always on disk, under ``<out>/client-state``)."""
     state_dir = context.node_config.get("state-dir")
+    if not state_dir and cfg.runtime.engine == "simulation":
+        state_dir = node_defaults(cfg, client_id(context))["state-dir"]
     return DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
+
+
+def node_setting(cfg: RunConfig, context: Context, key: str) -> str | None:
+    """A node config entry (``output-dir``, ``models-dir``); on the simulation engine, its default."""
+    value = context.node_config.get(key)
+    if value is None and cfg.runtime.engine == "simulation":
+        value = node_defaults(cfg, client_id(context)).get(key)
+    return str(value) if value else None
 
 
 def client_env(context: Context) -> ClientEnv:
@@ -248,9 +281,10 @@ def train(msg: Message, context: Context) -> Message:
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
                                **env.timings(msg)}
     protocol = env.protocol
-    if "model" in msg.content:  # Phong: the model to train on
-        incoming = from_array_record(msg.content["model"], protocol.payload_spec(session), what="model from the server")
-        metrics.update(protocol.client_apply(session, incoming))
+    if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
+        incoming = from_array_record(msg.content["model"], spec_of(dict(session.model.named_parameters())),
+                                     what="model from the server")
+        metrics.update(protocol.client_start_from(session, incoming))
     metrics.update(env.task.train_local(session.model, optimizer, env.shard,
                                         seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
                                         step=protocol.local_step(session), **protocol.train_options(session)))
@@ -331,37 +365,51 @@ def secure_channel_only(msg: Message, context: Context) -> Message:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    """Final evaluation: test loss and the task's metrics (translation: decoded translations scored
-    with BLEU, chrF, METEOR, BERTScore; image classification: accuracy and per-class accuracy;
-    segmentation: Dice, IoU, pixel accuracy).
+    """Final evaluation, in two steps the server asks for.
 
-    Only the scores (and, for translation, three sample translations) go back to the server. Where
-    the node config names an ``output-dir`` (the in-process runtime sets ``<out>/client-<id>``; a
-    deployed SuperNode may set its own), the client also writes every decoded test sentence to
-    ``<output-dir>/translations.tsv`` (segmentation: ``masks.png``, a few predicted masks beside the
-    truth) itself, on its own machine: what a client's model outputs says more about it than the
-    scores do, so it never crosses the wire.
+    ``score = false``: the test loss, what the whole model costs on the wire (``model_bytes``), a
+    description of the client's data and the model's fingerprint (a hash that tells identical models apart:
+    the server asks one client per distinct model to score it, ``eval.decode_once``).
+
+    ``score = true``: the task's final scores too (translation: decoded translations scored with BLEU,
+    chrF, METEOR, BERTScore; image classification: accuracy and per-class accuracy; segmentation: Dice,
+    IoU, pixel accuracy), and the model saved where the node config's ``models-dir`` says (``export.py``:
+    ``trustformer translate`` / ``predict`` read it). Only the scores (and, for translation, three sample
+    translations) go back to the server. Where the node config names an ``output-dir`` (the in-process
+    engine sets ``<out>/client-<id>``), the client also writes every decoded test sentence to
+    ``<output-dir>/translations.tsv`` (segmentation: ``masks.png``) itself, on its own machine: what a
+    client's model outputs says more about it than the scores do, so it never crosses the wire.
     """
     env = client_env(context)
-    rnd = int(msg.content["config"]["round"])
+    config = msg.content["config"]
+    rnd, score = int(config["round"]), bool(config.get("score", True))
     session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
-    output_dir = context.node_config.get("output-dir")
-    scores, labels, samples = env.task.final_metrics(session.model, str(output_dir) if output_dir else None)
-    scores.pop("test_loss", None)  # the task's own copy of what _evaluate_into measured
-    metrics.update(scores)
+    labels = {"fingerprint": model_fingerprint(session.model)}
+    content = RecordDict()
+    if score:
+        scores, task_labels, samples = env.task.final_metrics(session.model, node_setting(env.cfg, context,
+                                                                                        "output-dir"))
+        scores.pop("test_loss", None)  # the task's own copy of what _evaluate_into measured
+        metrics.update(scores)
+        labels.update(task_labels)
+        models_dir = node_setting(env.cfg, context, "models-dir")
+        if models_dir:
+            labels["model"] = str(export_model(Path(str(models_dir)), session.model, **env.task.export_kwargs(),
+                                               extra={"strategy": env.cfg.federation.strategy, "round": rnd}))
+        if samples:
+            content["samples"] = ConfigRecord(samples)
+        log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"],
+                 env.task.final_log(metrics))
     # what the whole model costs under the same serializer (the size of a FedAvg payload)
     metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))
     data = env.task.describe(env.client)
     if env.cfg.task == "translation":
         data["train_pairs"] = session.num_examples
-    content = RecordDict({"metrics": MetricRecord(metrics), "data": ConfigRecord(data)})
-    if labels:
-        content["labels"] = ConfigRecord(labels)
-    if samples:
-        content["samples"] = ConfigRecord(samples)
-    log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
+    content["metrics"] = MetricRecord(metrics)
+    content["data"] = ConfigRecord(data)
+    content["labels"] = ConfigRecord(labels)
     return Message(content, reply_to=msg)
 
 

@@ -214,6 +214,7 @@ class Server:
     payload_spec: Callable[[], TensorSpec]  # what every client's payload must be, from the configuration
     initial: Callable[[], Tensors]  # the identical initial model's trainable tensors
     server_phases: dict[str, float] = field(default_factory=dict)
+    synced: dict[int, int] = field(default_factory=dict)  # client -> round of the last aggregate it applied
 
 
 class RoundIO:
@@ -227,6 +228,7 @@ class RoundIO:
     def __init__(self, server: Server, rnd: int, nodes: list[int], exchange: bool) -> None:
         self.server, self.rnd, self.nodes, self.exchange = server, rnd, list(nodes), exchange
         self.cfg, self.protocol, self.clients, self.link = server.cfg, server.protocol, server.clients, server.link
+        self.synced = server.synced
         self.needed = server.min_valid
         self.rows: dict[int, dict[str, Any]] = {}
         self.fields: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..metrics import RunRecorder
 from ..protocols import get_protocol
 from ..secure.channel import secure_link
-from ..tasks.results import FINAL_METRICS, task_summary
+from ..tasks.results import FINAL_METRICS, task_summary, under
 from ..tasks.run import initial_tensors
 from ..wire import EVALUATE, QUERY
 from .checkpoint import Checkpointer
@@ -49,7 +49,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         protocol.server_begin(nodes.expected)
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
-    recorder = RunRecorder(cfg.out, total_rounds=fed.rounds)
+    recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
     payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.to_json())))
     link = secure_link(cfg, PlainLink(grid, nodes.timeout), run_id=int(grid.run.run_id), recorder=recorder,
@@ -76,24 +76,13 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
 
 def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
                ) -> dict[str, Any]:
-    """The final evaluation of every connected client, then ``summary.json``."""
+    """The final evaluation of every connected client (:func:`final_evaluation`), then ``summary.json``."""
     recorder, protocol = server.recorder, server.protocol
-    final = server.link.send(nodes.connected(), EVALUATE, rounds_run,
-                             lambda _n: RecordDict({"config": ConfigRecord({"round": rounds_run})}))
-    per_client = {}
-    for node, got in final.items():
-        reply = got.reply
-        why = ("no reply to evaluate" if reply is None else
-               f"final evaluation failed: {reply.error.reason}" if reply.has_error() else None)
-        try:
-            if why is None:
-                client, per_client[client] = final_metrics(reply, node, nodes.clients, cfg.federation.clients, cfg.task)
-        except (KeyError, TypeError, ValueError) as exc:
-            why = f"invalid reply to evaluate: {describe(exc)}"
-        if why is not None:
-            drop(recorder, rounds_run, node, nodes.clients, why)
+    per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
     order = sorted(per_client)
     extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
+    if models:
+        extra["models"] = {str(c): models[c] for c in order if c in models}
     if checkpoints.resumed:
         extra["resumed_after_rounds"] = checkpoints.resumed
     secure = server.link.summary()
@@ -108,6 +97,7 @@ def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Chec
         **task_summary(cfg.task, cfg.out, per_client, order),
         data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": max((int(per_client[c]["model_bytes"]) for c in order), default=0)},
+        scored_by={str(c): per_client[c]["scored_by"] for c in order},
         server_time_s={k: round(v, 4) for k, v in server.server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__}, **extra)
     first = FINAL_METRICS[cfg.task][0]
@@ -117,16 +107,71 @@ def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Chec
     return summary
 
 
-def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int, task: str = "translation"
-                  ) -> tuple[int, dict[str, Any]]:
-    """The final evaluation's scores, samples and labels of one client (ValueError/KeyError/TypeError if
-    malformed): ``test_loss``, ``model_bytes`` and the task's scores (``FINAL_METRICS``) must be numbers."""
+def final_evaluation(cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
+                     ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """Every client's final metrics and where its model was saved. First every client reports its test loss
+    and its model's fingerprint; then one client per distinct model (``eval.decode_once``; otherwise every
+    client) scores and saves it, and the clients holding the same model share its scores (``scored_by``)."""
+    recorder, link = server.recorder, server.link
+
+    def ask(targets: list[int], score: bool) -> dict[int, tuple[int, dict[str, Any]]]:
+        got = {}
+        config = ConfigRecord({"round": rnd, "score": score})
+        for node, delivery in link.send(targets, EVALUATE, rnd, lambda _n: RecordDict({"config": config})).items():
+            reply = delivery.reply
+            why = ("no reply to evaluate" if reply is None else
+                   f"final evaluation failed: {reply.error.reason}" if reply.has_error() else None)
+            try:
+                if why is None:
+                    got[node] = final_metrics(reply, node, nodes.clients, cfg.federation.clients, cfg.task,
+                                              scored=score)
+            except (KeyError, TypeError, ValueError) as exc:
+                why = f"invalid reply to evaluate: {describe(exc)}"
+            if why is not None:
+                drop(recorder, rnd, node, nodes.clients, why)
+        return got
+
+    reported = ask(nodes.connected(), score=False)
+    key_of = {node: basic["labels"]["fingerprint"] if cfg.eval.decode_once else str(node)
+              for node, (_client, basic) in reported.items()}
+    candidates: dict[str, list[int]] = {}  # model -> the nodes holding it, in client order
+    for node in sorted(reported, key=lambda n: reported[n][0]):
+        candidates.setdefault(key_of[node], []).append(node)
+    scored: dict[str, dict[str, Any]] = {}
+    while wave := [members.pop(0) for key, members in candidates.items() if key not in scored and members]:
+        for node, (client, metrics) in ask(wave, score=True).items():  # a failed one: the next holder tries
+            scored[key_of[node]] = {**metrics, "scored_by": client}
+    per_client, models = {}, {}
+    for node, (client, basic) in reported.items():
+        if key_of[node] not in scored:
+            continue  # no client holding this model could score it (each drop is in metrics.jsonl)
+        result = scored[key_of[node]]
+        per_client[client] = {**result, "test_loss": basic["test_loss"], "data": basic["data"],
+                              "model_bytes": basic["model_bytes"]}
+        if "model" in result["labels"]:
+            models[client] = under(cfg.out, result["labels"]["model"])
+    return per_client, models
+
+
+def open_tracker(cfg: RunConfig):
+    """The experiment trackers of ``runtime.log`` (None: none asked for)."""
+    if not cfg.runtime.log:
+        return None
+    from ..tracking import Tracker
+
+    return Tracker(cfg.out, cfg.runtime.log, cfg.to_dict(), run_name=Path(cfg.out).name)
+
+
+def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int, task: str = "translation", *,
+                  scored: bool = True) -> tuple[int, dict[str, Any]]:
+    """A client's final evaluation (ValueError/KeyError/TypeError if malformed): ``test_loss`` and
+    ``model_bytes`` must be numbers, with ``scored`` the task's scores (``FINAL_METRICS``) too."""
     record = reply.content["metrics"]
     if not isinstance(record, MetricRecord):
         raise ReplyError("the 'metrics' record is not a MetricRecord")
     metrics: dict[str, Any] = dict(record)
     client = client_of(metrics, node, clients, expected)
-    for key in ("test_loss", *FINAL_METRICS[task], "model_bytes"):
+    for key in ("test_loss", *(FINAL_METRICS[task] if scored else ()), "model_bytes"):
         if isinstance(metrics.get(key), bool) or not isinstance(metrics.get(key), (int, float)):
             raise ReplyError(f"metric {key!r} must be a number, got {metrics.get(key)!r}")
     per_class = metrics.get("per_class_accuracy")
@@ -139,6 +184,7 @@ def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: 
     metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
     metrics["labels"] = ({k: str(v) for k, v in dict(reply.content["labels"]).items()}
                          if "labels" in reply.content else {})
+    metrics["labels"].setdefault("fingerprint", f"node-{node}")
     return client, metrics
 
 

@@ -100,6 +100,14 @@ class ImageClassificationTask:
         """Examples per client and class (what the report's partition figure shows)."""
         return [np.bincount(s.labels.numpy(), minlength=self.train.num_classes).tolist() for s in shards]
 
+    def input_spec(self) -> dict[str, Any]:
+        """What a saved model needs to read new images as training did (``export.py``): their shape, the pixel
+        scale, the per-channel mean/std training normalises with, and the class names."""
+        c, h, w = self.train.shape
+        mean, std = image_data.CHANNEL_STATS[self.config.dataset]
+        return {"dataset": self.config.dataset, "channels": c, "height": h, "width": w, "scale": 255.0,
+                "mean": list(mean), "std": list(std), "classes": list(self.train.classes)}
+
     def inputs(self, images: torch.Tensor) -> torch.Tensor:
         return image_data.to_float(images, self.config.dataset).to(self.device)
 

@@ -42,7 +42,9 @@ class RunTask(Protocol):
       returning at least ``train_loss``, ``steps`` and ``train_s``;
     - ``test_loss(model)``: on the shared held-out test set;
     - ``final_metrics(model, output_dir)``: (scores, string labels, samples) of the final evaluation,
-      the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line.
+      the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line;
+    - ``export_kwargs()``: what a saved model needs beside its weights (the tokenizer; an image model's input
+      description), for ``export.export_model``.
     """
 
     name: str
@@ -67,6 +69,10 @@ class RunTask(Protocol):
                       ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]: ...
 
     def final_log(self, metrics: dict[str, Any]) -> str: ...
+
+    def export_kwargs(self) -> dict[str, Any]:
+        """What ``export.export_model`` needs beside the model to write a folder a user can predict with."""
+        ...
 
 
 @lru_cache(maxsize=4)
@@ -194,6 +200,9 @@ class ImageRunTask:
                         title=f"{self.task.config.dataset}: predicted masks beside the truth")
             labels["masks"] = str(path)
         return metrics, labels, {}
+
+    def export_kwargs(self) -> dict[str, Any]:
+        return {"input_spec": self.task.input_spec()}
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         if self.name == "image-classification":

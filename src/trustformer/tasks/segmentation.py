@@ -84,6 +84,15 @@ class SegmentationTask:
                                 min_fraction=min_fraction, max_fraction=max_fraction)
         return [self.train.select_units(units[g]) for g in groups]
 
+    def input_spec(self) -> dict[str, Any]:
+        """What a saved model needs to read new slices as training did (``export.py``): their shape, the
+        intensity scaling of the dataset's loader (LGG: 8-bit; MRI brain extraction: the volume's 99.5th
+        percentile, applied per image) and the probability threshold."""
+        _, c, h, w = self.train.images.shape
+        intensity = {"scale": 255.0} if self.config.dataset == "lgg" else {"percentile": 99.5, "clip": 1.5}
+        return {"dataset": self.config.dataset, "channels": int(c), "height": int(h), "width": int(w),
+                "intensity": intensity, "threshold": float(self.config.threshold)}
+
     # ----------------------------------------------------------------------------- model
 
     def build_model(self, seed: int | None = None) -> UNet:

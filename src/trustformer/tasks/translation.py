@@ -83,6 +83,9 @@ class TranslationTask:
                    "hypothesis": [h for _, _, h in sample]} if sample else {}
         return metrics, labels, samples
 
+    def export_kwargs(self) -> dict[str, Any]:
+        return {"tokenizer": self.workload.tokenizer}
+
     def final_log(self, metrics: dict[str, Any]) -> str:
         return (f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"
                 + (f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "")
