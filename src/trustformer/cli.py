@@ -270,31 +270,41 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
         "reports the relative L2 error and the fraction of weights recovered within 1e-6 (mean over clients "
         "at the last exchange round). The sweep options run several configurations and print one table.",
     )
-    add_config_options(r)
-    r.add_argument("--strategies", type=_str_list, metavar="LIST",
-                   help="comma-separated strategies to attack, one run each (default: --strategy)")
-    r.add_argument("--betas", type=_float_list, metavar="LIST",
-                   help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5")
-    r.add_argument("--memberships", type=_str_list, metavar="LIST",
-                   help="trustformer membership modes, one run each, e.g. shared,local")
-    r.add_argument("--secure-modes", type=_str_list, metavar="LIST",
-                   help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
-                        "support are skipped and listed)")
-    r.add_argument("--json", metavar="FILE", help="also write every run's per-client and per-round figures as JSON")
-    r.add_argument("--quiet", action="store_true", help="only the table and warnings")
-    r.set_defaults(func=_cmd_attack)
+    m = what.add_parser(
+        "membership",
+        help="decide from what the server holds whether examples were in a client's training data",
+        description="Run a federation in this process (the options of `trustformer run`) and attack the "
+        "membership of every client's data from the server's estimate of its model (docs/privacy.md): AUC and "
+        "TPR at 1% and 0.1% FPR per client and score, with the true local model and the client's final model as "
+        "reference rows. Translation needs data.own_test_size > 0 (the non-members: pairs of the client's own "
+        "domains that no client trained on). The sweep options run several configurations and print one table.",
+    )
+    m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
+    for q, func in ((r, _cmd_attack), (m, _cmd_membership)):
+        add_config_options(q)
+        q.add_argument("--strategies", type=_str_list, metavar="LIST",
+                       help="comma-separated strategies to attack, one run each (default: --strategy)")
+        q.add_argument("--betas", type=_float_list, metavar="LIST",
+                       help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5")
+        q.add_argument("--memberships", type=_str_list, metavar="LIST",
+                       help="trustformer membership modes, one run each, e.g. shared,local")
+        q.add_argument("--secure-modes", type=_str_list, metavar="LIST",
+                       help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
+                            "support are skipped and listed)")
+        q.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
+        q.add_argument("--quiet", action="store_true", help="only the table and warnings")
+        q.set_defaults(func=func)
 
 
-def _cmd_attack(args: argparse.Namespace) -> int:
+def _attack_setup(args: argparse.Namespace, default_out: str):
     import json
-    import time
 
     from .attack import reconstruct as rec
 
     given = {item.partition("=")[0] for item in args.set}
     args.set = [f"{k}={json.dumps(v)}" for k, v in rec.FAST_EVAL.items() if k not in given] + list(args.set)
     if args.out is None:
-        args.out = os.path.join("runs", "attack-reconstruct")
+        args.out = os.path.join("runs", default_out)
     setup_logging(quiet=True)
     cfg = resolve_config(args)
     runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
@@ -304,8 +314,17 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to run: every combination of --strategies and --secure-modes was refused "
                           "(see the lines above)")
     if not args.quiet:
-        print(f"attack reconstruct: preset {cfg.preset} · {cfg.federation.clients} clients · "
+        print(f"attack {args.attack}: preset {cfg.preset} · {cfg.federation.clients} clients · "
               f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}", file=sys.stderr, flush=True)
+    return cfg, runs
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    import time
+
+    from .attack import reconstruct as rec
+
+    cfg, runs = _attack_setup(args, "attack-reconstruct")
     started = time.perf_counter()
     results = rec.sweep(cfg, runs, progress=not args.quiet)
     print(rec.format_table(results))
@@ -314,6 +333,23 @@ def _cmd_attack(args: argparse.Namespace) -> int:
           f"· total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         rec.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
+    return 0
+
+
+def _cmd_membership(args: argparse.Namespace) -> int:
+    import time
+
+    from .attack import membership as mia
+
+    cfg, runs = _attack_setup(args, "attack-membership")
+    started = time.perf_counter()
+    results = mia.sweep(cfg, runs, candidates=args.candidates, progress=not args.quiet)
+    print(mia.format_table(results))
+    print(f"mean over clients at the last exchange; model: server = its estimate from what it holds, true-local = "
+          f"the client's trained model, final = the model it ends with · total "
+          f"{(time.perf_counter() - started) / 60:.1f} min")
+    if args.json:
+        mia.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
     return 0
 
 

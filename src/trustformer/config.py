@@ -63,6 +63,9 @@ class DataConfig:
     partition: str = "iid"
     alpha: float = 0.5  # dirichlet concentration: small = skewed, large = close to iid
     client_sizes: tuple[int, ...] = ()  # pairs of each client (unequal shards); () = client_size for all
+    # pairs each client holds out of what it is dealt (its domains): its own-distribution test set, scored at the
+    # end beside the shared one, and the non-members of the membership attack; 0 = none
+    own_test_size: int = 0
 
     def validate(self) -> None:
         _choice("data.source", self.source, ("libreoffice", "tsv", "wmt19"))
@@ -78,6 +81,7 @@ class DataConfig:
         _at_least("data.max_words", self.max_words, 0)
         _choice("data.partition", self.partition, PARTITIONS)
         _positive("data.alpha", self.alpha)
+        _at_least("data.own_test_size", self.own_test_size, 0)
         if any(size < 1 for size in self.client_sizes):
             raise ConfigError(f"data.client_sizes = {list(self.client_sizes)!r} must be sizes >= 1 (one per client)")
 
@@ -159,6 +163,14 @@ class FederationConfig:
     # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
     min_cluster_rows: int = 2
     min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
+    # after the last round every client fine-tunes a copy of its final model on its own data for this many epochs
+    # (constant learning rate train.lr x finetune_lr_scale) and is scored again (ft_* fields); 0 = no fine-tuning
+    finetune_epochs: int = 0
+    finetune_lr_scale: float = 0.1
+    # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
+    # quantized to this many bits with error feedback (protocols/coding.py); 32 = float32, no coding
+    payload_bits: int = 32
+    payload_scale: str = "row"  # coded payloads: one grid per row (of 16 values or more) | tensor (one per tensor)
     # client sampling: this many clients, drawn anew each round from the run seed, train and exchange; 0 = every
     # client every round. A client left out keeps its state and catches up when next drawn (docs/protocols.md)
     clients_per_round: int = 0
@@ -199,6 +211,14 @@ class FederationConfig:
                 f"(beta = 1 is then exactly FedAvg)")
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
         _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
+        _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
+        _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
+        _choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
+        _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
+        if self.payload_bits != 32 and self.strategy not in CODED_STRATEGIES:
+            raise ConfigError(f"federation.payload_bits = {self.payload_bits} does not apply to federation.strategy "
+                              f"= {self.strategy!r}: {CODED_STRATEGIES_WHY.get(self.strategy, 'it sends no weights')}; "
+                              "set 32")
         if self.clients_per_round and self.strategy in NO_CLIENT_SAMPLING:
             raise ConfigError(f"federation.clients_per_round does not apply to federation.strategy = "
                               f"{self.strategy!r}: {NO_CLIENT_SAMPLING[self.strategy]}; set it to 0")
@@ -246,6 +266,15 @@ class FederationConfig:
             seen.add((fault.client, fault.round))
         return plan
 
+
+CODED_STRATEGIES = ("fedavg", "trustformer", "fedavg-topk")  # protocols whose uploads payload coding can shrink
+CODED_STRATEGIES_WHY = {
+    "dp-fedavg": "quantizing the clipped update after clipping changes its norm, which the privacy accounting bounds",
+    "dp-fedsam": "quantizing the clipped update after clipping changes its norm, which the privacy accounting bounds",
+    "dp-blur-lus": "quantizing the clipped update after clipping changes its norm, which the privacy accounting bounds",
+    "fedpc": "its ternary vectors are 2 bits already and the pilot's model is the master's next model",
+    "phong": "the model it passes on is the next worker's starting point, not a difference both ends hold",
+}
 
 NO_CLIENT_SAMPLING = {  # strategies that refuse federation.clients_per_round, and why
     "local": "nothing is exchanged, so there is nothing to sample for",
@@ -602,6 +631,11 @@ class SecureConfig:
                               f"({', '.join(SECAGG_STRATEGIES)})")
         if fed.clients < 2:
             raise ConfigError(f"secure.mode = {self.mode!r} needs federation.clients >= 2, got {fed.clients}")
+        if fed.payload_bits != 32:
+            raise ConfigError(f"secure.mode = {self.mode!r} cannot carry coded payloads (federation.payload_bits = "
+                              f"{fed.payload_bits}): each client codes its payload on a grid of its own (scale and "
+                              "offset per row), and masked codes of different grids cannot be summed; set "
+                              "federation.payload_bits = 32")
         if self.secagg_threshold:
             _in_range("secure.secagg_threshold", self.secagg_threshold, 2, fed.clients)
 

@@ -26,7 +26,7 @@ from .data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load
 from .data.split import Splits, split_corpus
 from .data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
 from .evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
-from .models.transformer import Seq2SeqTransformer, TransformerConfig
+from .models.transformer import Seq2SeqTransformer, TransformerConfig, eval_mode
 from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,12 @@ class Workload:
             out["test_domain_names"] = list(self.splits.test_domains)
             out["test_domain_counts"] = list(self.splits.test_domains.values())
         return out
+
+    def own_test(self, partition: int) -> list[Pair]:
+        """A client's held-out own-distribution pairs (``data.own_test_size`` of what it was dealt; none for the
+        centralized client or without them)."""
+        tests = self.splits.client_tests
+        return tests[partition] if tests and 0 <= partition < len(tests) else []
 
     def shard(self, partition: int) -> list[Pair]:
         """A client's private training pairs (``ALL_SHARDS``: the union, for centralized training)."""
@@ -129,6 +135,7 @@ def _load_workload_cached(key: str) -> Workload:
             partition=d.partition,
             alpha=d.alpha,
             client_sizes=d.client_sizes or None,
+            own_test_size=d.own_test_size,
         )
     except ValueError as exc:
         raise DataError(str(exc)) from exc
@@ -243,27 +250,65 @@ def train_local(
             "lr": optimizer.param_groups[0]["lr"]}
 
 
-def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload) -> float:
-    """Token-averaged cross-entropy of a model on the shared held-out test set."""
+def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload,
+              encoded: list[tuple[list[int], list[int]]] | None = None) -> float:
+    """Token-averaged cross-entropy of a model on the shared held-out test set (or on ``encoded`` pairs)."""
     batches = make_batches(
-        workload.test_encoded, batch_size=cfg.eval.batch_size, pad_id=workload.tokenizer.pad_id,
-        shuffle=False,
+        workload.test_encoded if encoded is None else encoded, batch_size=cfg.eval.batch_size,
+        pad_id=workload.tokenizer.pad_id, shuffle=False,
     )
     return evaluate_loss(model, batches)
 
 
+def pair_losses(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload,
+                encoded: list[tuple[list[int], list[int]]]) -> list[float]:
+    """Each pair's token-averaged cross-entropy under ``model`` (teacher forcing, padding excluded), in order."""
+    losses: list[float] = []
+    device = next(model.parameters()).device
+    with torch.no_grad(), eval_mode(model):
+        for start in range(0, len(encoded), cfg.eval.batch_size):
+            chunk = encoded[start:start + cfg.eval.batch_size]
+            src, tgt = make_batches(chunk, batch_size=len(chunk), pad_id=workload.tokenizer.pad_id, shuffle=False)[0]
+            losses.extend(model.pair_losses(src.to(device), tgt.to(device)).tolist())
+    return losses
+
+
+def finetune(cfg: RunConfig, model: Seq2SeqTransformer, pairs_encoded: list[tuple[list[int], list[int]]], *,
+             epochs: int, lr: float, seed: int) -> dict[str, float]:
+    """Local fine-tuning after the last round: ``epochs`` passes over a client's own pairs with a fresh optimizer
+    of the configured kind at the constant learning rate ``lr`` (no warm-up, no decay), gradients clipped."""
+    torch.manual_seed(seed)
+    model.train()
+    optimizer = new_optimizer(cfg, model)
+    set_lr(optimizer, lr)
+    device = next(model.parameters()).device
+    started, loss_sum, tokens = time.perf_counter(), 0.0, 0
+    for epoch in range(epochs):
+        for src, tgt in training_batches(cfg, pairs_encoded, model.config.pad_id, seed=derive_seed(seed, "ft", epoch)):
+            optimizer.zero_grad(set_to_none=True)
+            batch_loss, n_tokens = model.loss(src.to(device), tgt.to(device), label_smoothing=cfg.train.label_smoothing)
+            (batch_loss / max(n_tokens, 1)).backward()
+            if cfg.train.clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+            optimizer.step()
+            loss_sum, tokens = loss_sum + float(batch_loss.detach()), tokens + int(n_tokens)
+    return {"finetune_s": time.perf_counter() - started, "finetune_loss": loss_sum / max(tokens, 1)}
+
+
 def translation_scores(
-    cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload
+    cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload, pairs: list[Pair] | None = None, *,
+    extra_metrics: bool = True,
 ) -> tuple[dict[str, float | str], list[tuple[str, str, str]]]:
-    """Decode the first ``eval.bleu_size`` test sources and score them against their references.
+    """Decode the first ``eval.bleu_size`` test sources (or ``pairs``) and score them against their references.
 
     Scores: sacreBLEU corpus ``bleu`` and ``chrf`` (0-100); ``meteor`` (mean sentence METEOR with
     WordNet synonyms, 0-1) unless ``eval.meteor`` is off; ``bertscore_f1`` (mean F1, 0-1) and
-    ``bertscore_model`` (the model used, a string) unless ``eval.bertscore`` is off; ``decode_s`` and
-    ``score_s`` (seconds). Also returns the (source, reference, hypothesis) triples.
+    ``bertscore_model`` (the model used, a string) unless ``eval.bertscore`` is off (both only with
+    ``extra_metrics``); ``decode_s`` and ``score_s`` (seconds). Also returns the (source, reference,
+    hypothesis) triples.
     """
-    n = cfg.eval.bleu_size or len(workload.splits.test)
-    pairs = workload.splits.test[:n]
+    if pairs is None:
+        pairs = workload.splits.test[:cfg.eval.bleu_size or len(workload.splits.test)]
     sources = [src for src, _ in pairs]
     references = [tgt for _, tgt in pairs]
     started = time.perf_counter()
@@ -275,11 +320,11 @@ def translation_scores(
     scores: dict[str, float | str] = {
         "bleu": corpus_bleu(hypotheses, references), "chrf": corpus_chrf(hypotheses, references),
     }
-    if cfg.eval.meteor:
+    if cfg.eval.meteor and extra_metrics:
         from .evaluation.meteor import corpus_meteor
 
         scores["meteor"] = corpus_meteor(hypotheses, references, cache_dir=cache_dir(cfg))
-    if cfg.eval.bertscore:
+    if cfg.eval.bertscore and extra_metrics:
         from .evaluation.bertscore import corpus_bertscore
 
         f1, label = corpus_bertscore(hypotheses, references, model=cfg.eval.bertscore_model,

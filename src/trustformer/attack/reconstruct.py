@@ -115,7 +115,7 @@ import torch
 from ..config import ConfigError, RunConfig, load_config
 from ..core.centroids import layer_matrix
 from ..core.dp import flatten, unflatten
-from ..protocols import ProtocolObserver, make_protocol, observe
+from ..protocols import ProtocolObserver, bare, make_protocol, observe
 from ..protocols.base import Tensors
 from ..protocols.trustformer import MODES as MEMBERSHIP_MODES
 
@@ -150,8 +150,22 @@ class Exchange:
     trained: dict[int, Tensors] = field(default_factory=dict)  # ground truth (never sent)
     num_examples: dict[int, int] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # fingerprint of a client's payload -> client
+    sent_payloads: dict[int, Tensors] = field(default_factory=dict)  # client -> the payload it built
     received: dict[int, Tensors] | None = None  # what the aggregation received, by client (None: secagg)
     aggregate: Tensors | None = None  # what the server sent back
+
+
+def _nearest(payload: Tensors, sent: dict[int, Tensors]) -> int | None:
+    """The client whose sent payload (same names and shapes) is nearest to ``payload`` (L2), if any."""
+    best, best_distance = None, float("inf")
+    for client, candidate in sent.items():
+        if set(candidate) != set(payload) or any(candidate[n].shape != payload[n].shape for n in payload):
+            continue
+        distance = sum(float((candidate[n].double() - payload[n].double()).pow(2).sum()) for n in payload
+                       if candidate[n].is_floating_point())
+        if distance < best_distance:
+            best, best_distance = client, distance
+    return best
 
 
 class RunRecorder(ProtocolObserver):
@@ -173,12 +187,15 @@ class RunRecorder(ProtocolObserver):
 
     def client_sent(self, rnd: int, client: int, payload: Tensors) -> None:
         self._exchange(rnd).sent[_fingerprint(payload)] = client
+        self._exchange(rnd).sent_payloads[client] = payload
 
     def server_received(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> None:
         ex = self._exchange(self._round)  # in process, the aggregation follows the round's clients
         received: dict[int, Tensors] = {}
         for payload in payloads:
             client = ex.sent.get(_fingerprint(payload))
+            if client is None:  # coded payloads arrive decoded, within the coding error: the nearest one sent
+                client = _nearest(payload, ex.sent_payloads)
             if client is None:
                 self.unmatched += 1
                 continue
@@ -368,33 +385,45 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], protocol: Any) -> dict[str, Any]:
-    """The server's estimates of every exchange, scored against the clients' true trained models."""
+def server_estimates(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], protocol: Any):
+    """Per exchange, oldest first: (the exchange, the server's estimate of every client's trained model from what
+    it holds, the global model the server held before it). Under secure aggregation every client is estimated
+    from the aggregate, as if it had sent it; a client dropped from a round has no estimate there."""
     estimator = ESTIMATORS[cfg.federation.strategy](cfg, initial, protocol)
     secagg = cfg.secure.mode in SECAGG_MODES
-    rounds = []
     for ex in sorted(exchanges, key=lambda e: e.round):
         estimator.begin(ex.round)
-        clients = sorted(ex.trained)
-        errors, recovered, initial_errors = [], [], []
-        for client in clients:
+        before = {n: t.clone() for n, t in estimator.global_model.items()}
+        estimates = {}
+        for client in sorted(ex.trained):
             if secagg:
                 if ex.aggregate is None:
                     raise RuntimeError(f"round {ex.round}: no aggregate was sent")
-                source = ex.aggregate
-            else:
-                if ex.received is None or client not in ex.received:
-                    continue  # dropped this round: the server received nothing from it
-                source = ex.received[client]
-            error, fraction = score(estimator.estimate(source), ex.trained[client])
+                estimates[client] = estimator.estimate(ex.aggregate)
+            elif ex.received is not None and client in ex.received:
+                estimates[client] = estimator.estimate(ex.received[client])
+        yield ex, estimates, before, estimator
+        if ex.aggregate is not None:
+            estimator.advance(ex.aggregate)
+
+
+def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], protocol: Any) -> dict[str, Any]:
+    """The server's estimates of every exchange, scored against the clients' true trained models."""
+    secagg = cfg.secure.mode in SECAGG_MODES
+    rounds, estimator = [], None
+    for ex, estimates, _before, estimator in server_estimates(cfg, initial, exchanges, protocol):
+        clients = sorted(ex.trained)
+        errors, recovered, initial_errors = [], [], []
+        for client in clients:
+            if client not in estimates:
+                continue  # dropped this round: the server received nothing from it
+            error, fraction = score(estimates[client], ex.trained[client])
             errors.append(error)
             recovered.append(fraction)
             initial_errors.append(score(initial, ex.trained[client])[0])
         rounds.append({"round": ex.round, "clients": clients, "relative_error": errors,
                        "recovered_fraction": recovered, "relative_error_mean": _mean(errors),
                        "recovered_fraction_mean": _mean(recovered), "initial_error_mean": _mean(initial_errors)})
-        if ex.aggregate is not None:
-            estimator.advance(ex.aggregate)
     if not rounds:
         raise RuntimeError("the run had no exchange round: nothing to attack")
     last = rounds[-1]
@@ -443,8 +472,21 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     return ex
 
 
-def run_attack(cfg: RunConfig) -> dict[str, Any]:
-    """Run the federation ``cfg`` in this process and attack it; returns the result (see module docstring)."""
+@dataclass
+class ObservedRun:
+    """A federation run in this process under the attack harness's observer: its summary and every exchange."""
+
+    cfg: RunConfig
+    summary: dict[str, Any]
+    wall_s: float
+    initial: Tensors
+    exchanges: list[Exchange]
+    protocol: Any  # the bare protocol (inside coding and differential privacy)
+    unmatched: int = 0
+
+
+def observed_run(cfg: RunConfig) -> ObservedRun:
+    """Run the federation ``cfg`` in this process and record what every party held (see the module docstring)."""
     from ..engine.inprocess import run_in_process
 
     exchanges_model = make_protocol(cfg).exchanges
@@ -457,14 +499,21 @@ def run_attack(cfg: RunConfig) -> dict[str, Any]:
     wall_s = time.perf_counter() - started
     initial = _initial(cfg)
     exchanges = list(recorder.exchanges.values()) if exchanges_model else [_final_models(cfg, list(initial))]
-    result = attack(cfg, initial, exchanges, make_protocol(cfg))
-    result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=wall_s,
+    return ObservedRun(cfg, summary, wall_s, initial, exchanges, bare(make_protocol(cfg)), recorder.unmatched)
+
+
+def run_attack(cfg: RunConfig, run: ObservedRun | None = None) -> dict[str, Any]:
+    """Run the federation ``cfg`` in this process (or take ``run``) and attack it; returns the result."""
+    run = run if run is not None else observed_run(cfg)
+    cfg, summary = run.cfg, run.summary
+    result = attack(cfg, run.initial, run.exchanges, run.protocol)
+    result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
                   test_loss=summary.get("test_loss"),
                   up_bytes_per_client_per_round=summary.get("bytes", {}).get("up_per_client_per_round"))
     if cfg.federation.strategy == "trustformer":
         result.update(beta=cfg.federation.beta, memberships=cfg.federation.memberships)
-    if recorder.unmatched:
-        result["unmatched_payloads"] = recorder.unmatched
+    if run.unmatched and cfg.secure.mode not in SECAGG_MODES:  # under secagg the aggregation sees only the mean
+        result["unmatched_payloads"] = run.unmatched
     return result
 
 

@@ -11,6 +11,10 @@ Client shards follow ``partition``:
 
 The test and public splits are always drawn first from the shuffled corpus, so the shared test set
 covers every domain in proportion and does not depend on the partition or the client sizes.
+
+With ``own_test_size``, every client also holds out that many pairs of what it is dealt, before its
+training shard is cut: its own-distribution test set (its domains, never trained on by anyone), which
+also gives the membership attack its non-members.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Splits:
     test: list[Pair]
     client_domains: list[dict[str, int]] = field(default_factory=list)
     test_domains: dict[str, int] = field(default_factory=dict)
+    client_tests: list[list[Pair]] = field(default_factory=list)  # each client's held-out own-distribution pairs
 
     def sizes(self) -> dict[str, int | list[int]]:
         """Number of pairs per part, e.g. ``{"public": 500, "clients": [200, 200], "test": 100}``."""
@@ -64,6 +69,7 @@ def split_corpus(
     partition: str = "iid",
     alpha: float = 0.5,
     client_sizes: Sequence[int] | None = None,
+    own_test_size: int = 0,
 ) -> Splits:
     """Split pairs into a held-out test set, a public split and ``n_clients`` shards.
 
@@ -73,6 +79,7 @@ def split_corpus(
     divided by ``partition`` (module docstring). ``domains`` (parallel to ``pairs``) labels each pair;
     ``domain`` and ``dirichlet`` need it. Client ``i`` gets ``client_sizes[i]`` pairs if given, else
     ``client_size``; ``None`` shares the pool (iid: equally; other partitions: all a client is dealt).
+    ``own_test_size`` pairs of what each client is dealt are held out first (``Splits.client_tests``).
 
     Raises ``ValueError`` when the corpus is too small for the requested sizes or the partition
     cannot be made (the message names the option to change).
@@ -99,15 +106,18 @@ def split_corpus(
     test = usable[:test_size]
     public = usable[test_size:test_size + public_size]
     pool = usable[test_size + public_size:]
+    own_tests: list[list[Pair]] = []
     if partition == "iid":
+        available -= own_test_size * n_clients
         sizes = list(client_sizes) if client_sizes is not None else [
             client_size if client_size is not None else max(available, 0) // n_clients] * n_clients
-        needed = test_size + public_size + sum(max(size, 1) for size in sizes)
+        needed = test_size + public_size + sum(max(size, 1) + own_test_size for size in sizes)
         if min(sizes) < 1 or available < sum(sizes):
             raise ValueError(_too_small_message(given, len(usable), max_words, test_size, public_size,
                                                 n_clients, client_size, needed, client_sizes))
-        starts = [sum(sizes[:i]) for i in range(n_clients)]
-        clients = [pool[start:start + size] for start, size in zip(starts, sizes)]
+        starts = [sum(sizes[:i]) + own_test_size * i for i in range(n_clients)]
+        own_tests = [pool[start:start + own_test_size] for start in starts]
+        clients = [pool[start + own_test_size:start + own_test_size + size] for start, size in zip(starts, sizes)]
     else:
         wanted = list(client_sizes) if client_sizes is not None else [client_size] * n_clients
         labels = [domain_of[source] for source, _ in pool]
@@ -118,19 +128,22 @@ def split_corpus(
             shard = [pool[j] for j in indices]
             random.Random(f"{seed}/client/{i}").shuffle(shard)
             size = wanted[i]
-            if size is not None and len(shard) < size:
+            if len(shard) < (size or 1) + own_test_size:
                 dealt = sorted(Counter(labels[j] for j in indices))
                 raise ValueError(
                     f"partition {partition!r}: client {i} is dealt {len(shard)} pairs (domains {', '.join(dealt)}), "
-                    f"fewer than the {size} requested; lower data.client_size / data.client_sizes "
-                    "(0 = all a client is dealt)" + (", or raise data.alpha" if partition == "dirichlet" else "")
+                    f"fewer than the {size or 1} requested + {own_test_size} held out (data.own_test_size); lower "
+                    "data.client_size / data.client_sizes (0 = all a client is dealt) or data.own_test_size"
+                    + (", or raise data.alpha" if partition == "dirichlet" else "")
                 )
+            own_tests.append(shard[:own_test_size])
+            shard = shard[own_test_size:]
             clients.append(shard[:size] if size is not None else shard)
     client_domains = ([dict(sorted(Counter(domain_of[s] for s, _ in shard).items())) for shard in clients]
                       if domain_of else [])
     test_domains = dict(sorted(Counter(domain_of[s] for s, _ in test).items())) if domain_of else {}
     return Splits(public=public, clients=clients, test=test, client_domains=client_domains,
-                  test_domains=test_domains)
+                  test_domains=test_domains, client_tests=own_tests if own_test_size else [])
 
 
 def _deal_domains(labels: Sequence[str], n_clients: int) -> list[list[int]]:

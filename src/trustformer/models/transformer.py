@@ -359,6 +359,15 @@ class Seq2SeqTransformer(nn.Module):
         )
         return loss_sum, int((labels != self.config.pad_id).sum().item())
 
+    def pair_losses(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Each row's token-averaged teacher-forced cross-entropy (padding excluded), shape (batch,)."""
+        tgt_in, labels = tgt[:, :-1], tgt[:, 1:]
+        logits = self(src, tgt_in)
+        per_token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=self.config.pad_id,
+                                    reduction="none")
+        counts = (labels != self.config.pad_id).sum(1).clamp(min=1)
+        return per_token.sum(1) / counts
+
     # ---- incremental decoding
 
     def _start_decoding(self, src: Tensor) -> DecodingState:

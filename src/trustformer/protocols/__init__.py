@@ -33,19 +33,33 @@ PROTOCOLS: dict[str, tuple[str, str]] = {  # strategy -> (module, factory), impo
 }
 
 
-def make_protocol(cfg: RunConfig) -> FederatedProtocol:
-    """The bare protocol object named by ``federation.strategy`` (never wrapped by an observer)."""
+def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
+    """The protocol object named by ``federation.strategy``, with payload coding around it when
+    ``federation.payload_bits`` < 32; ``observer`` watches the protocol itself, inside the coding layer."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
         raise ValueError(f"unknown strategy {name!r}")
     module, factory = PROTOCOLS[name]
-    return getattr(importlib.import_module(f".{module}", __name__), factory)(cfg)
+    protocol = getattr(importlib.import_module(f".{module}", __name__), factory)(cfg)
+    if observer is not None:
+        protocol = ObservedProtocol(protocol, observer)
+    if cfg.federation.payload_bits != 32:
+        from .coding import CodedPayload
+
+        protocol = CodedPayload(protocol, cfg.federation.payload_bits, cfg.federation.payload_scale)
+    return protocol
 
 
 def get_protocol(cfg: RunConfig) -> FederatedProtocol:
-    """The protocol object named by ``federation.strategy`` (wrapped while an :func:`observe` is active)."""
-    protocol = make_protocol(cfg)
-    return ObservedProtocol(protocol, _observers[-1]) if _observers else protocol
+    """The protocol object named by ``federation.strategy`` (observed while an :func:`observe` is active)."""
+    return make_protocol(cfg, _observers[-1] if _observers else None)
+
+
+def bare(protocol: FederatedProtocol) -> FederatedProtocol:
+    """The protocol inside every wrapper (coding, observer, differential privacy)."""
+    while isinstance(protocol, ProtocolWrapper):
+        protocol = protocol.inner
+    return protocol
 
 
 class ProtocolObserver:
@@ -113,5 +127,5 @@ class ObservedProtocol(ProtocolWrapper):
         return self.inner.client_apply(session, aggregate)
 
 
-__all__ = ["PROTOCOLS", "ClientSession", "FederatedProtocol", "ObservedProtocol", "ProtocolObserver", "get_protocol",
-           "make_protocol", "observe"]
+__all__ = ["PROTOCOLS", "ClientSession", "FederatedProtocol", "ObservedProtocol", "ProtocolObserver", "bare",
+           "get_protocol", "make_protocol", "observe"]

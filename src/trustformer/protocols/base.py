@@ -196,6 +196,32 @@ class FederatedProtocol:
         """The server side of one round, as messages (default: :func:`standard_round`)."""
         standard_round(self, io)
 
+    # ------------------------------------------------------------------ payload coding (protocols/coding.py)
+    def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
+        """The payload's values to code, as named float tensors (default: its float arrays as they are)."""
+        return {n: t for n, t in payload.items() if t.is_floating_point()}
+
+    def coded_names(self, payload: Tensors) -> set[str]:
+        """The payload arrays :meth:`coding_view` covers (the others travel as they are)."""
+        return {n for n, t in payload.items() if t.is_floating_point()}
+
+    def coding_unview(self, view: Tensors, rest: Tensors, initial: Tensors) -> Tensors:
+        """Inverse of :meth:`coding_view`: the payload from its decoded values and its uncoded arrays."""
+        return {**rest, **view}
+
+    def payload_reference(self, session: ClientSession) -> Tensors | None:
+        """Client: what the coded payload is the difference from, in :meth:`coding_view`'s layout (None: the
+        coding layer's default, the last aggregate when it has the payload's layout)."""
+        return None
+
+    def server_payload_reference(self, rnd: int) -> Tensors | None:
+        """Server: the same tensors as :meth:`payload_reference`, for round ``rnd``."""
+        return None
+
+    def stable_payload_layout(self) -> bool:
+        """Whether a payload coordinate means the same thing every round (then coding errors are fed back)."""
+        return True
+
 
 def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
     """The participants train (a client that missed exchanges first catches up) and, in exchange rounds, send
@@ -306,6 +332,24 @@ class ProtocolWrapper(FederatedProtocol):
 
     def load_server_state(self, state):
         self.inner.load_server_state(state)
+
+    def coding_view(self, payload, initial):
+        return self.inner.coding_view(payload, initial)
+
+    def coded_names(self, payload):
+        return self.inner.coded_names(payload)
+
+    def coding_unview(self, view, rest, initial):
+        return self.inner.coding_unview(view, rest, initial)
+
+    def payload_reference(self, session):
+        return self.inner.payload_reference(session)
+
+    def server_payload_reference(self, rnd):
+        return self.inner.server_payload_reference(rnd)
+
+    def stable_payload_layout(self):
+        return self.inner.stable_payload_layout()
 
     def run_round(self, io):
         # the standard round calls this wrapper's hooks; a protocol-declared round calls io.aggregate, which

@@ -135,6 +135,9 @@ class FedAvgTopK(FederatedProtocol):
         self.latest_round = rnd
         return {}
 
+    def stable_payload_layout(self) -> bool:
+        return False  # the values sent are other coordinates every round (their own error feedback covers the rest)
+
     def catch_up(self) -> tuple[int, Tensors] | None:
         return (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
 

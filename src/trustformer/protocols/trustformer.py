@@ -119,6 +119,11 @@ class Trustformer(FederatedProtocol):
         self.weighting = fed.weighting
         self.memberships = fed.memberships
         self.mean_weighting = "examples" if fed.weighting == "data_size" else "uniform"  # type: ignore[misc]
+        # payload coding: every party keeps the consensus reference model its reference centroids come from
+        self.keeps_reference = fed.payload_bits != 32 and fed.memberships != "local"
+        self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
+        self._initial: Tensors = {}
+        self._last: Tensors | None = None
 
     def line_fields(self) -> dict[str, float]:
         return {"beta": self.beta}
@@ -144,6 +149,7 @@ class Trustformer(FederatedProtocol):
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """One flat array: Σ k·f values over the exchanged tensors, in the parameters' dtype."""
+        self._initial = initial
         total = sum(k * f for k, f in self.clusters(initial).values())
         dtype = str(torch.empty(0, dtype=next(iter(initial.values())).dtype).numpy().dtype)
         return {PAYLOAD: ((total,), dtype)}
@@ -228,7 +234,7 @@ class Trustformer(FederatedProtocol):
         squared shifts (``focused``), and the memberships (``shared``)."""
         for name, glob in global_centroids.items():
             public[LABELS + name] = labels[name]
-            if self.memberships not in ("tracked", "focused"):
+            if self.memberships not in ("tracked", "focused") and not self.keeps_reference:
                 continue
             before = public.get(REFERENCE + name)
             if before is None:
@@ -303,7 +309,54 @@ class Trustformer(FederatedProtocol):
         started = time.perf_counter()
         weights = [float(n) for n in num_examples] if self.weighting == "data_size" else [1.0] * len(payloads)
         mean = weighted_mean(payloads, weights)
+        if self.keeps_reference:
+            self._last = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
+
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        """Payload coding: the server advances the public reference with the aggregate it sent, as every client
+        does in ``client_apply``."""
+        if self.keeps_reference and self._last is not None:
+            labels, _ = self.public_labels(self._initial, self.public, rnd)
+            self.advance_public(self._initial, self.public, labels, self.unpack_payload(self._last, self._initial))
+            self._last = None
+        return {}
+
+    # ------------------------------------------------------------------ payload coding (protocols/coding.py)
+    def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
+        """The centroids as one k×f matrix per layer (one coding grid per centroid)."""
+        return self.unpack_payload(payload, initial)
+
+    def coded_names(self, payload: Tensors) -> set[str]:
+        return {PAYLOAD}
+
+    def coding_unview(self, view: Tensors, rest: Tensors, initial: Tensors) -> Tensors:
+        return {**rest, PAYLOAD: pack_flat([view[n] for n in self.clusters(initial)])}
+
+    def _reference_centroids(self, initial: Tensors, public: Tensors, labels: dict[str, torch.Tensor]) -> Tensors:
+        """The means of the consensus reference model over this exchange's clusters: what every party holds."""
+        out = {}
+        for name, (k, _f) in self.clusters(initial).items():
+            reference = public.get(REFERENCE + name)
+            matrix = layer_matrix(initial[name]).detach() if reference is None else reference
+            out[name] = cluster_means(matrix.double(), labels[name], k)[0].float()
+        return out
+
+    def payload_reference(self, session: ClientSession) -> Tensors | None:
+        if not self.keeps_reference:
+            return None  # local memberships: the server cannot know the clusters
+        state = session.protocol_state
+        initial = session.initial_tensors()
+        return self._reference_centroids(initial, state, {n: state[LABELS + n] for n in self.clusters(initial)})
+
+    def server_payload_reference(self, rnd: int) -> Tensors | None:
+        if not self.keeps_reference:
+            return None
+        labels, _ = self.public_labels(self._initial, self.public, rnd)
+        return self._reference_centroids(self._initial, self.public, labels)
+
+    def stable_payload_layout(self) -> bool:
+        return self.memberships == "shared"  # every other mode regroups the rows at every exchange
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         """Algorithms 4–5: shift every row by its cluster's (global − local) centroid difference."""

@@ -14,6 +14,7 @@ hooks, saves the state and replies. Handlers see plain records only: the secure 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -358,6 +359,21 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": MetricRecord({"client": client_id(context)})}), reply_to=msg)
 
 
+def _finetuned_scores(env: ClientEnv, session: ClientSession, rnd: int) -> dict[str, float]:
+    """``federation.finetune_epochs`` > 0: a copy of the final model fine-tuned on the client's own shard, scored
+    on the shared test set and on the client's own held-out data (``ft_*``)."""
+    fed = env.cfg.federation
+    if not fed.finetune_epochs:
+        return {}
+    tuned = copy.deepcopy(session.model)
+    out = env.task.finetune(tuned, env.shard, epochs=fed.finetune_epochs, lr_scale=fed.finetune_lr_scale,
+                            seed=derive_seed(env.cfg.seed, "finetune", env.client, rnd))
+    out["ft_test_loss"] = env.task.test_loss(tuned)
+    out.update({f"ft_{k}": v for k, v in {**env.task.quick_scores(tuned),
+                                          **env.task.own_metrics(tuned, env.client)}.items()})
+    return out
+
+
 def secure_channel_only(msg: Message, context: Context) -> Message:
     """``query.attest`` / ``query.secagg`` reach a handler only when the run's ``secure.mode`` has no such step."""
     mode = run_config_of(context.run_config).secure.mode
@@ -388,6 +404,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     _evaluate_into(env, session, metrics)
     labels = {"fingerprint": model_fingerprint(session.model)}
     content = RecordDict()
+    if not score:  # what is this client's own: its held-out data, and its model fine-tuned on its data
+        metrics.update(env.task.own_metrics(session.model, env.client))
+        metrics.update(_finetuned_scores(env, session, rnd))
     if score:
         scores, task_labels, samples = env.task.final_metrics(session.model, node_setting(env.cfg, context,
                                                                                         "output-dir"))

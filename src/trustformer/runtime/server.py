@@ -145,9 +145,8 @@ def final_evaluation(cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
     for node, (client, basic) in reported.items():
         if key_of[node] not in scored:
             continue  # no client holding this model could score it (each drop is in metrics.jsonl)
-        result = scored[key_of[node]]
-        per_client[client] = {**result, "test_loss": basic["test_loss"], "data": basic["data"],
-                              "model_bytes": basic["model_bytes"]}
+        result = scored[key_of[node]]  # the shared model's scores; the client's own ones (its data) on top
+        per_client[client] = {**result, **{k: v for k, v in basic.items() if k not in ("labels", "samples")}}
         if "model" in result["labels"]:
             models[client] = under(cfg.out, result["labels"]["model"])
     return per_client, models

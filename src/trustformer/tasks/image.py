@@ -156,6 +156,29 @@ class ImageClassificationTask:
         model.train(was_training)
         return torch.cat(preds), loss_sum
 
+    def example_losses(self, model: nn.Module, data: image_data.ImageSet) -> list[float]:
+        """Each image's cross-entropy under ``model``, in order (the membership attack's per-example loss)."""
+        was_training = model.training
+        model.eval()
+        out: list[float] = []
+        with torch.no_grad():
+            for start in range(0, len(data), self.config.eval_batch_size):
+                logits = model(self.inputs(data.images[start:start + self.config.eval_batch_size]))
+                labels = data.labels[start:start + self.config.eval_batch_size].to(self.device)
+                out.extend(F.cross_entropy(logits, labels, reduction="none").cpu().tolist())
+        model.train(was_training)
+        return out
+
+    def non_members_like(self, members: image_data.ImageSet, seed: int) -> image_data.ImageSet:
+        """Test images no client trained on, with the members' class counts (as far as the test set has them)."""
+        rng = np.random.default_rng([seed, 17])
+        test_labels = self.test.labels.numpy()
+        picked = []
+        for label, count in zip(*np.unique(members.labels.numpy(), return_counts=True)):
+            pool = np.flatnonzero(test_labels == label)
+            picked.extend(rng.choice(pool, size=min(count, len(pool)), replace=False).tolist())
+        return self.test.subset(np.sort(np.array(picked, dtype=np.int64)))
+
     def test_loss(self, model: nn.Module) -> float:
         """Mean cross-entropy (nats) on the shared held-out test set."""
         _, loss_sum = self.predict(model)

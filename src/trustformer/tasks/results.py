@@ -11,6 +11,7 @@ from typing import Any
 FINAL_METRICS = {"translation": ("bleu", "chrf"), "image-classification": ("accuracy",),
                  "segmentation": ("dice", "iou", "pixel_accuracy")}
 SAMPLE_TRANSLATIONS = 3  # sample translations a client sends with its scores
+PERSONAL = ("own_", "ft_", "finetune_")  # scores on a client's own held-out data, after fine-tuning, and its cost
 
 
 def task_summary(task: str, out: str, per_client: dict[int, dict[str, Any]], order: list[int]) -> dict[str, Any]:
@@ -20,6 +21,9 @@ def task_summary(task: str, out: str, per_client: dict[int, dict[str, Any]], ord
     (client → class → accuracy). Segmentation: ``dice``, ``iou``, ``pixel_accuracy``, their per-image
     means, and ``figures`` (``masks``: client → the figure of predicted beside true masks it drew)."""
     fields: dict[str, Any] = {"task": task}
+    personal = sorted({k for c in order for k, v in per_client[c].items()  # own-distribution and fine-tuned scores
+                       if k.startswith(PERSONAL) and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    fields.update({k: [per_client[c].get(k) for c in order] for k in personal})
     if task == "translation":
         fields.update(
             bleu=[per_client[c]["bleu"] for c in order],

@@ -74,6 +74,28 @@ class RunTask(Protocol):
         """What ``export.export_model`` needs beside the model to write a folder a user can predict with."""
         ...
 
+    def own_metrics(self, model: torch.nn.Module, client: int) -> dict[str, float]:
+        """Scores on the client's own held-out data (``own_test_loss``, ``own_bleu``...; {} when it holds none)."""
+        ...
+
+    def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
+        """The task's first scores on the shared test set, without writing anything (after fine-tuning)."""
+        ...
+
+    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+                 ) -> dict[str, float]:
+        """Fine-tune ``model`` on a client's own shard after the last round (``finetune_s`` and its loss)."""
+        ...
+
+    def membership_candidates(self, client: int, count: int, seed: int) -> tuple[Any, Any]:
+        """(members, non-members) for the membership attack on ``client``: a seeded sample of its training
+        examples, and as many examples of the same distribution no client trained on."""
+        ...
+
+    def example_losses(self, model: torch.nn.Module, examples: Any) -> list[float]:
+        """Each example's loss under ``model``, in order."""
+        ...
+
 
 @lru_cache(maxsize=4)
 def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
@@ -203,6 +225,30 @@ class ImageRunTask:
 
     def export_kwargs(self) -> dict[str, Any]:
         return {"input_spec": self.task.input_spec()}
+
+    def own_metrics(self, model: torch.nn.Module, client: int) -> dict[str, float]:
+        return {}  # image clients hold no own test split; their shards share the test set's distribution per class
+
+    def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
+        first = FINAL_METRICS[self.name][0]
+        return {first: float(self.task.final_metrics(model)[first])}
+
+    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+                 ) -> dict[str, float]:
+        optimizer = self.new_optimizer(model)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * lr_scale
+        result = self.train_local(model, optimizer, shard, seed=seed, epochs=epochs)
+        return {"finetune_s": result["train_s"], "finetune_loss": result["train_loss"]}
+
+    def membership_candidates(self, client: int, count: int, seed: int) -> tuple[Any, Any]:
+        shard = self.shard(client)
+        rng = np.random.default_rng([seed, client, 5])
+        members = shard.subset(np.sort(rng.choice(len(shard), size=min(count, len(shard)), replace=False)))
+        return members, self.task.non_members_like(members, seed)
+
+    def example_losses(self, model: torch.nn.Module, examples: Any) -> list[float]:
+        return self.task.example_losses(model, examples)
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         if self.name == "image-classification":

@@ -144,6 +144,25 @@ class SegmentationTask:
         model.train(was_training)
         return torch.cat(probs), loss_sum, scores
 
+    def example_losses(self, model: nn.Module, data: seg_data.SegSet) -> list[float]:
+        """Each slice's loss (BCE + soft Dice) under ``model``, in order (the membership attack's per-example loss)."""
+        was_training = model.training
+        model.eval()
+        out: list[float] = []
+        with torch.no_grad():
+            for i in range(len(data)):
+                x = data.images[i:i + 1].to(self.device)
+                y = data.masks[i:i + 1].float().to(self.device)
+                out.append(float(segmentation_loss(model(x), y)))
+        model.train(was_training)
+        return out
+
+    def non_members_like(self, members: seg_data.SegSet, seed: int) -> seg_data.SegSet:
+        """As many held-out test slices as there are members (fewer if the test set is smaller)."""
+        rng = np.random.default_rng([seed, 17])
+        n = min(len(members), len(self.test))
+        return self.test.subset(np.sort(rng.choice(len(self.test), size=n, replace=False)))
+
     def test_loss(self, model: nn.Module) -> float:
         """Mean loss (BCE + soft Dice) per test image."""
         _, loss_sum, _ = self.predict(model)

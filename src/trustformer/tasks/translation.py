@@ -7,16 +7,17 @@ run gives the same numbers as before the task layer existed.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import workload as wl
 from ..config import RunConfig
+from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs
 from ..data.corpus import load_tsv
-from .. import workload as wl
-from ..core.shared import LocalStep
 from .results import SAMPLE_TRANSLATIONS
 
 
@@ -85,6 +86,40 @@ class TranslationTask:
 
     def export_kwargs(self) -> dict[str, Any]:
         return {"tokenizer": self.workload.tokenizer}
+
+    def _encode(self, pairs) -> list[tuple[list[int], list[int]]]:
+        return encode_pairs(pairs, self.workload.tokenizer, max_len=self.cfg.model.max_len)
+
+    def own_metrics(self, model: torch.nn.Module, client: int) -> dict[str, float]:
+        """Loss, BLEU and chrF on the client's own held-out pairs (``data.own_test_size`` of its domains)."""
+        pairs = self.workload.own_test(client)
+        if not pairs:
+            return {}
+        scores, _ = wl.translation_scores(self.cfg, model, self.workload, pairs, extra_metrics=False)
+        return {"own_test_loss": wl.test_loss(self.cfg, model, self.workload, self._encode(pairs)),
+                "own_bleu": float(scores["bleu"]), "own_chrf": float(scores["chrf"])}
+
+    def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
+        scores, _ = wl.translation_scores(self.cfg, model, self.workload, extra_metrics=False)
+        return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
+
+    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+                 ) -> dict[str, float]:
+        return wl.finetune(self.cfg, model, shard, epochs=epochs, lr=self.cfg.train.lr * lr_scale, seed=seed)
+
+    def membership_candidates(self, client: int, count: int, seed: int) -> tuple[list, list]:
+        """A seeded sample of the client's training pairs, and as many of its held-out own pairs (same domains,
+        trained on by no client); needs ``data.own_test_size`` > 0."""
+        held_out = self.workload.own_test(client)
+        if not held_out:
+            raise wl.DataError("the membership attack needs pairs of each client's own domains that no client "
+                               "trained on: set data.own_test_size > 0")
+        rng = random.Random(derive_seed(seed, "membership", client))
+        n = min(count, len(held_out), len(self.workload.shard(client)))
+        return rng.sample(self.workload.shard(client), n), rng.sample(held_out, n)
+
+    def example_losses(self, model: torch.nn.Module, examples: list) -> list[float]:
+        return wl.pair_losses(self.cfg, model, self.workload, self._encode(examples))
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         return (f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"

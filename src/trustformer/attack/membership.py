@@ -1,0 +1,229 @@
+"""`trustformer attack membership`: what an honest-but-curious server learns about the clients' **data**.
+
+The command runs a federation in this process (the real round loop, as ``attack reconstruct`` does) and, for
+every client k, decides for candidate examples whether they were in k's training data, from exactly what the
+server holds under the protocol and ``secure.mode``: its estimate of k's model after local training at the
+last exchange (``attack/reconstruct.py``: the model itself for FedAvg, the global model plus the update for the
+update-sending protocols, the reference shifted by the centroids for Trustformer, the aggregate alone under
+secure aggregation, the public initial model when nothing is exchanged).
+
+Candidates (``--candidates`` per side, default 300): **members**, a seeded sample of k's training examples;
+**non-members**, as many examples of the same distribution that no client trained on — translation: pairs of
+k's own domains held out of its data (``data.own_test_size``), so the attack cannot win by recognising a
+domain; image tasks: test images with the members' class counts.
+
+Scores (higher = more likely a member), each a per-example loss L of a model:
+
+- ``loss``: −L_estimate(x) (Yeom et al. 2018);
+- ``calibrated-initial``: L_initial(x) − L_estimate(x), the public initial model as the reference (Carlini et
+  al. 2022's difficulty calibration, Watson et al. 2022);
+- ``calibrated-global``: L_global(x) − L_estimate(x), the global model the server sent before the last exchange
+  as the reference (what the example did to *this* client's model beyond the consensus).
+
+Reported per client and as the mean over clients: **AUC** (Mann-Whitney), **TPR at 1% and 0.1% FPR** (the ROC's
+best TPR at an FPR at most that; with n non-members the lowest FPR resolved is 1/n), the number of candidates,
+and a 95% bootstrap interval of the mean AUC (candidates resampled within each client). Reference rows: the
+same scores on the client's **true** locally trained model (what anyone holding it could do) and on the model the
+client **ends with** (what every client receives at the end). The server's advantage is its best score's mean
+AUC − 0.5 and TPR at 1% FPR.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..core.shared import Tensors, assign_tensors, derive_seed
+from ..tasks.run import load_task
+from .reconstruct import ObservedRun, observed_run, server_estimates
+
+CANDIDATES = 300  # members (and as many non-members) per client
+FPRS = (0.01, 0.001)
+BOOTSTRAP = 200
+SCORES = ("loss", "calibrated-initial", "calibrated-global")
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def auc(members: Sequence[float], non_members: Sequence[float]) -> float:
+    """P(score of a member > score of a non-member) + ½ P(tie): the ROC's area (Mann-Whitney U)."""
+    a, b = np.asarray(members, dtype=np.float64), np.asarray(non_members, dtype=np.float64)
+    if not len(a) or not len(b):
+        return math.nan
+    ranks = _ranks(np.concatenate([a, b]))
+    return float((ranks[:len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank."""
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values), dtype=np.float64)
+    sorted_values = values[order]
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def tpr_at_fpr(members: Sequence[float], non_members: Sequence[float], fpr: float) -> float:
+    """The highest true-positive rate of a threshold whose false-positive rate is at most ``fpr``."""
+    a, b = np.sort(np.asarray(members, dtype=np.float64)), np.asarray(non_members, dtype=np.float64)
+    if not len(a) or not len(b):
+        return math.nan
+    allowed = int(math.floor(fpr * len(b) + 1e-9))  # non-members that may score above the threshold
+    above = np.sort(b)[::-1]
+    threshold = above[allowed] if allowed < len(above) else -np.inf  # members must score strictly above it
+    return float((a > threshold).mean())
+
+
+def summarize(per_client: dict[int, tuple[list[float], list[float]]], seed: int) -> dict[str, Any]:
+    """AUC and TPRs per client and their means, with a bootstrap interval of the mean AUC."""
+    clients = sorted(per_client)
+    out: dict[str, Any] = {"clients": clients, "candidates": [len(per_client[c][0]) for c in clients],
+                           "auc": [auc(*per_client[c]) for c in clients]}
+    for fpr in FPRS:
+        out[f"tpr_at_{fpr:g}_fpr"] = [tpr_at_fpr(*per_client[c], fpr) for c in clients]
+    for key in [k for k in out if k not in ("clients", "candidates")]:
+        out[f"{key}_mean"] = float(np.mean(out[key])) if out[key] else math.nan
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(BOOTSTRAP):
+        values = []
+        for c in clients:
+            m, n = np.asarray(per_client[c][0]), np.asarray(per_client[c][1])
+            values.append(auc(m[rng.integers(0, len(m), len(m))], n[rng.integers(0, len(n), len(n))]))
+        draws.append(float(np.mean(values)))
+    out["auc_mean_ci95"] = [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))] if draws else None
+    return out
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def _module(task, tensors: Tensors) -> torch.nn.Module:
+    model = task.initial_model()
+    assign_tensors(model, {n: t.to(next(model.parameters()).device) for n, t in tensors.items()})
+    return model.eval()
+
+
+def _final_models(run: ObservedRun) -> dict[int, Tensors]:
+    """The model each client ends with, from the folders the run saved its distinct final models in."""
+    from ..export import load_image_model, load_translation_model
+
+    out = {}
+    for client, folder in (run.summary.get("models") or {}).items():
+        path = Path(run.cfg.out) / folder
+        model = load_translation_model(path)[0] if run.cfg.task == "translation" else load_image_model(path)[0]
+        out[int(client)] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return out
+
+
+def membership(run: ObservedRun, *, candidates: int = CANDIDATES) -> dict[str, Any]:
+    """The membership attack on an observed run (see the module docstring)."""
+    cfg = run.cfg
+    task = load_task(cfg)
+    *_, last = server_estimates(cfg, run.initial, run.exchanges, run.protocol)
+    ex, estimates, before, _estimator = last
+    final = _final_models(run)
+    views = {"server": estimates, "true-local": ex.trained, "final": final}
+    initial_model, global_model = _module(task, run.initial), _module(task, before)
+    per_view: dict[str, dict[str, dict[int, tuple[list[float], list[float]]]]] = {v: {s: {} for s in SCORES}
+                                                                                   for v in views}
+    for client in sorted(ex.trained):
+        members, non_members = task.membership_candidates(client, candidates, derive_seed(cfg.seed, "mia", client))
+        pools = (members, non_members)
+        reference = {"calibrated-initial": [task.example_losses(initial_model, p) for p in pools],
+                     "calibrated-global": [task.example_losses(global_model, p) for p in pools]}
+        for view, models in views.items():
+            if client not in models:
+                continue
+            model = _module(task, models[client])
+            losses = [task.example_losses(model, p) for p in pools]
+            per_view[view]["loss"][client] = ([-x for x in losses[0]], [-x for x in losses[1]])
+            for score, (ref_m, ref_n) in reference.items():
+                per_view[view][score][client] = ([r - x for r, x in zip(ref_m, losses[0])],
+                                                 [r - x for r, x in zip(ref_n, losses[1])])
+    seed = derive_seed(cfg.seed, "mia-bootstrap")
+    result: dict[str, Any] = {view: {score: summarize(per_client, seed) for score, per_client in scores.items()
+                                     if per_client} for view, scores in per_view.items()}
+    server = result.get("server", {})
+    best = max(server, key=lambda s: server[s]["auc_mean"]) if server else None
+    result["advantage"] = ({"score": best, "auc_minus_half": server[best]["auc_mean"] - 0.5,
+                            "tpr_at_1pct_fpr": server[best]["tpr_at_0.01_fpr_mean"],
+                            "auc_ci95": server[best]["auc_mean_ci95"]} if best else None)
+    result["round"] = ex.round
+    result["server_sees"] = ("nothing" if not run.protocol.exchanges else
+                             "aggregate only" if cfg.secure.mode in ("secagg", "tee+secagg") else "every payload")
+    return result
+
+
+def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES) -> dict[str, Any]:
+    """Run ``cfg`` in this process and attack the membership of every client's data."""
+    run = observed_run(cfg)
+    result = membership(run, candidates=candidates)
+    result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
+                  test_loss=run.summary.get("test_loss"))
+    return result
+
+
+# ------------------------------------------------------------------------------ the command's table
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    head = (f"{'run':<40} {'model':<11} {'score':<19} {'AUC':>6} {'95% CI':>13} {'TPR@1%':>7} {'TPR@0.1%':>8} "
+            f"{'n':>5}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        for view in ("server", "true-local", "final"):
+            for score, s in r.get(view, {}).items():
+                ci = s.get("auc_mean_ci95") or [math.nan, math.nan]
+                lines.append(f"{r['run']:<40} {view:<11} {score:<19} {s['auc_mean']:>6.3f} "
+                             f"{ci[0]:>6.3f}–{ci[1]:<6.3f} {s['tpr_at_0.01_fpr_mean']:>7.3f} "
+                             f"{s['tpr_at_0.001_fpr_mean']:>8.3f} {min(s['candidates']):>5}")
+    return "\n".join(lines)
+
+
+def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, progress: bool = True) -> list[dict[str, Any]]:
+    """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
+    import time
+
+    from .reconstruct import _flat, _folder
+    from ..config import load_config
+
+    results, started = [], time.perf_counter()
+    for i, planned in enumerate(runs, start=1):
+        run_cfg = load_config(cfg.preset, None, {**_flat(cfg), **planned.overrides,
+                                                 "out": str(Path(cfg.out) / _folder(planned.label))})
+        result = run_membership(run_cfg, candidates=candidates)
+        result.update(run=planned.label, overrides=planned.overrides)
+        results.append(result)
+        if progress:
+            elapsed = time.perf_counter() - started
+            adv = result["advantage"] or {}
+            print(f"[{i}/{len(runs)}] {planned.label}: server AUC {0.5 + adv.get('auc_minus_half', math.nan):.3f} "
+                  f"· {result['wall_s']:.0f} s · ETA {elapsed / i * (len(runs) - i) / 60:.1f} min",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def write_json(path: str | Path, cfg: RunConfig, results: Sequence[dict[str, Any]], command: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"command": command, "setting": cfg.to_dict(), "runs": list(results)}
+    path.write_text(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
+
+
+__all__ = ["auc", "format_table", "membership", "run_membership", "summarize", "sweep", "tpr_at_fpr", "write_json"]

@@ -1,0 +1,180 @@
+"""Payload coding (``federation.payload_bits`` < 32): a layer around any protocol that sends weights or updates,
+the way the secure channel wraps the exchange — the protocols themselves are unchanged.
+
+A client codes what it uploads as the difference from what both ends already hold, uniformly quantized to
+b bits with stochastic rounding (``core/quantize.py``: QSGD's unbiased quantizer on a per-row or per-tensor
+grid; FedPAQ), and keeps the coding error for its next upload (error feedback, EF-SGD):
+
+- **what is coded**: the protocol's payload seen as named float tensors (``coding_view``: Trustformer's one flat
+  array of centroids as one k×f matrix per layer; top-k's ``values``; anything else, e.g. top-k's indices,
+  travels as it is);
+- **the reference** both ends hold: the protocol's own (``payload_reference`` / ``server_payload_reference``:
+  Trustformer's reference centroids, the cluster means of the consensus model every party derives from the
+  public aggregates), or else the last aggregate (before the first exchange: the identical initial model)
+  when it has the payload's layout (FedAvg: the last global model); else nothing (an update, e.g. top-k's, is a
+  difference already);
+- **the grid**: one per row of a tensor whose rows hold at least :data:`MIN_ROW` values (``federation.payload_scale
+  = "row"``), else one per tensor; its offset and step travel as float32 (``grid``), the codes packed
+  ``8 / b`` per byte (``codes``): the bytes counted are those of the real message;
+- **error feedback** where a payload coordinate means the same thing from round to round
+  (``stable_payload_layout``): FedAvg, top-k, Trustformer with ``shared`` memberships. Trustformer's other
+  membership modes regroup the rows every exchange, so last round's error would land on other rows: no
+  feedback there (measured in ``bench federation``).
+
+The server decodes every payload (reference + dequantized difference) before the protocol's ``check_payload``
+and ``aggregate`` see it. Rounding draws come from the run seed (client, round): reproducible. Downloads are
+not coded. Secure aggregation cannot carry coded payloads (each client's grid is its own; ``config.py`` refuses
+the combination).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..core import quantize as q
+from ..core.shared import Tensors, derive_seed
+from ..wire import PayloadError, TensorSpec
+from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper
+
+CODES, GRID = "codes", "grid"  # the coded payload's arrays: packed codes (uint8), each grid's offset and step
+MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor (8 bytes of grid per row)
+RESIDUAL, REFERENCE = "coded/residual/", "coded/reference/"  # client state: error feedback, the last aggregate
+
+
+class CodedPayload(ProtocolWrapper):
+    """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
+
+    def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
+        super().__init__(inner)
+        self.bits, self.scale = bits, scale
+        self.view_spec: dict[str, tuple[int, ...]] = {}  # server: the coded tensors' shapes, from the configuration
+        self.rest_spec: TensorSpec = {}  # server: payload arrays that travel uncoded
+        self.initial: Tensors = {}
+        self.reference: Tensors | None = None  # server: the last aggregate (when it has the payload's layout)
+        self.round = 0
+
+    # ------------------------------------------------------------------ layout
+    def _per_row(self, shape: Sequence[int]) -> bool:
+        return self.scale == "row" and len(shape) >= 2 and int(torch.tensor(shape[1:]).prod()) >= MIN_ROW
+
+    def _split(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
+        view = self.inner.coding_view(payload, initial)
+        return view, {n: t for n, t in payload.items() if n not in self.inner.coded_names(payload)}
+
+    def _default_reference(self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]]) -> Tensors:
+        """The last aggregate (or the initial model), viewed like the payload, when it has the payload's layout."""
+        if held is None:
+            return {}
+        try:
+            view = self.inner.coding_view(held, self.initial or held)
+        except (KeyError, ValueError, RuntimeError):
+            return {}
+        same = set(view) == set(view_shapes) and all(tuple(view[n].shape) == view_shapes[n] for n in view)
+        return view if same else {}
+
+    # ------------------------------------------------------------------ client
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
+        payload, phases = self.inner.client_payload(session)
+        started = time.perf_counter()
+        initial = session.initial_tensors()
+        view, rest = self._split(payload, initial)
+        shapes = {n: tuple(t.shape) for n, t in view.items()}
+        reference = self.inner.payload_reference(session)
+        if reference is None:
+            held = {n[len(REFERENCE):]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
+            reference = self._default_reference(held or initial, shapes)
+        state, feedback = session.protocol_state, self.inner.stable_payload_layout()
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "coding", session.client, session.round))
+        codes, grid = [], []
+        for name, tensor in view.items():
+            target = tensor.detach().double() - (reference[name].double() if name in reference else 0.0)
+            residual = state.get(RESIDUAL + name) if feedback else None
+            coded, residual = q.encode_with_feedback(target.float(), residual, self.bits,
+                                                     per_row=self._per_row(tensor.shape), generator=generator)
+            if feedback:
+                state[RESIDUAL + name] = residual
+            codes.append(coded.codes)
+            grid.append(torch.stack([coded.offset, coded.scale], 1).reshape(-1))
+        out = {**rest, CODES: torch.cat(codes), GRID: torch.cat(grid).to(torch.float32)}
+        return out, {**phases, "code_s": time.perf_counter() - started}
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        phases = self.inner.client_apply(session, aggregate)
+        self._hold(session, aggregate)
+        return phases
+
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        phases = self.inner.client_start_from(session, model)
+        self._hold(session, model)
+        return phases
+
+    @staticmethod
+    def _hold(session: ClientSession, tensors: Tensors) -> None:
+        """Keep what the server sent: the coding layer's default reference of the next upload."""
+        for name in [n for n in session.protocol_state if n.startswith(REFERENCE)]:
+            del session.protocol_state[name]
+        for name, tensor in tensors.items():
+            session.protocol_state[REFERENCE + name] = tensor.detach().clone()
+
+    # ------------------------------------------------------------------ server
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        self.initial = {n: t.detach().clone() for n, t in initial.items()}
+        spec = self.inner.expected_payload(initial)
+        zeros = {n: torch.zeros(shape, dtype=getattr(torch, dtype)) for n, (shape, dtype) in spec.items()}
+        view, rest = self._split(zeros, initial)
+        self.view_spec = {n: tuple(t.shape) for n, t in view.items()}
+        self.rest_spec = {n: spec[n] for n in rest}
+        nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits) for s in self.view_spec.values())
+        rows = sum(q.num_rows(s, self._per_row(s)) for s in self.view_spec.values())
+        return {**self.rest_spec, CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
+
+    def participants(self, rnd, clients, exchange):
+        self.round = rnd
+        return self.inner.participants(rnd, clients, exchange)
+
+    def _server_reference(self) -> Tensors:
+        """The reference of this round's payloads (computed once per round)."""
+        if getattr(self, "_reference_round", None) != self.round:
+            reference = self.inner.server_payload_reference(self.round)
+            if reference is None:
+                reference = self._default_reference(self.reference or self.initial, self.view_spec)
+            self._reference_round, self._round_reference = self.round, reference
+        return self._round_reference
+
+    def decode(self, payload: Tensors) -> Tensors:
+        """A client's payload as the protocol sent it: reference + dequantized difference (PayloadError if malformed)."""
+        reference = self._server_reference()
+        codes, grid = payload[CODES], payload[GRID].double()
+        view, at_byte, at_row = {}, 0, 0
+        try:
+            for name, shape in self.view_spec.items():
+                per_row, count = self._per_row(shape), int(torch.tensor(shape).prod()) if shape else 1
+                nbytes, rows = q.packed_nbytes(count, self.bits), q.num_rows(shape, self._per_row(shape))
+                pairs = grid[2 * at_row:2 * (at_row + rows)].reshape(rows, 2)
+                coded = q.Quantized(codes[at_byte:at_byte + nbytes], pairs[:, 1].float(), pairs[:, 0].float(),
+                                    shape, self.bits, per_row)
+                value = q.dequantize(coded).double()
+                view[name] = (value + (reference[name].double() if name in reference else 0.0)).float()
+                at_byte, at_row = at_byte + nbytes, at_row + rows
+        except ValueError as exc:
+            raise PayloadError(f"coded payload: {exc}") from None
+        if at_byte != codes.numel() or 2 * at_row != grid.numel():
+            raise PayloadError("coded payload: more codes or grids than the configuration gives")
+        if not bool(torch.isfinite(grid).all()):
+            raise PayloadError("coded payload: a grid holds NaN or Inf")
+        return self.inner.coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
+
+    def check_payload(self, payload: Tensors) -> None:
+        self.inner.check_payload(self.decode(payload))
+
+    def aggregate(self, payloads, num_examples):
+        aggregate, phases = self.inner.aggregate([self.decode(p) for p in payloads], num_examples)
+        self.reference = {n: t.detach().clone() for n, t in aggregate.items()}
+        self._reference_round = None  # the next round's reference follows this aggregate
+        return aggregate, phases
+
+
+__all__ = ["CODES", "GRID", "CodedPayload"]

@@ -1,0 +1,76 @@
+"""Membership inference by the server: the statistics against an obviously correct reference, and the attack
+through the real round loop on translation and on an image task."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trustformer.attack.membership import auc, run_membership, summarize, tpr_at_fpr
+from trustformer.config import load_config
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-5, 5), min_size=1, max_size=30), st.lists(st.integers(-5, 5), min_size=1, max_size=30))
+def test_auc_is_the_probability_a_member_outscores_a_non_member(members, non_members):
+    pairs = [(m > n) + 0.5 * (m == n) for m in members for n in non_members]
+    assert auc(members, non_members) == pytest.approx(sum(pairs) / len(pairs))
+
+
+def test_tpr_at_a_false_positive_rate():
+    non_members = list(range(100))  # scores 0..99
+    members = [99.5, 98.5, 50, 10]
+    assert tpr_at_fpr(members, non_members, 0.01) == 0.5  # threshold 98: one non-member (99) above it
+    assert tpr_at_fpr(members, non_members, 0.0) == 0.25  # only the member above every non-member
+    assert tpr_at_fpr(members, non_members, 0.5) == 0.75
+    summary = summarize({0: ([1.0, 2.0], [0.0, 0.5]), 1: ([0.0], [1.0])}, seed=0)
+    assert summary["auc"] == [1.0, 0.0] and summary["auc_mean"] == 0.5 and len(summary["auc_mean_ci95"]) == 2
+
+
+def tiny(tmp_path, name, **overrides):
+    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.bleu_size": 4,
+              "eval.meteor": False, "eval.bertscore": False, "data.client_size": 30, "data.own_test_size": 30,
+              "train.local_epochs": 8, "train.lr": 2e-2, "federation.rounds": 2}
+    values.update(overrides)
+    return load_config("tiny", None, values)
+
+
+@pytest.fixture(scope="module")
+def overfit(tmp_path_factory):
+    """Clients that memorise their 30 pairs: the true local models give their members away."""
+    tmp = tmp_path_factory.mktemp("mia")
+    return {s: run_membership(tiny(tmp, s, **{"federation.strategy": s}), candidates=30) for s in ("fedavg", "local")}
+
+
+def test_the_true_local_model_gives_members_away_and_fedavgs_server_holds_it(overfit):
+    fedavg = overfit["fedavg"]
+    true_local = fedavg["true-local"]["calibrated-initial"]["auc_mean"]
+    assert true_local > 0.75 and fedavg["true-local"]["calibrated-initial"]["candidates"] == [30, 30, 30]
+    # FedAvg's server receives each trained model itself: its view is the true local model
+    assert fedavg["server"]["calibrated-initial"]["auc_mean"] == pytest.approx(true_local)
+    assert fedavg["advantage"]["auc_minus_half"] > 0.25
+
+
+def test_a_server_that_receives_nothing_learns_nothing(overfit):
+    local = overfit["local"]
+    assert local["server_sees"] == "nothing"
+    assert local["server"]["calibrated-initial"]["auc_mean"] == 0.5  # the public model scores every example alike
+    assert local["true-local"]["calibrated-initial"]["auc_mean"] > 0.75
+
+
+def test_translation_needs_held_out_pairs_of_the_clients_domains(tmp_path):
+    from trustformer.workload import DataError
+
+    with pytest.raises(DataError, match="data.own_test_size"):
+        run_membership(tiny(tmp_path, "x", **{"data.own_test_size": 0}), candidates=5)
+
+
+def test_the_same_attack_runs_on_an_image_task(tmp_path):
+    cfg = load_config("tiny", None, {"task": "image-classification", "out": str(tmp_path / "img"),
+                                     "runtime.progress": False, "runtime.threads": 1})
+    result = run_membership(cfg, candidates=40)
+    server = result["server"]["loss"]
+    assert len(server["auc"]) == 3 and all(0.0 <= a <= 1.0 for a in server["auc"])
+    assert min(server["candidates"]) > 0 and not math.isnan(result["advantage"]["auc_minus_half"])
