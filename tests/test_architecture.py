@@ -30,7 +30,7 @@ ALLOWED = {
     "export": {"config", "core", "data", "models", "evaluation", "tasks", "workload"},
     "cli_options": {"config"},
     "deploy": {"cli_options", "config", "core", "runtime", "secure", "tasks", "wire"},
-    "attack": {"cli_options", "config", "core", "engine", "protocols", "runtime", "tasks", "wire", "workload",
+    "attack": {"cli_options", "config", "core", "engine", "export", "protocols", "runtime", "tasks", "wire", "workload",
                "data", "models", "evaluation"},
     "report": {"config", "core", "tasks"},
     "bench": {"attack", "cli_options", "config", "core", "engine", "report", "tasks", "workload", "protocols", "data",
