@@ -1,74 +1,62 @@
-"""`trustformer bench federation --preset tiny`: the table, its JSON and the byte-matched baselines."""
+"""`trustformer bench federation`: the plan, the gains, the Pareto front and the tiny end-to-end table."""
 
 import json
 import math
 
 import pytest
 
-from trustformer.bench.federation_bench import gain_retained, plan_runs
+from trustformer.bench.federation_bench import gain_retained, mark_pareto, plan_runs
 from trustformer.cli import main
 
 
-def test_plan_has_byte_matched_baselines_per_beta():
-    runs = plan_runs(["trustformer"], [0.1, 0.5], ["shared", "local"])
-    labels = [r.label for r in runs]
-    assert labels[:2] == ["local", "fedavg"]
-    assert sum(r.strategy == "trustformer" for r in runs) == 4
-    every = {r.beta: r.overrides["federation.agg_every"] for r in runs if "federation.agg_every" in r.overrides}
-    assert every == {0.1: 10, 0.5: 2}
-    keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.strategy == "fedavg-topk"}
+def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
+    runs = plan_runs([0.1, 0.5], 4, [0, 1])
+    labels = {r.label for r in runs}
+    assert {"local", "fedavg", "fedavg 4-bit", "trustformer β=0.1", "trustformer β=0.5", "trustformer β=0.1 4-bit",
+            "trustformer β=0.5 4-bit", "fedavg every 10", "fedavg every 2", "top-k 0.05", "top-k 0.25",
+            "trustformer β=0.1 +secagg", "trustformer β=0.5 +secagg", "fedavg +secagg", "dp-fedavg", "dp-fedsam",
+            "dp-blur-lus"} == labels
+    seeds = {}
+    for r in runs:
+        seeds.setdefault(r.label, []).append(r.seed)
+    assert seeds["trustformer β=0.1"] == [0, 1] and seeds["dp-fedavg"] == [0] and seeds["fedavg +secagg"] == [0]
+    keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.label.startswith("top-k")}
     assert keep == {0.1: 0.05, 0.5: 0.25}  # an index travels with every value: β/2 costs β of the bytes
     assert gain_retained(4.0, local=5.0, fedavg=4.0) == 1.0 and gain_retained(5.0, 5.0, 4.0) == 0.0
+    assert gain_retained(12.0, local=10.0, fedavg=14.0, higher_is_better=True) == 0.5
     assert math.isnan(gain_retained(4.0, local=4.0, fedavg=4.5))
 
 
-def test_tiny_benchmark_prints_and_writes_the_table(tmp_path, capsys):
+def row(name, gain, up, adv, spread=math.nan):
+    return {"run": name, "gain_loss": gain, "gain_loss_spread": spread, "upload_vs_fedavg": up, "mia_advantage": adv}
+
+
+def test_the_pareto_front_calls_differences_below_the_seed_spread_ties():
+    rows = [row("a", 1.0, 1.0, 0.3, 0.05), row("b", 0.97, 0.5, 0.3, 0.05), row("c", 0.5, 0.5, 0.3),
+            row("d", 0.5, 0.1, 0.0), row("e", 0.9, 0.5, 0.3)]
+    mark_pareto(rows, "gain_loss", "front")
+    assert [r["run"] for r in rows if r["front"]] == ["b", "d"]
+    assert rows[0]["front_by"] == ["b"]  # a: 0.03 more gain than b is within the seed spread, and b is cheaper
+    assert rows[2]["front_by"] == ["b", "d", "e"] and rows[4]["front_by"] == ["b"]  # e: 0.07 less gain than b is beyond it
+
+
+def test_tiny_benchmark_prints_writes_and_draws_the_frontier(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--memberships", "shared",
-                 "--rounds", "2", "--out", str(tmp_path / "runs"), "--json", str(out)])
+    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--seeds", "0", "--rounds", "2",
+                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(out),
+                 "--figure", str(tmp_path / "frontier.png")])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "gain" in printed and "fedavg every 2" in printed and "FedAvg − local" in printed
-    result = json.loads(out.read_text())
-    rows = {r["run"]: r for r in result["rows"]}
-    assert set(rows) == {"local", "fedavg", "trustformer β=0.5 shared", "fedavg every 2 (β=0.5)",
-                         "fedavg-topk 0.25 (β=0.5)"}
-    assert rows["fedavg"]["upload_vs_fedavg"] == 1.0
-    assert rows["local"]["upload_vs_fedavg"] < 0.05
-    assert rows["fedavg every 2 (β=0.5)"]["upload_vs_fedavg"] == pytest.approx(0.5, abs=0.05)
-    assert 0.4 < rows["trustformer β=0.5 shared"]["upload_vs_fedavg"] < 0.7
-    for row in rows.values():
-        assert len(row["test_loss"]) == 3 and row["wall_s"] > 0
-        assert row["test_loss_mean"] == pytest.approx(sum(row["test_loss"]) / 3)
-    if not math.isnan(rows["fedavg"]["gain_retained"]):
-        assert rows["fedavg"]["gain_retained"] == pytest.approx(1.0)
-        assert rows["local"]["gain_retained"] == pytest.approx(0.0)
-
-
-def test_reuse_takes_only_a_finished_run_of_the_same_configuration(tmp_path):
-    from trustformer.bench.federation_bench import _finished
-    from trustformer.config import load_config
-
-    cfg = load_config("tiny", None, {"out": str(tmp_path / "run")})
-    assert _finished(cfg) is None  # nothing there
-    (tmp_path / "run").mkdir()
-    summary = {"config": cfg.to_dict(), "rounds": cfg.federation.rounds, "time_s": {"total": 1.0}}
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
-    assert _finished(cfg) == summary
-    other = load_config("tiny", None, {"out": str(tmp_path / "run"), "train.lr": 0.5})
-    assert _finished(other) is None  # another configuration in the same folder is trained again
-    (tmp_path / "run" / "summary.json").write_text("{not json")
-    assert _finished(cfg) is None
-
-
-def test_attack_column_shows_what_the_server_recovers(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--memberships", "rotating",
-                 "--attack", "--no-baselines", "--rounds", "2", "--out", str(tmp_path / "runs"), "--json", str(out)])
-    assert code == 0
-    assert "recovered" in capsys.readouterr().out
+    assert "front" in printed and "FedAvg − local" in printed
     rows = {r["run"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"local", "fedavg", "trustformer β=0.5 rotating"}
-    assert rows["fedavg"]["attack_recovered_fraction"] == 1.0 and rows["fedavg"]["attack_relative_error"] < 1e-6
-    tf = rows["trustformer β=0.5 rotating"]
-    assert tf["attack_recovered_fraction"] < 0.01 and tf["attack_relative_error"] > 1e-3  # the floor: no row verbatim
+    assert {"local", "fedavg", "fedavg + fine-tuning", "trustformer β=0.5 4-bit", "fedavg every 2",
+            "top-k 0.25", "trustformer β=0.5 +secagg"} <= set(rows)
+    assert rows["fedavg"]["upload_vs_fedavg"] == 1.0 and rows["local"]["upload_vs_fedavg"] < 0.05
+    assert rows["fedavg every 2"]["upload_vs_fedavg"] == pytest.approx(0.5, abs=0.05)
+    assert 0.4 < rows["trustformer β=0.5"]["upload_vs_fedavg"] < 0.7
+    assert rows["trustformer β=0.5 4-bit"]["upload_vs_fedavg"] < 0.25 * rows["trustformer β=0.5"]["upload_vs_fedavg"] + 0.05
+    assert rows["fedavg"]["recovered"] == 1.0 and rows["trustformer β=0.5"]["recovered"] < 0.01
+    assert rows["local"]["mia_advantage"] == 0.0  # the server holds nothing of a client that trains alone
+    for r in rows.values():
+        assert not math.isnan(r["loss"]) and not math.isnan(r["own_loss"]) and isinstance(r["pareto"], bool)
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000

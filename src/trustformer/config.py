@@ -384,7 +384,7 @@ class PrivacyConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     bleu_size: int = 200  # test sentences decoded and scored (BLEU, chrF, METEOR, BERTScore; 0 = all)
-    beam_size: int = 1  # 1 = greedy decoding
+    beam_size: int = 4  # decoded translations: beam search of this width (1 = greedy; measured +1.0 BLEU at 4)
     # score each distinct final model once: clients holding the same model (FedAvg) share its scores
     decode_once: bool = True
     batch_size: int = 64

@@ -1,22 +1,29 @@
-"""`trustformer bench federation`: is a protocol worth its bytes on a setting where federation matters?
+"""`trustformer bench federation`: every protocol on one privacy–utility–bytes frontier, on a setting where
+federation matters.
 
-Runs, on one configuration, ``local`` (every client trains alone) and ``fedavg``, then every strategy
-named with ``--strategies``; for ``trustformer`` one run per β (``--betas``) and membership mode
-(``--memberships``). For every β it also runs the two cheapest baselines at the same byte budget:
-FedAvg that exchanges only every ⌈1/β⌉ rounds (``--agg-every``) and FedAvg of top-k sparsified updates
-keeping a fraction β/2 of the coordinates (``fedavg-topk``: an int32 index travels with every float32
-value, so β/2 of the coordinates cost β of FedAvg's upload; the indices are counted in its bytes).
+The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
 
-Printed as one table (and written with ``--json FILE``), per run: mean and spread (population standard
-deviation) of the clients' final test loss, mean BLEU, upload bytes per client per round as a fraction
-of FedAvg's, wall time, and the **gain retained** (L_local − L) / (L_local − L_fedavg) on the mean test
-loss: 1 = all of FedAvg's gain, 0 = no better than training alone.
+- ``local`` (every client trains alone), ``fedavg``, and ``fedavg`` at ``--bits`` (payload coding);
+- per β (``--betas``): ``trustformer`` (``--memberships``, default the protocol's default) at 32 bits and at
+  ``--bits``, and the byte-matched cheap alternatives: FedAvg that exchanges every ⌈1/β⌉ rounds and FedAvg of
+  top-k updates keeping β/2 of the coordinates (an int32 index travels with every float32 value);
+- single seed: ``fedavg`` and ``trustformer`` under ``secagg`` (32 bits: secure aggregation cannot sum coded
+  payloads), and the DP baselines at the paper's ε (``--no-dp`` leaves them out);
+- every run fine-tunes its final models on each client's own data (``federation.finetune_epochs``): each run
+  also gives a ``+ fine-tuning`` row (same bytes, same attack: fine-tuning is local).
 
-The default setting (``DEFAULT_SETTING``, "domain-3x1000") is non-IID: 3 clients that each hold
-different LibreOffice help modules (``data.partition = "domain"``), 1,000 pairs each, 10 rounds of the
-``small`` model and recipe. There FedAvg clearly beats training alone (README "Federation benchmark":
-the measured gap). ``--preset``, ``--data``, ``--clients``, ``--rounds`` and ``--set`` change it, so the
-same comparison runs on any corpus and partition; ``--preset tiny`` is a fast smoke form.
+Measured per row: test loss and BLEU on the shared test set and on each client's own held-out data (its
+domains), the **gain retained** (X − local) / (FedAvg − local) on each of the four, upload and download bytes
+per client per round relative to FedAvg's, what the server recovers of the clients' models (``attack
+reconstruct``) and its **membership advantage** on their data (``attack membership``: the best server score's
+AUC − 0.5, and its TPR at 1% FPR). The **Pareto front** of (gain on pooled test loss ↑, upload ↓, advantage ↓)
+is marked ``*`` (on own-data gain: ``†``); a difference smaller than the seed-to-seed spread is a tie. Printed as
+one table; ``--json FILE`` writes it with every measurement, ``--figure FILE.png`` draws the frontier.
+
+The default setting (:data:`DEFAULT_SETTING`, ``small`` preset) is non-IID: 3 clients holding different
+LibreOffice help modules (``data.partition = "domain"``), 3,000 pairs each plus 300 held out of their own
+domains, 10 rounds; FedAvg reaches BLEU ≈ 11 there, clearly above training alone. ``--preset tiny`` is a fast
+smoke form; ``--data``, ``--clients``, ``--rounds`` and ``--set`` change the setting.
 """
 
 from __future__ import annotations
@@ -27,252 +34,372 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options, resolve_config
-from ..config import RunConfig
+from ..config import RunConfig, load_config
 
 DEFAULT_SETTING: dict[str, Any] = {
     "data.partition": "domain",
-    "data.client_size": 1000,
+    "data.client_size": 3000,
+    "data.own_test_size": 300,
     "federation.clients": 3,
     "federation.rounds": 10,
 }
-"""The benchmark's named non-IID setting ("domain-3x1000"), applied on top of the preset for ``small``."""
+"""The benchmark's non-IID setting ("domain-3x3000"), applied on top of the ``small`` preset."""
 
-FAST_EVAL: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False}
-"""The benchmark compares test loss and BLEU only: METEOR and BERTScore are not computed."""
+BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "federation.finetune_epochs": 1,
+                                 "runtime.threads": 1}
+"""Every run: test loss and BLEU only (no METEOR / BERTScore), one epoch of fine-tuning, one torch thread."""
+
+TINY_SETTING: dict[str, Any] = {"data.partition": "domain", "data.own_test_size": 20}
 
 
 @dataclass
 class BenchRun:
-    """One row of the table: what ran and what it measured."""
+    """One configuration of the benchmark (one seed)."""
 
     label: str
-    strategy: str
     overrides: dict[str, Any]
+    seed: int
     beta: float | None = None
-    test_loss: list[float] = field(default_factory=list)
-    bleu: list[float] = field(default_factory=list)
-    up_bytes: float = 0.0
-    wall_s: float = 0.0
-    attack: dict[str, float] | None = None  # --attack: what the honest-but-curious server recovers
+    deciding: bool = True  # run with every seed of --seeds
 
     @property
-    def loss_mean(self) -> float:
-        return statistics.fmean(self.test_loss)
-
-    @property
-    def loss_spread(self) -> float:
-        return statistics.pstdev(self.test_loss) if len(self.test_loss) > 1 else 0.0
-
-    @property
-    def bleu_mean(self) -> float:
-        return statistics.fmean(self.bleu)
+    def folder(self) -> str:
+        name = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in self.label.replace("β=", "beta"))
+        return f"{name}-seed{self.seed}"
 
 
-def plan_runs(strategies: list[str], betas: list[float], memberships: list[str], *,
-              baselines: bool = True) -> list[BenchRun]:
-    """local, fedavg, then each named strategy (trustformer: per β and membership mode) and, per β,
-    the two byte-matched baselines (unless ``baselines`` is False)."""
-    runs = [BenchRun("local", "local", {"federation.strategy": "local"}),
-            BenchRun("fedavg", "fedavg", {"federation.strategy": "fedavg"})]
-    for strategy in strategies:
-        if strategy in ("local", "fedavg"):
-            continue
-        if strategy != "trustformer":
-            runs.append(BenchRun(strategy, strategy, {"federation.strategy": strategy}))
-            continue
-        for beta in betas:
-            for mode in memberships:
-                runs.append(BenchRun(f"trustformer β={beta:g} {mode}", "trustformer",
-                                     {"federation.strategy": "trustformer", "federation.beta": beta,
-                                      "federation.memberships": mode}, beta=beta))
-    for beta in betas if baselines else []:
+def plan_runs(betas: list[float], bits: int, seeds: list[int], memberships: list[str] | None = None, *,
+              dp: bool = True, secagg: bool = True) -> list[BenchRun]:
+    """The benchmark's runs (module docstring), deciding runs once per seed."""
+    plans: list[tuple[str, dict[str, Any], float | None, bool]] = [
+        ("local", {"federation.strategy": "local"}, None, True),
+        ("fedavg", {"federation.strategy": "fedavg"}, None, True),
+        (f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None, True),
+    ]
+    for beta in betas:
+        for mode in memberships or [None]:
+            name = f"trustformer β={beta:g}" + (f" {mode}" if mode else "")
+            base = {"federation.strategy": "trustformer", "federation.beta": beta,
+                    **({"federation.memberships": mode} if mode else {})}
+            plans.append((name, base, beta, True))
+            plans.append((f"{name} {bits}-bit", {**base, "federation.payload_bits": bits}, beta, True))
+            if secagg:
+                plans.append((f"{name} +secagg", {**base, "secure.mode": "secagg"}, beta, False))
         every = math.ceil(1 / beta - 1e-9)
-        runs.append(BenchRun(f"fedavg every {every} (β={beta:g})", "fedavg",
-                             {"federation.strategy": "fedavg", "federation.agg_every": every}, beta=beta))
-        runs.append(BenchRun(f"fedavg-topk {beta / 2:g} (β={beta:g})", "fedavg-topk",
-                             {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2}, beta=beta))
-    return runs
+        plans.append((f"fedavg every {every}", {"federation.strategy": "fedavg", "federation.agg_every": every}, beta,
+                      True))
+        plans.append((f"top-k {beta / 2:g}", {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2},
+                      beta, True))
+    if secagg:
+        plans.append(("fedavg +secagg", {"federation.strategy": "fedavg", "secure.mode": "secagg"}, None, False))
+    if dp:
+        plans += [(s, {"federation.strategy": s}, None, False) for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")]
+    return [BenchRun(label, overrides, seed, beta, deciding) for label, overrides, beta, deciding in plans
+            for seed in (seeds if deciding else seeds[:1])]
 
 
-def gain_retained(loss: float, local: float, fedavg: float) -> float:
-    """(L_local − L) / (L_local − L_fedavg); NaN when FedAvg is no better than training alone."""
-    gap = local - fedavg
-    return (local - loss) / gap if gap > 0 else math.nan
+# ------------------------------------------------------------------------------ one run
 
 
-def table(runs: list[BenchRun]) -> list[dict[str, Any]]:
-    """The benchmark's rows (what is printed and written as JSON)."""
-    local, fedavg = runs[0], runs[1]
+def run_one(values: dict[str, Any], reuse: bool) -> dict[str, Any]:
+    """One benchmark run in this process (a worker's job): the federation under the attack harness, then what the
+    server learns. Returns the run's measurements (and writes them to ``<out>/bench.json``)."""
+    from ..attack.membership import membership
+    from ..attack.reconstruct import observed_run, run_attack
+
+    cfg = load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
+    done = Path(cfg.out) / "bench.json"
+    if reuse and done.exists():
+        previous = json.loads(done.read_text(encoding="utf-8"))
+        if previous.get("config") == cfg.to_dict():
+            return previous
+    started = time.perf_counter()
+    run = observed_run(cfg)
+    result = {"config": cfg.to_dict(), "summary": _summary_fields(run.summary), "wall_s": time.perf_counter() - started,
+              "attack": _attack_fields(run_attack(run.cfg, run)), "membership": membership(run)}
+    done.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    return result
+
+
+def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("test_loss", "bleu", "own_test_loss", "own_bleu", "ft_test_loss", "ft_bleu", "ft_own_test_loss",
+            "ft_own_bleu", "finetune_s", "bytes", "samples", "time_s")
+    return {k: summary[k] for k in keys if k in summary}
+
+
+def _attack_fields(attack: dict[str, Any]) -> dict[str, Any]:
+    return {k: attack[k] for k in ("recovered_fraction_mean", "relative_error_mean", "initial_error_mean")}
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def gain_retained(value: float, local: float, fedavg: float, *, higher_is_better: bool = False) -> float:
+    """(L_local − L) / (L_local − L_fedavg) for a loss, (B − B_local) / (B_fedavg − B_local) for a score; NaN when
+    FedAvg is no better than training alone."""
+    gap = (fedavg - local) if higher_is_better else (local - fedavg)
+    gain = (value - local) if higher_is_better else (local - value)
+    return gain / gap if gap > 0 else math.nan
+
+
+METRICS = (("loss", "test_loss", False), ("bleu", "bleu", True), ("own_loss", "own_test_loss", False),
+           ("own_bleu", "own_bleu", True))
+
+
+def _mean(values: list[float | None]) -> float:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return statistics.fmean(values) if values else math.nan
+
+
+def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per label (seeds averaged, their spread kept), plus a ``+ fine-tuning`` row per label."""
+    by_label: dict[str, list[tuple[BenchRun, dict[str, Any]]]] = {}
+    for run, result in zip(runs, results):
+        by_label.setdefault(run.label, []).append((run, result))
     rows = []
-    for run in runs:
-        rows.append({
-            "run": run.label, "strategy": run.strategy, "beta": run.beta, "overrides": run.overrides,
-            "test_loss_mean": run.loss_mean, "test_loss_spread": run.loss_spread, "test_loss": run.test_loss,
-            "bleu_mean": run.bleu_mean, "bleu": run.bleu,
-            "upload_vs_fedavg": run.up_bytes / fedavg.up_bytes if fedavg.up_bytes else math.nan,
-            "up_bytes_per_client_per_round": run.up_bytes,
-            "gain_retained": gain_retained(run.loss_mean, local.loss_mean, fedavg.loss_mean),
-            "wall_s": run.wall_s,
-            **({"attack_recovered_fraction": run.attack["recovered_fraction_mean"],
-                "attack_relative_error": run.attack["relative_error_mean"]} if run.attack else {}),
-        })
+    for label, group in by_label.items():
+        for tuned in (False, True):
+            if tuned and label == "local":
+                continue
+            rows.append(_row(label + (" + fine-tuning" if tuned else ""), group, tuned))
+    local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
+    up, down = fedavg["up_bytes"], fedavg["down_bytes"]
+    for row in rows:
+        for name, _key, higher in METRICS:  # per seed against local and FedAvg of the same seed, then averaged
+            row[f"gain_{name}_per_seed"] = [gain_retained(v, lv, fv, higher_is_better=higher) for v, lv, fv in
+                                            zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"],
+                                                fedavg[f"{name}_per_seed"])]
+            spread = row[f"gain_{name}_per_seed"]
+            row[f"gain_{name}"] = _mean(spread)
+            row[f"gain_{name}_spread"] = (max(spread) - min(spread)) / 2 if len(spread) > 1 else math.nan
+        row["upload_vs_fedavg"] = row["up_bytes"] / up if up else math.nan
+        row["download_vs_fedavg"] = row["down_bytes"] / down if down else math.nan
+    mark_pareto(rows, "gain_loss", "pareto")
+    mark_pareto(rows, "gain_own_loss", "pareto_own")
     return rows
 
 
+def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) -> dict[str, Any]:
+    run0, first = group[0]
+    row: dict[str, Any] = {"run": label, "strategy": first["config"]["federation"]["strategy"], "beta": run0.beta,
+                           "overrides": run0.overrides, "seeds": [r.seed for r, _ in group],
+                           "wall_s": _mean([res["wall_s"] for _, res in group])}
+    prefix = "ft_" if tuned else ""
+    for name, key, _higher in METRICS:
+        per_seed = [_mean(res["summary"].get(prefix + key) or [math.nan]) for _, res in group]
+        row[f"{name}_per_seed"] = per_seed
+        row[name] = _mean(per_seed)
+        row[f"{name}_spread"] = (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan
+    bytes_ = first["summary"]["bytes"]
+    row["up_bytes"], row["down_bytes"] = bytes_["up_per_client_per_round"], bytes_["down_per_client_per_round"]
+    mia = [res["membership"].get("advantage") or {} for _, res in group]
+    row["mia_advantage"] = _mean([m.get("auc_minus_half") for m in mia])
+    row["mia_advantage_per_seed"] = [m.get("auc_minus_half") for m in mia]
+    row["mia_tpr_1pct"] = _mean([m.get("tpr_at_1pct_fpr") for m in mia])
+    row["mia_score"] = mia[0].get("score")
+    row["mia_ci95"] = mia[0].get("auc_ci95")
+    row["true_local_auc"] = _mean([_best(res["membership"].get("true-local", {})) for _, res in group])
+    row["recovered"] = _mean([res["attack"]["recovered_fraction_mean"] for _, res in group])
+    row["relative_error"] = _mean([res["attack"]["relative_error_mean"] for _, res in group])
+    row["samples"] = (first["summary"].get("samples") or {}).get("0", [])[:2]
+    return row
+
+
+def _best(view: dict[str, Any]) -> float:
+    return max((s["auc_mean"] for s in view.values()), default=math.nan)
+
+
+def _tolerance(rows: list[dict[str, Any]], key: str) -> float:
+    """The typical seed-to-seed spread of ``key`` (median over the rows run with several seeds)."""
+    spreads = [r[f"{key}_spread"] for r in rows if not math.isnan(r.get(f"{key}_spread", math.nan))]
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
+    """``row[flag]``: no other row is at least as good on gain (↑), upload (↓) and membership advantage (↓) and
+    better on one, beyond the seed-to-seed spread (a smaller difference is a tie); ``row[flag + "_by"]`` names
+    the rows that dominate it."""
+    gain_tol = _tolerance(rows, gain_key)
+    adv_tol = 0.02  # membership AUC: differences below this are within its bootstrap noise at n = 300
+    for row in rows:
+        dominated_by = []
+        for other in rows:
+            if other is row or any(math.isnan(other[k]) for k in (gain_key, "upload_vs_fedavg", "mia_advantage")):
+                continue
+            no_worse = (other[gain_key] >= row[gain_key] - gain_tol and other["upload_vs_fedavg"] <= row[
+                "upload_vs_fedavg"] * 1.02 and other["mia_advantage"] <= row["mia_advantage"] + adv_tol)
+            better = (other[gain_key] > row[gain_key] + gain_tol or other["upload_vs_fedavg"] < row[
+                "upload_vs_fedavg"] * 0.98 or other["mia_advantage"] < row["mia_advantage"] - adv_tol)
+            if no_worse and better:
+                dominated_by.append(other["run"])
+        row[flag] = not dominated_by and not math.isnan(row[gain_key])
+        row[flag + "_by"] = dominated_by
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    attacked = any("attack_recovered_fraction" in r for r in rows)
-    head = f"{'run':<34} {'test loss':>9} {'± spread':>8} {'BLEU':>6} {'upload':>7} {'gain':>6} {'wall s':>7}"
-    head += f" {'recovered':>9} {'rel. err':>8}" if attacked else ""
+    head = (f"{'run':<38} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
+            f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'rec.':>6} {'front':>5}")
     lines = [head, "-" * len(head)]
+
+    def num(value: float, width: int, digits: int) -> str:
+        return f"{'n/a':>{width}}" if value is None or math.isnan(value) else f"{value:>{width}.{digits}f}"
+
     for r in rows:
-        gain = "n/a" if math.isnan(r["gain_retained"]) else f"{r['gain_retained']:.2f}"
-        line = (f"{r['run']:<34} {r['test_loss_mean']:>9.3f} {r['test_loss_spread']:>8.3f} "
-                f"{r['bleu_mean']:>6.2f} {r['upload_vs_fedavg']:>7.3f} {gain:>6} {r['wall_s']:>7.0f}")
-        if attacked:
-            line += (f" {r['attack_recovered_fraction']:>9.4f} {r['attack_relative_error']:>8.4f}"
-                     if "attack_recovered_fraction" in r else f" {'':>9} {'':>8}")
-        lines.append(line)
-    if attacked:
-        lines.append("recovered / rel. err: `trustformer attack reconstruct` on the same run — the fraction of each "
-                     "client's trained weights the server recovers to 1e-6, and the relative L2 error of its "
-                     "estimate (mean over clients, at the last exchange)")
+        front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
+        lines.append(f"{r['run']:<38} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
+                     f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
+                     f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} {num(r['upload_vs_fedavg'], 6, 3)} "
+                     f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
+                     f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r['recovered'], 6, 4)} {front:>5}")
+    lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own held-out "
+                 "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
+                 "BLEU, own-data loss; up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
+                 "advantage (AUC − 0.5 of its best score); TPR1%: its TPR at 1% FPR; rec.: weights it recovers "
+                 "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain")
     return "\n".join(lines)
+
+
+def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """The frontier: gain retained against upload (log), the server's membership advantage as colour; the front
+    ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=False)
+    shown = [r for r in rows if not math.isnan(r["upload_vs_fedavg"]) and r["upload_vs_fedavg"] > 0]
+    for ax, key, flag, title in ((axes[0], "gain_loss", "pareto", "shared test set"),
+                                 (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
+        points = [r for r in shown if not math.isnan(r[key])]
+        scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], [r[key] for r in points],
+                             c=[r["mia_advantage"] for r in points], cmap="viridis_r", vmin=0,
+                             vmax=max([0.3] + [r["mia_advantage"] for r in points if not math.isnan(r["mia_advantage"])]),
+                             s=60, edgecolors=["red" if r[flag] else "none" for r in points], linewidths=1.8)
+        for r in points:
+            ax.annotate(r["run"].replace(" + fine-tuning", " +ft"), (r["upload_vs_fedavg"], r[key]), fontsize=6.5,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.axhline(1.0, color="grey", lw=0.6, ls="--")
+        ax.axhline(0.0, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("upload per client per round / FedAvg's (log)")
+        ax.set_ylabel("gain retained over training alone (test loss)")
+        ax.set_title(f"gain on {title}; red ring: Pareto front")
+    fig.colorbar(scatter, ax=axes, label="server's membership advantage (AUC − 0.5)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------ the command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="trustformer bench federation",
-        description="local, fedavg and the named strategies on one non-IID setting, with the byte-matched "
-                    "baselines of every beta; prints one table (module docstring of "
-                    "trustformer.bench.federation_bench).",
-    )
+        description="Every protocol on one privacy–utility–bytes frontier on a non-IID setting (module docstring of "
+                    "trustformer.bench.federation_bench; docs/benchmarks.md).")
     add_config_options(p)
-    p.add_argument("--strategies", default="trustformer",
-                   help="comma-separated strategies besides local and fedavg (default: trustformer)")
-    p.add_argument("--betas", default="0.1,0.5", help="trustformer betas and byte budgets (default: 0.1,0.5)")
-    p.add_argument("--memberships", default="rotating,shared,local",
-                   help="trustformer membership modes to run (default: rotating,shared,local)")
-    p.add_argument("--json", metavar="FILE", help="also write the table and the setting as JSON")
-    p.add_argument("--reuse", action="store_true",
-                   help="take a run whose folder under --out holds a finished summary of exactly the same "
-                        "configuration from there instead of training it again (continues an interrupted benchmark)")
-    p.add_argument("--attack", action="store_true",
-                   help="also play the honest-but-curious server on every run (trustformer attack reconstruct) and "
-                        "print what it recovers")
-    p.add_argument("--no-baselines", action="store_true",
-                   help="skip the byte-matched baselines (FedAvg every ceil(1/beta) rounds, top-k)")
+    p.add_argument("--betas", default="0.1,0.5", help="Trustformer betas and byte budgets (default: 0.1,0.5)")
+    p.add_argument("--bits", type=int, default=4, choices=(16, 8, 4, 2), help="the coded runs' width (default: 4)")
+    p.add_argument("--memberships", default="", help="Trustformer membership modes (default: the protocol's default)")
+    p.add_argument("--seeds", default="0,1", help="seeds of the runs that decide the verdict (default: 0,1)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
+    p.add_argument("--no-dp", action="store_true", help="leave out the DP baselines")
+    p.add_argument("--no-secagg", action="store_true", help="leave out the secure-aggregation runs")
+    p.add_argument("--only", default="", help="comma-separated labels to run (with local and fedavg), e.g. "
+                                              "'trustformer β=0.5,top-k 0.25'")
+    p.add_argument("--json", metavar="FILE", help="also write the table and every measurement as JSON")
+    p.add_argument("--figure", metavar="FILE.png", help="also draw the frontier")
+    p.add_argument("--reuse", action="store_true", help="take a run whose folder holds the measurements of exactly "
+                                                        "the same configuration instead of running it again")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
-    """The configuration every run shares: the named setting (for the small preset) under the user's
-    options; --out is the folder that holds one sub-folder per run."""
-    extra = [f"{k}={json.dumps(v)}" for k, v in FAST_EVAL.items()]
-    if (args.preset or "small") == "small" and not args.no_default_setting:
-        given = {item.partition("=")[0] for item in args.set}
-        if args.clients is None:
-            args.clients = DEFAULT_SETTING["federation.clients"]
-        if args.rounds is None:
-            args.rounds = DEFAULT_SETTING["federation.rounds"]
-        extra += [f"{k}={json.dumps(v)}" for k, v in DEFAULT_SETTING.items()
-                  if k not in given and not k.startswith("federation.")]
-        if args.data and "data.partition" not in given:
-            extra = [e for e in extra if not e.startswith("data.partition=")]  # a TSV may have no domains
-    args.set = extra + list(args.set)
+    """The configuration every run shares: the named setting under the user's options."""
+    given = {item.partition("=")[0] for item in args.set}
+    setting = {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small"
+                                                  else TINY_SETTING)
+    extra = {**BENCH_OPTIONS, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
+    if args.data and "data.partition" not in given:
+        extra.pop("data.partition", None)  # a TSV file may have no domains
+    if args.clients is None and "federation.clients" in setting:
+        args.clients = setting["federation.clients"]
+    if args.rounds is None and "federation.rounds" in setting:
+        args.rounds = setting["federation.rounds"]
+    args.set = [f"{k}={json.dumps(v)}" for k, v in extra.items() if k not in given] + list(args.set)
     if args.out is None:
         args.out = "runs/bench-federation"
     return resolve_config(args)
 
 
-def _finished(cfg: RunConfig) -> dict[str, Any] | None:
-    """The summary of a finished run of exactly this configuration in its folder, if there is one."""
-    path = Path(cfg.out) / "summary.json"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if summary.get("config") != cfg.to_dict() or summary.get("rounds") != cfg.federation.rounds:
-        return None
-    return summary
-
-
-def run_one(cfg: RunConfig, run: BenchRun, out: Path, *, reuse: bool = False, attack: bool = False) -> None:
-    from ..config import load_config
-    from ..engine.inprocess import run_in_process
-
+def _flat(cfg: RunConfig) -> dict[str, Any]:
     values = cfg.to_dict()
     flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
             for key, value in body.items()}
     flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
-    flat.update(run.overrides)
-    flat["out"] = str(out / run.label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", ""))
-    run_cfg = load_config(cfg.preset, None, flat)
-    previous = _finished(run_cfg) if reuse else None
-    attack_file = Path(run_cfg.out) / "attack.json"
-    if previous is not None and attack and not attack_file.exists():
-        previous = None
-    if previous is not None:
-        summary = previous
-        run.wall_s = float(summary["time_s"]["total"])
-        if attack:
-            run.attack = json.loads(attack_file.read_text(encoding="utf-8"))
-    elif attack:
-        from ..attack.reconstruct import run_attack
-
-        started = time.perf_counter()
-        run.attack = run_attack(run_cfg)
-        run.wall_s = time.perf_counter() - started
-        summary = json.loads((Path(run_cfg.out) / "summary.json").read_text(encoding="utf-8"))
-        attack_file.write_text(json.dumps(run.attack, indent=1) + "\n", encoding="utf-8")
-    else:
-        started = time.perf_counter()
-        summary = run_in_process(run_cfg)
-        run.wall_s = time.perf_counter() - started
-    run.test_loss = [float(x) for x in summary["test_loss"]]
-    run.bleu = [float(x) for x in summary["bleu"]]
-    run.up_bytes = float(summary["bytes"]["up_per_client_per_round"])
+    return flat
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = base_config(args)
-    runs = plan_runs([s.strip() for s in args.strategies.split(",") if s.strip()],
-                     [float(b) for b in args.betas.split(",") if b.strip()],
-                     [m.strip() for m in args.memberships.split(",") if m.strip()], baselines=not args.no_baselines)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    runs = plan_runs([float(b) for b in args.betas.split(",") if b.strip()], args.bits, seeds,
+                     [m.strip() for m in args.memberships.split(",") if m.strip()] or None,
+                     dp=not args.no_dp, secagg=not args.no_secagg)
+    if args.only:
+        keep = {"local", "fedavg", *(x.strip() for x in args.only.split(",") if x.strip())}
+        runs = [r for r in runs if r.label in keep]
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
-    print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition}"
-          f"{f' (alpha {d.alpha:g})' if d.partition == 'dirichlet' else ''} · "
-          f"{d.client_sizes or d.client_size or 'all'} pairs per client · {f.rounds} rounds · "
-          f"{len(runs)} runs · output {out}", file=sys.stderr, flush=True)
+    print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "
+          f"{d.client_sizes or d.client_size or 'all'} pairs per client + {d.own_test_size} held out · {f.rounds} "
+          f"rounds · {len(runs)} runs, {args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
+    jobs = []
     for run in runs:
-        every = run.overrides.get("federation.agg_every", 1)
-        if every > f.rounds:
-            print(f"warning: {run.label} never exchanges in {f.rounds} rounds (its row is training alone); "
-                  f"use --rounds >= {every} for a byte-matched baseline", file=sys.stderr, flush=True)
+        values = {**_flat(cfg), **run.overrides, "seed": run.seed, "out": str(out / run.folder)}
+        jobs.append(values)
     started = time.perf_counter()
-    for i, run in enumerate(runs, start=1):
-        run_one(cfg, run, out, reuse=args.reuse, attack=args.attack)
-        elapsed = time.perf_counter() - started
-        eta = elapsed / i * (len(runs) - i)
-        print(f"[{i}/{len(runs)}] {run.label}: test loss {run.loss_mean:.3f} · BLEU {run.bleu_mean:.2f} · "
-              f"{run.wall_s:.0f} s · elapsed {elapsed / 60:.1f} min · ETA {eta / 60:.1f} min",
-              file=sys.stderr, flush=True)
-    rows = table(runs)
+    results: list[dict[str, Any] | None] = [None] * len(runs)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, values, args.reuse): i for i, values in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            i = futures[future]
+            results[i] = future.result()
+            elapsed = time.perf_counter() - started
+            r = results[i]
+            print(f"[{done}/{len(runs)}] {runs[i].label} (seed {runs[i].seed}): test loss "
+                  f"{_mean(r['summary']['test_loss']):.3f} · BLEU {_mean(r['summary']['bleu']):.2f} · "
+                  f"{r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
+                  f"{elapsed / done * (len(runs) - done) / 60:.1f} min", file=sys.stderr, flush=True)
+    rows = table(runs, results)
     print(format_table(rows))
-    gap = runs[0].loss_mean - runs[1].loss_mean
-    print(f"FedAvg − local: {gap:.3f} nats of mean test loss, "
-          f"{runs[1].bleu_mean - runs[0].bleu_mean:.2f} BLEU · total {(time.perf_counter() - started) / 60:.1f} min")
+    local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
+    print(f"FedAvg − local: {local['loss'] - fedavg['loss']:.3f} nats of pooled test loss, "
+          f"{fedavg['bleu'] - local['bleu']:.2f} BLEU; own data: {local['own_loss'] - fedavg['own_loss']:.3f} nats · "
+          f"total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"setting": cfg.to_dict(), "fedavg_minus_local_nats": gap,
-                                               "rows": rows}, indent=2, ensure_ascii=False) + "\n",
-                                   encoding="utf-8")
+        Path(args.json).write_text(json.dumps({"command": "trustformer bench federation " + " ".join(argv or []),
+                                               "setting": cfg.to_dict(), "rows": rows}, indent=2,
+                                              ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
+    if args.figure:
+        print(f"figure: {figure(rows, args.figure)}", file=sys.stderr)
     return 0
+
+
+__all__ = ["BENCH_OPTIONS", "DEFAULT_SETTING", "BenchRun", "figure", "format_table", "gain_retained", "main",
+           "mark_pareto", "plan_runs", "run_one", "table"]

@@ -352,12 +352,15 @@ class ProtocolWrapper(FederatedProtocol):
         return self.inner.stable_payload_layout()
 
     def run_round(self, io):
-        # the standard round calls this wrapper's hooks; a protocol-declared round calls io.aggregate, which
-        # goes through the server's protocol object (this wrapper)
-        if type(self.inner).run_round is FederatedProtocol.run_round:
+        # the standard round calls the outermost wrapper's hooks; a protocol-declared round calls io.aggregate,
+        # which goes through the server's protocol object (the outermost wrapper) too
+        inner = self.inner
+        while isinstance(inner, ProtocolWrapper):
+            inner = inner.inner
+        if type(inner).run_round is FederatedProtocol.run_round:
             standard_round(self, io)
         else:
-            self.inner.run_round(io)
+            inner.run_round(io)
 
 
 def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
