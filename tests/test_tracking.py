@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -69,7 +68,6 @@ NOT_WRITTEN = ("client_0/round", "client_0/client", "client_0/node", "client_0/e
 
 
 def test_tensorboard_scalars_text_and_hparams_read_back(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -101,8 +99,6 @@ def test_tensorboard_scalars_text_and_hparams_read_back(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # MLflow's SQLAlchemy models on SQLAlchemy 2.1
 def test_mlflow_metrics_params_and_events_read_back(tmp_path):
-    if importlib.util.find_spec("mlflow") is None:
-        pytest.skip("mlflow not installed (pip install mlflow-skinny)")
     from mlflow.tracking import MlflowClient
 
     run_tracker(tmp_path, "mlflow")
@@ -127,7 +123,6 @@ def test_mlflow_metrics_params_and_events_read_back(tmp_path):
 
 
 def test_close_writes_the_means_of_open_rounds(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with Tracker(tmp_path, ["tensorboard", "tensorboard"], {}, run_name="r") as tracker:
@@ -140,8 +135,6 @@ def test_close_writes_the_means_of_open_rounds(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_mlflow_run_of_a_failed_training_is_marked_failed(tmp_path):
-    if importlib.util.find_spec("mlflow") is None:
-        pytest.skip("mlflow not installed (pip install mlflow-skinny)")
     from mlflow.tracking import MlflowClient
 
     with pytest.raises(RuntimeError), Tracker(tmp_path, ("mlflow",), {"seed": 1}, run_name="r") as tracker:

@@ -279,13 +279,16 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
     for ax, key, flag, title in ((axes[0], "gain_loss", "pareto", "shared test set"),
                                  (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
         points = [r for r in shown if not math.isnan(r[key])]
-        scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], [r[key] for r in points],
+        low, high = -0.6, max([1.4] + [r[key] + 0.1 for r in points])
+        clipped = [max(low + 0.05, r[key]) for r in points]  # far below training alone (the DP runs): at the edge
+        scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], clipped,
                              c=[r["mia_advantage"] for r in points], cmap="viridis_r", vmin=0,
                              vmax=max([0.3] + [r["mia_advantage"] for r in points if not math.isnan(r["mia_advantage"])]),
                              s=60, edgecolors=["red" if r[flag] else "none" for r in points], linewidths=1.8)
-        for r in points:
-            ax.annotate(r["run"].replace(" + fine-tuning", " +ft"), (r["upload_vs_fedavg"], r[key]), fontsize=6.5,
-                        xytext=(3, 3), textcoords="offset points")
+        for r, y in zip(points, clipped):
+            text = r["run"].replace(" + fine-tuning", " +ft") + (f" ({r[key]:.0f})" if r[key] < low else "")
+            ax.annotate(text, (r["upload_vs_fedavg"], y), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
+        ax.set_ylim(low, high)
         ax.set_xscale("log")
         ax.axhline(1.0, color="grey", lw=0.6, ls="--")
         ax.axhline(0.0, color="grey", lw=0.6, ls=":")
