@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord
 
 from trustformer.app import FederationError, client_app
 from trustformer.config import load_config

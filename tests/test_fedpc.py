@@ -9,10 +9,9 @@ import torch
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import ternary
-from trustformer.core.dp import flatten
 from trustformer.protocols import get_protocol
 from trustformer.protocols.base import ClientSession
-from trustformer.protocols.fedpc import FedPC, private_hyperparameters
+from trustformer.protocols.fedpc import private_hyperparameters
 from trustformer.engine.inprocess import run_in_process
 
 

@@ -3,7 +3,6 @@ through the real round loop on translation and on an image task."""
 
 import math
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -25,7 +25,6 @@ stem). Shortcuts that change shape are a strided 1×1 convolution (He et al. 201
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
