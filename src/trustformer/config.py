@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin, get_type_hints
 
@@ -696,6 +696,11 @@ class RunConfig:
         return _to_plain(dataclasses.asdict(self))
 
     def to_json(self) -> str:
+        return self.json
+
+    @cached_property
+    def json(self) -> str:
+        """The configuration as canonical JSON (computed once: a frozen configuration never changes)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
