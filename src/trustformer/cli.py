@@ -285,7 +285,7 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
         "domains that no client trained on). The sweep options run several configurations and print one table.",
     )
     m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
-    for q, func in ((r, _cmd_attack), (m, _cmd_membership)):
+    for q in (r, m):
         add_config_options(q)
         q.add_argument("--strategies", type=_str_list, metavar="LIST",
                        help="comma-separated strategies to attack, one run each (default: --strategy)")
@@ -298,7 +298,7 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
                             "support are skipped and listed)")
         q.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
         q.add_argument("--quiet", action="store_true", help="only the table and warnings")
-        q.set_defaults(func=func)
+        q.set_defaults(func=_cmd_attack)
 
 
 def _attack_setup(args: argparse.Namespace, default_out: str):
@@ -325,36 +325,20 @@ def _attack_setup(args: argparse.Namespace, default_out: str):
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
+    """``attack reconstruct`` / ``attack membership``: the sweep, its table, its note, the JSON."""
     import time
 
-    from .attack import reconstruct as rec
+    from .attack import membership, reconstruct
 
-    cfg, runs = _attack_setup(args, "attack-reconstruct")
+    module = reconstruct if args.attack == "reconstruct" else membership
+    cfg, runs = _attack_setup(args, f"attack-{args.attack}")
     started = time.perf_counter()
-    results = rec.sweep(cfg, runs, progress=not args.quiet)
-    print(rec.format_table(results))
-    print(f"relative error ||estimate - true|| / ||true|| and fraction of weights within {rec.TOLERANCE:g}, "
-          f"mean over clients at the last exchange round; init err: the public initial model as the estimate "
-          f"· total {(time.perf_counter() - started) / 60:.1f} min")
+    options = {"candidates": args.candidates} if args.attack == "membership" else {}
+    results = module.sweep(cfg, runs, progress=not args.quiet, **options)
+    print(module.format_table(results))
+    print(f"{module.TABLE_NOTE} · total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
-        rec.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
-    return 0
-
-
-def _cmd_membership(args: argparse.Namespace) -> int:
-    import time
-
-    from .attack import membership as mia
-
-    cfg, runs = _attack_setup(args, "attack-membership")
-    started = time.perf_counter()
-    results = mia.sweep(cfg, runs, candidates=args.candidates, progress=not args.quiet)
-    print(mia.format_table(results))
-    print(f"mean over clients at the last exchange; model: server = its estimate from what it holds, true-local = "
-          f"the client's trained model, final = the model it ends with · total "
-          f"{(time.perf_counter() - started) / 60:.1f} min")
-    if args.json:
-        mia.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
+        module.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -281,13 +281,19 @@ def save_translation_model(folder: Path, model: Seq2SeqTransformer, tokenizer: A
 # =================================================================================== reading
 
 
+def _folder(path: Path | str, what: str, hint: str) -> Path:
+    """``path`` as a Path, or an ExportError when it is missing or not a folder."""
+    path = Path(path)
+    if not path.exists():
+        raise ExportError(f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise ExportError(f"{path} is not a folder: {hint}")
+    return path
+
+
 def read_model_meta(folder: Path) -> dict[str, Any]:
     """``model.json`` of a model folder, checked for the format name and version."""
-    folder = Path(folder)
-    if not folder.exists():
-        raise ExportError(f"model folder {folder} does not exist")
-    if not folder.is_dir():
-        raise ExportError(f"{folder} is not a folder: pass the model folder (the one holding {META_FILE})")
+    folder = _folder(folder, "model folder", f"pass the model folder (the one holding {META_FILE})")
     path = folder / META_FILE
     if not path.is_file():
         raise ExportError(f"{folder} is not a trained-model folder (no {META_FILE}): run `trustformer run` "
@@ -559,11 +565,7 @@ def export_model(models_dir: Path, model: nn.Module, *, tokenizer: Any = None,
 def find_models(run_dir: Path) -> dict[int, Path]:
     """Client id → model folder of a finished run, from ``run_dir/summary.json``'s ``"models"`` entry
     (paths relative to the run folder; clients holding the same model share a folder). Sorted by id."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise ExportError(f"run folder {run_dir} does not exist")
-    if not run_dir.is_dir():
-        raise ExportError(f"{run_dir} is not a folder: pass a run folder (the --out of `trustformer run`)")
+    run_dir = _folder(run_dir, "run folder", "pass a run folder (the --out of `trustformer run`)")
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file():
         raise ExportError(f"{run_dir} has no {SUMMARY_FILE}: it is not a finished run folder (pass the --out "

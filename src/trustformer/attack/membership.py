@@ -182,6 +182,10 @@ def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES) -> dict[str,
 # ------------------------------------------------------------------------------ the command's table
 
 
+TABLE_NOTE = ("mean over clients at the last exchange; model: server = its estimate from what it holds, true-local = "
+              "the client's trained model, final = the model it ends with")
+
+
 def format_table(results: Sequence[dict[str, Any]]) -> str:
     head = (f"{'run':<40} {'model':<11} {'score':<19} {'AUC':>6} {'95% CI':>13} {'TPR@1%':>7} {'TPR@0.1%':>8} "
             f"{'n':>5}")

@@ -603,6 +603,10 @@ def sweep(cfg: RunConfig, runs: Sequence[PlannedRun], *, progress: bool = True) 
     return results
 
 
+TABLE_NOTE = (f"relative error ||estimate - true|| / ||true|| and fraction of weights within {TOLERANCE:g}, mean over "
+              "clients at the last exchange round; init err: the public initial model as the estimate")
+
+
 def format_table(results: Sequence[dict[str, Any]]) -> str:
     head = (f"{'run':<40} {'server sees':<14} {'rel. error':>10} {'recovered':>9} {'init err':>8} "
             f"{'memberships':<24} {'wall s':>6}")
