@@ -154,7 +154,7 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
                    help="trustformer paper: β values run at the Agg_fr other than 1 (default 0.5)")
     p.add_argument("--agg-strategies", type=_str_list, metavar="LIST",
                    help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
-    p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see README)")
+    p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see docs/reproduction.md)")
     p.add_argument("--seed", type=int, help="seed of every run")
     p.add_argument("--epochs", type=int, default=None,
                    help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)")

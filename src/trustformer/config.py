@@ -94,7 +94,7 @@ class ModelConfig:
     n_decoder_layers: int = 2  # decoder layers
     d_ff: int = 256  # width of each feed-forward block
     max_len: int = 40  # longest sequence in tokens (longer pairs are cut; decoding stops there)
-    dropout: float = 0.0  # small: 0 measured better than 0.1 (README "Training recipe"); paper: 0.1
+    dropout: float = 0.0  # small: 0 measured better than 0.1 (docs/data.md "Training recipe"); paper: 0.1
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
@@ -109,7 +109,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The local training recipe (``optim.py``). Defaults measured on ``small`` (README "Training
+    """The local training recipe (``optim.py``). Defaults measured on ``small`` (docs/data.md "Training
     recipe"); the ``paper`` preset keeps Table II literally (Adam, coupled decay 0.01, constant lr)."""
 
     optimizer: str = "adamw"  # adamw: decoupled decay on weight matrices only | adam: coupled L2 on all
@@ -188,7 +188,7 @@ class FederationConfig:
     # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
     # count drops that client from the round: one client must not take over a data-weighted mean
     max_examples: int = 1_000_000
-    # fault injection, in-process runtime only (README "Fault injection"): strings such as
+    # fault injection, in-process runtime only (docs/privacy.md "Invalid replies and fault injection"): strings such as
     # "client=1,round=2,kind=nan"; kinds: nan, wrong_shape, empty_reply, malformed_reply,
     # huge_num_examples, replay, dropout, stall (see FAULT_KINDS)
     faults: tuple[str, ...] = ()
@@ -596,7 +596,7 @@ NOT_A_SUM = {  # why secure aggregation cannot carry these protocols
 
 @dataclass(frozen=True)
 class SecureConfig:
-    """Secure exchange (README "Secure exchange"): ``tee`` = attested aggregator and sealed payloads
+    """Secure exchange (docs/privacy.md "Secure exchange"): ``tee`` = attested aggregator and sealed payloads
     (a software emulation of a TEE), ``secagg`` = pairwise-masked secure aggregation, or both."""
 
     mode: str = "none"  # none | tee | secagg | tee+secagg
@@ -728,7 +728,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"d_model": 256, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6,
                   "d_ff": 512, "max_len": 50, "dropout": 0.1},
         # Table II literally: Adam with L2-coupled weight decay 0.01 on every parameter, constant lr 1e-3,
-        # no label smoothing or clipping (README "Training recipe": what this costs on `small`)
+        # no label smoothing or clipping (docs/data.md "Training recipe": what this costs on `small`)
         "train": {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999],
                   "schedule": "constant", "warmup_steps": 0, "clip_norm": 0.0, "label_smoothing": 0.0,
                   "batch_size": 20, "batch_tokens": 0},

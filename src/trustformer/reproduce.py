@@ -72,7 +72,7 @@ def default_grid(preset: str) -> GridSpec:
         # wait on each other (seen: 20 s instead of 0.7 s for the same run)
         return GridSpec(strategies=every, betas=(0.1, 0.5, 0.9), agg_every=(1, 2), agg_betas=(0.5,),
                         settings=(("runtime.threads", 1),))
-    if preset == "small":  # about 5 minutes per run on 2 busy CPU cores: under an hour (see README)
+    if preset == "small":  # about 5 minutes per run on 2 busy CPU cores: under an hour (docs/reproduction.md)
         return GridSpec(strategies=tuple(s for s in every if s != "centralized"), betas=(0.1, 0.5, 0.9),
                         agg_every=(1,), rounds=3, settings=(("runtime.threads", 1),))
     # paper: the paper's full grid (a GPU)
@@ -408,7 +408,7 @@ def default_fedpc_grid(preset: str) -> FedPCGridSpec:
                              settings=(("runtime.threads", 1),),
                              task_settings=(("image-classification", (("image.widths", [16, 32]),)),
                                             ("segmentation", (("segmentation.base_width", 8),))))
-    if preset == "small":  # Fashion-MNIST (12,000 training images) and MRI brain extraction, CPU (see README)
+    if preset == "small":  # Fashion-MNIST (12,000 training images) and MRI brain extraction, CPU (docs/reproduction.md)
         return FedPCGridSpec(task_rounds=(("image-classification", 3), ("segmentation", 10)),
                              settings=(("runtime.threads", 1),),
                              task_settings=(("image-classification", (("image.train_size", 12000),)),))

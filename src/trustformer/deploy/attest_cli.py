@@ -57,7 +57,7 @@ def _print_measurement(args, cfg, digest: str, files: list[str]) -> None:
                           "config": measured_config(cfg)}, indent=2, sort_keys=True))
     else:
         print(digest)
-        print(f"# backend: {EMULATED_BACKEND} (a software emulation of a TEE; see README 'Secure exchange')")
+        print(f"# backend: {EMULATED_BACKEND} (a software emulation of a TEE; see docs/privacy.md 'Secure exchange')")
         print(f"# code: {len(files)} files of the trustformer package: {', '.join(files)}")
         print(f"# configuration: {json.dumps(measured_config(cfg), sort_keys=True)}")
         print(f"# pin it on the clients with: --set secure.expected_measurement={digest}")

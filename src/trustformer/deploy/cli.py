@@ -28,7 +28,7 @@ def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
         "deploy",
         help="run a federation as separate processes or machines on Flower's runtime (SuperLink + SuperNodes)",
         description="Multi-process deployment on Flower's own runtime, with TLS on every connection and "
-        "SuperNode authentication with registered keys. See README, 'Deployment'.",
+        "SuperNode authentication with registered keys. See docs/deployment.md.",
     )
     d = p.add_subparsers(dest="deploy_command", required=True)
 

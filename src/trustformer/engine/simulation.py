@@ -13,7 +13,7 @@ What differs from the in-process engine, and why:
   ``node_defaults``), and no client reports ``fedavg_distance`` (it needs every client's model in one process).
 - ``secure.mode`` with ``tee`` is refused at load: a client's trust anchors come from its own node config, which
   the Simulation Engine cannot set per client; ``secagg`` runs. ``federation.faults`` (the in-process grid's)
-  are refused too. Centralized training is one client: it runs in process.
+  are refused too, and so is centralized training (one client: run it in process).
 - Messages reach the clients through Ray, not Flower's protobuf wire; the bytes counted are still those of
   Flower's serialization of each message's content (``wire.payload_bytes``), so they equal the in-process ones.
 

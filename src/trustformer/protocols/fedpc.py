@@ -15,7 +15,7 @@ shared round helper (``runtime/rounds.py``):
 4. The master updates (Eq. 3, p_k = S_k / S over the workers that reported this epoch):
    t = 1: P^t = Q* − α_0 Σ_{k≠k*} p_k T_k;  t > 1: P^t = Q* − Σ_{k≠k*} p_k β_k T_k (P^{t−1} − P^{t−2}).
    ``fedpc.sign = "flipped"`` adds the sums instead (the paper's sign pushes a parameter that "keeps
-   moving in the same direction", T = +1, back against its last change; both are measured, README).
+   moving in the same direction", T = +1, back against its last change; both are measured, docs/protocols.md).
 5. ``train.apply``: every worker of the epoch receives P^t (the download Eq. 8 counts) and evaluates.
 
 Communication per epoch: V·N down (P^t to every worker), V up from the pilot, V/16 from each other worker

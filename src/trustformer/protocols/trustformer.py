@@ -45,7 +45,7 @@ The payload is one flat float array: every exchanged layer's centroids in parame
 (:func:`~trustformer.wire.pack_flat`), so framing costs one array header per message.
 
 Measured on ``trustformer bench federation`` (domain partition, 3 clients × 1,000 pairs, 10 rounds,
-``small``; gain retained = (L_local − L)/(L_local − L_fedavg); see the README for the command):
+``small``; gain retained = (L_local − L)/(L_local − L_fedavg); docs/protocols.md has the command):
 
 ===  ===================  ====================  ====  =============
 β    memberships          test loss (± spread)  BLEU  gain retained
@@ -76,7 +76,7 @@ of disagreement spread over the rows — as much per round as FedAvg every 1/β 
 β = 0.1 by choosing, per client, where the update is large (and paying an index per value); grouping
 rows by where the shared reference moved (``focused``, ``tracked``) did worse than random groups.
 
-What the server can learn is measured by ``trustformer attack reconstruct`` (README).
+What the server can learn is measured by ``trustformer attack reconstruct`` and ``attack membership`` (docs/privacy.md).
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def differences(cells: Sequence[Cell]) -> list[str]:
             f"**Eq. 3's sign.** FedPC ran with `fedpc.sign = {', '.join(signs)}` ('paper': Eq. 3 as printed, "
             "Q* − Σ p_k T_k…; 'flipped': the sum added). As printed, a worker that keeps moving a parameter "
             "in the "
-            "same direction (T = +1) pushes it back; see the README's FedPC section for both signs measured.")
+            "same direction (T = +1) pushes it back; see docs/protocols.md 'FedPC and Phong' for both signs measured.")
     items.append(
         "**Private hyper-parameters.** Each FedPC worker draws its batch size, learning rate, local epochs and "
         "optimizer from `fedpc.*` (seeded per worker, never sent); FedAvg, Phong and centralized use the task's.")

@@ -4,7 +4,7 @@
 (which also opens that client's sealed session), opening a client's sealed message, running the
 protocol's aggregation, and sealing a message for one client. :class:`SoftwareTEE` implements it
 inside the server process. It is an **emulation**, labelled as such in logs, ``summary.json`` and
-the README: it gives clients a real protocol to check (signed quotes, fresh keys, AES-GCM sessions)
+docs/privacy.md: it gives clients a real protocol to check (signed quotes, fresh keys, AES-GCM sessions)
 but none of the hardware guarantees. In particular it does not protect against the machine that
 runs the server: that process holds the session keys and sees every opened payload, and the
 attestation signing key is a file (or, in-process, a key generated for the run), not a key fused
