@@ -210,11 +210,22 @@ class FederationConfig:
                 f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
                 f"(beta = 1 is then exactly FedAvg)")
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
-        _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
         _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
         _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
+        _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
+        _positive("federation.node_wait_s", self.node_wait_s)
+        _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
+        _at_least("federation.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
+        _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
+        _in_range("federation.topk_keep", self.topk_keep, 0.0, 1.0, lo_open=True)
+        _at_least("federation.max_examples", self.max_examples, 1)
+        self._check_coding_and_sampling()
+        self._check_faults()
+
+    def _check_coding_and_sampling(self) -> None:
         _choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
         _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
+        _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
         if self.payload_bits != 32 and self.strategy not in CODED_STRATEGIES:
             raise ConfigError(f"federation.payload_bits = {self.payload_bits} does not apply to federation.strategy "
                               f"= {self.strategy!r}: {CODED_STRATEGIES_WHY.get(self.strategy, 'it sends no weights')}; "
@@ -230,13 +241,8 @@ class FederationConfig:
         if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
             raise ConfigError(f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
                               f"= {self.clients_per_round}: a round has only that many clients")
-        _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
-        _positive("federation.node_wait_s", self.node_wait_s)
-        _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
-        _at_least("federation.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
-        _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
-        _in_range("federation.topk_keep", self.topk_keep, 0.0, 1.0, lo_open=True)
-        _at_least("federation.max_examples", self.max_examples, 1)
+
+    def _check_faults(self) -> None:
         for fault in self.fault_plan():
             if fault.client >= self.clients or fault.round > self.rounds:
                 raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
