@@ -73,3 +73,19 @@ def test_the_same_attack_runs_on_an_image_task(tmp_path):
     server = result["server"]["loss"]
     assert len(server["auc"]) == 3 and all(0.0 <= a <= 1.0 for a in server["auc"])
     assert min(server["candidates"]) > 0 and not math.isnan(result["advantage"]["auc_minus_half"])
+
+
+def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
+    import json
+
+    from trustformer.cli import main
+
+    out = tmp_path / "mia.json"
+    assert main(["attack", "membership", "--preset", "tiny", "--strategies", "fedavg", "--rounds", "1",
+                 "--set", "data.own_test_size=10", "--candidates", "10", "--out", str(tmp_path / "runs"),
+                 "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "TPR@1%" in printed and "calibrated-global" in printed
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["server"]["loss"]["candidates"] == [10, 10, 10] and run["advantage"]["score"] in (
+        "loss", "calibrated-initial", "calibrated-global")
