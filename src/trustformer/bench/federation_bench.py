@@ -244,16 +244,22 @@ def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'run':<38} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
+    head = (f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
             f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'rec.':>6} {'front':>5}")
     lines = [head, "-" * len(head)]
 
     def num(value: float, width: int, digits: int) -> str:
-        return f"{'n/a':>{width}}" if value is None or math.isnan(value) else f"{value:>{width}.{digits}f}"
+        if value is None or math.isnan(value):
+            return f"{'n/a':>{width}}"
+        for shown in range(digits, -1, -1):  # fewer digits, then powers of ten: a diverged run keeps the columns
+            text = f"{value:>{width}.{shown}f}"
+            if len(text) <= width:
+                return text
+        return f"{value:>{width}.0e}"
 
     for r in rows:
         front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
-        lines.append(f"{r['run']:<38} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
+        lines.append(f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
                      f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
                      f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} {num(r['upload_vs_fedavg'], 6, 3)} "
                      f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
@@ -274,7 +280,7 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=False)
     shown = [r for r in rows if not math.isnan(r["upload_vs_fedavg"]) and r["upload_vs_fedavg"] > 0]
     for ax, key, flag, title in ((axes[0], "gain_loss", "pareto", "shared test set"),
                                  (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
@@ -286,15 +292,18 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
                              vmax=max([0.3] + [r["mia_advantage"] for r in points if not math.isnan(r["mia_advantage"])]),
                              s=60, edgecolors=["red" if r[flag] else "none" for r in points], linewidths=1.8)
         for r, y in zip(points, clipped):
+            finetuned, dp = r["run"].endswith(" + fine-tuning"), r["run"].startswith("dp-")
+            if not r[flag] and (finetuned or dp):  # named: the front, and runs before fine-tuning but DP's
+                continue
             text = r["run"].replace(" + fine-tuning", " +ft") + (f" ({r[key]:.0f})" if r[key] < low else "")
-            ax.annotate(text, (r["upload_vs_fedavg"], y), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(text, (r["upload_vs_fedavg"], y), fontsize=6, xytext=(3, 2), textcoords="offset points")
         ax.set_ylim(low, high)
         ax.set_xscale("log")
         ax.axhline(1.0, color="grey", lw=0.6, ls="--")
         ax.axhline(0.0, color="grey", lw=0.6, ls=":")
         ax.set_xlabel("upload per client per round / FedAvg's (log)")
         ax.set_ylabel("gain retained over training alone (test loss)")
-        ax.set_title(f"gain on {title}; red ring: Pareto front")
+        ax.set_title(f"gain on {title}\nred ring: Pareto front; DP runs (far below) sit on the bottom edge", fontsize=9)
     fig.colorbar(scatter, ax=axes, label="server's membership advantage (AUC − 0.5)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
