@@ -14,6 +14,7 @@ ALLOWED = {
     "core": {"wire"},
     "wire": set(),
     "config": set(),
+    "config_reference": {"config"},
     "tracking": set(),
     "metrics": {"tracking"},
     "optim": set(),

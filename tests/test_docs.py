@@ -28,8 +28,18 @@ def test_every_key_has_a_meaning():
 
 def commands(text: str) -> list[str]:
     """The `trustformer ...` commands of a page's code blocks (continued lines joined, comments dropped)."""
-    found = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+    found, blocks, language, lines = [], [], None, []
+    for line in text.splitlines():  # fenced blocks, each opening fence paired with its closing one
+        if line.startswith("```"):
+            if language is None:
+                language, lines = line[3:].strip(), []
+            else:
+                if language in ("", "bash", "sh", "console"):
+                    blocks.append("\n".join(lines) + "\n")
+                language = None
+        elif language is not None:
+            lines.append(line)
+    for block in blocks:
         block = re.sub(r"\\\n\s*", " ", block)
         for line in block.splitlines():
             line = line.split(" #", 1)[0].strip()

@@ -282,9 +282,16 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=False)
     shown = [r for r in rows if not math.isnan(r["upload_vs_fedavg"]) and r["upload_vs_fedavg"] > 0]
+    scatter = None
     for ax, key, flag, title in ((axes[0], "gain_loss", "pareto", "shared test set"),
                                  (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
         points = [r for r in shown if not math.isnan(r[key])]
+        ax.set_title(f"gain on {title}\nred ring: Pareto front"
+                     + ("; DP runs (far below) sit on the bottom edge" if any(r["run"].startswith("dp-") for r in points)
+                        else ""), fontsize=9)
+        if not points:  # no gain to show: FedAvg and training alone tie on this measure, or it was not measured
+            ax.text(0.5, 0.5, "gain undefined (FedAvg ≈ training alone)", ha="center", transform=ax.transAxes)
+            continue
         low, high = -0.6, max([1.4] + [r[key] + 0.1 for r in points])
         clipped = [max(low + 0.05, r[key]) for r in points]  # far below training alone (the DP runs): at the edge
         scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], clipped,
@@ -303,8 +310,8 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
         ax.axhline(0.0, color="grey", lw=0.6, ls=":")
         ax.set_xlabel("upload per client per round / FedAvg's (log)")
         ax.set_ylabel("gain retained over training alone (test loss)")
-        ax.set_title(f"gain on {title}\nred ring: Pareto front; DP runs (far below) sit on the bottom edge", fontsize=9)
-    fig.colorbar(scatter, ax=axes, label="server's membership advantage (AUC − 0.5)")
+    if scatter is not None:
+        fig.colorbar(scatter, ax=axes, label="server's membership advantage (AUC − 0.5)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130, bbox_inches="tight")

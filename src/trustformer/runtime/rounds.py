@@ -234,6 +234,9 @@ class RoundIO:
         self.fields: dict[str, Any] = {}
         self.sampled: list[int] | None = None  # with client sampling: the nodes sampled this round
         self.stopped: str | None = None  # the protocol ended the run before this round: why
+        for client in sorted(set(self.clients.values()) - {self.clients[n] for n in self.nodes}):
+            log.warning("round %d: client %d is not connected and misses the round", rnd, client)
+            server.recorder.event(event="absent", round=rnd, client=client)
 
     # -- bookkeeping
 
