@@ -43,3 +43,29 @@ def test_simulation_settings_are_checked_at_load(tmp_path):
                                  "runtime.client_gpus": 0.25, "runtime.ray_address": "10.0.0.1:6379"})
     assert backend_config(cfg) == {"client_resources": {"num_cpus": 0.5, "num_gpus": 0.25},
                                    "init_args": {"address": "10.0.0.1:6379"}}
+
+
+def test_secure_aggregation_on_the_simulation_engine_gives_the_in_process_numbers(tmp_path):
+    values = {"federation.strategy": "fedavg", "secure.mode": "secagg"}
+    a = run(tiny(tmp_path, "inprocess", **values))
+    b = run(tiny(tmp_path, "simulation", **values, **{"runtime.engine": "simulation", "runtime.ray_cpus": 2}))
+    assert b["test_loss"] == a["test_loss"] and b["secure"]["overhead"]["bytes"] == a["secure"]["overhead"]["bytes"]
+    # the measured error of the masked sum needs every client's plain payload in one process, as fedavg_distance
+    assert a["secure"]["secagg"]["measured_max_error"] is not None
+    assert b["secure"]["secagg"]["measured_max_error"] is None
+
+
+def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path):
+    from test_checkpoint import Crash, _crash_at  # the same crash as the checkpoint tests
+
+    from trustformer.engine.inprocess import run_in_process
+    from trustformer.runtime.checkpoint import read_checkpoint, resume_config
+
+    values = {"federation.rounds": 3, "runtime.store": "disk"}
+    full = run(tiny(tmp_path, "full", **values))
+    stopped = tiny(tmp_path, "stopped", **values)
+    with pytest.raises(Crash):
+        run_in_process(stopped, client_app=_crash_at("train.apply", 2, 1))
+    assert read_checkpoint(stopped.out).round == 1
+    resumed = run(resume_config(stopped.out, {"runtime.engine": "simulation", "runtime.ray_cpus": 2}))
+    assert resumed["test_loss"] == full["test_loss"] and resumed["resumed_after_rounds"] == [1]
