@@ -22,6 +22,8 @@ def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
     assert seeds["trustformer β=0.1"] == [0, 1] and seeds["dp-fedavg"] == [0] and seeds["fedavg +secagg"] == [0]
     keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.label.startswith("top-k")}
     assert keep == {0.1: 0.05, 0.5: 0.25}  # an index travels with every value: β/2 costs β of the bytes
+    both = plan_runs([0.5, 0.7], 4, [0, 1])  # ⌈1/0.5⌉ = ⌈1/0.7⌉ = 2: FedAvg every 2 runs once per seed
+    assert [(r.label, r.seed) for r in both].count(("fedavg every 2", 0)) == 1
     assert gain_retained(4.0, local=5.0, fedavg=4.0) == 1.0 and gain_retained(5.0, 5.0, 4.0) == 0.0
     assert gain_retained(12.0, local=10.0, fedavg=14.0, higher_is_better=True) == 0.5
     assert math.isnan(gain_retained(4.0, local=4.0, fedavg=4.5))

@@ -101,7 +101,8 @@ def plan_runs(betas: list[float], bits: int, seeds: list[int], memberships: list
         plans.append(("fedavg +secagg", {"federation.strategy": "fedavg", "secure.mode": "secagg"}, None, False))
     if dp:
         plans += [(s, {"federation.strategy": s}, None, False) for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")]
-    return [BenchRun(label, overrides, seed, beta, deciding) for label, overrides, beta, deciding in plans
+    unique = [plan for i, plan in enumerate(plans) if plan[0] not in {p[0] for p in plans[:i]}]  # βs sharing ⌈1/β⌉
+    return [BenchRun(label, overrides, seed, beta, deciding) for label, overrides, beta, deciding in unique
             for seed in (seeds if deciding else seeds[:1])]
 
 
