@@ -62,3 +62,19 @@ def test_tiny_benchmark_prints_writes_and_draws_the_frontier(tmp_path, capsys):
     for r in rows.values():
         assert not math.isnan(r["loss"]) and not math.isnan(r["own_loss"]) and isinstance(r["pareto"], bool)
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
+    # --reuse: a second invocation trains nothing and rebuilds the same table from the runs' bench.json
+    again = tmp_path / "again.json"
+    assert main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--seeds", "0", "--rounds", "2",
+                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(again), "--reuse"]) == 0
+    err = capsys.readouterr().err
+    assert "reusing" in err and "[1/" not in err
+    assert json.loads(again.read_text())["rows"] == json.loads(out.read_text())["rows"]
+
+
+def test_a_run_the_configuration_refuses_stops_the_benchmark_before_anything_trains(tmp_path, capsys):
+    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5,0.7", "--seeds", "0", "--rounds", "2",
+                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "benchmark run 'trustformer β=0.7'" in err and "federation.min_cluster_rows" in err
+    assert not (tmp_path / "runs").exists()

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options, resolve_config
-from ..config import RunConfig, load_config
+from ..config import ConfigError, RunConfig, load_config
 
 DEFAULT_SETTING: dict[str, Any] = {
     "data.partition": "domain",
@@ -109,24 +109,48 @@ def plan_runs(betas: list[float], bits: int, seeds: list[int], memberships: list
 # ------------------------------------------------------------------------------ one run
 
 
+def _load(values: dict[str, Any]) -> RunConfig:
+    return load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
+
+
+def finished(cfg: RunConfig) -> dict[str, Any] | None:
+    """The measurements an earlier invocation left for exactly this configuration (``--reuse``), or None."""
+    done = Path(cfg.out) / "bench.json"
+    if not done.exists():
+        return None
+    previous = json.loads(done.read_text(encoding="utf-8"))
+    return previous if previous.get("config") == cfg.to_dict() else None
+
+
 def run_one(values: dict[str, Any], reuse: bool) -> dict[str, Any]:
     """One benchmark run in this process (a worker's job): the federation under the attack harness, then what the
     server learns. Returns the run's measurements (and writes them to ``<out>/bench.json``)."""
     from ..attack.membership import membership
     from ..attack.reconstruct import observed_run, run_attack
 
-    cfg = load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
-    done = Path(cfg.out) / "bench.json"
-    if reuse and done.exists():
-        previous = json.loads(done.read_text(encoding="utf-8"))
-        if previous.get("config") == cfg.to_dict():
-            return previous
+    cfg = _load(values)
+    if reuse and (previous := finished(cfg)) is not None:
+        return previous
     started = time.perf_counter()
     run = observed_run(cfg)
     result = {"config": cfg.to_dict(), "summary": _summary_fields(run.summary), "wall_s": time.perf_counter() - started,
               "attack": _attack_fields(run_attack(run.cfg, run)), "membership": membership(run)}
-    done.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return result
+
+
+def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[dict[str, Any]]:
+    """Every run's configuration, validated before the first one trains: a value one run cannot take (say a β
+    the privacy floor refuses) is reported at once, naming the run, not after an hour of the others."""
+    jobs = []
+    for run in runs:
+        values = {**_flat(cfg), **run.overrides, "seed": run.seed, "out": str(Path(cfg.out) / run.folder)}
+        try:
+            _load(values)
+        except ConfigError as exc:
+            raise ConfigError(f"benchmark run '{run.label}' (seed {run.seed}): {exc}") from exc
+        jobs.append(values)
+    return jobs
 
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
@@ -388,23 +412,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "
           f"{d.client_sizes or d.client_size or 'all'} pairs per client + {d.own_test_size} held out · {f.rounds} "
           f"rounds · {len(runs)} runs, {args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
-    jobs = []
-    for run in runs:
-        values = {**_flat(cfg), **run.overrides, "seed": run.seed, "out": str(out / run.folder)}
-        jobs.append(values)
-    started = time.perf_counter()
+    jobs = run_configs(cfg, runs)
     results: list[dict[str, Any] | None] = [None] * len(runs)
+    if args.reuse:
+        results = [finished(_load(values)) for values in jobs]
+        if reused := sum(r is not None for r in results):
+            print(f"reusing {reused} finished runs from {out}", file=sys.stderr, flush=True)
+    todo = [i for i, r in enumerate(results) if r is None]
+    started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, values, args.reuse): i for i, values in enumerate(jobs)}
+        futures = {pool.submit(run_one, jobs[i], False): i for i in todo}
         for done, future in enumerate(as_completed(futures), start=1):
             i = futures[future]
-            results[i] = future.result()
+            results[i] = r = future.result()
             elapsed = time.perf_counter() - started
-            r = results[i]
-            print(f"[{done}/{len(runs)}] {runs[i].label} (seed {runs[i].seed}): test loss "
+            print(f"[{done}/{len(todo)}] {runs[i].label} (seed {runs[i].seed}): test loss "
                   f"{_mean(r['summary']['test_loss']):.3f} · BLEU {_mean(r['summary']['bleu']):.2f} · "
                   f"{r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
-                  f"{elapsed / done * (len(runs) - done) / 60:.1f} min", file=sys.stderr, flush=True)
+                  f"{elapsed / done * (len(todo) - done) / 60:.1f} min", file=sys.stderr, flush=True)
     rows = table(runs, results)
     print(format_table(rows))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
@@ -422,4 +447,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["BENCH_OPTIONS", "DEFAULT_SETTING", "BenchRun", "figure", "format_table", "gain_retained", "main",
-           "mark_pareto", "plan_runs", "run_one", "table"]
+           "finished", "mark_pareto", "plan_runs", "run_configs", "run_one", "table"]
