@@ -10,10 +10,11 @@ from trustformer.cli import main
 
 
 def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
-    runs = plan_runs([0.1, 0.5], 4, [0, 1])
+    runs = plan_runs([0.1, 0.5], [4, 2], [0, 1])
     labels = {r.label for r in runs}
-    assert {"local", "fedavg", "fedavg 4-bit", "trustformer β=0.1", "trustformer β=0.5", "trustformer β=0.1 4-bit",
-            "trustformer β=0.5 4-bit", "fedavg every 10", "fedavg every 2", "top-k 0.05", "top-k 0.25",
+    assert {"local", "fedavg", "fedavg 4-bit", "fedavg 2-bit", "trustformer β=0.1", "trustformer β=0.5",
+            "trustformer β=0.1 4-bit", "trustformer β=0.5 4-bit", "trustformer β=0.1 2-bit", "trustformer β=0.5 2-bit",
+            "fedavg every 10", "fedavg every 2", "top-k 0.05", "top-k 0.25",
             "trustformer β=0.1 +secagg", "trustformer β=0.5 +secagg", "fedavg +secagg", "dp-fedavg", "dp-fedsam",
             "dp-blur-lus"} == labels
     seeds = {}
@@ -22,7 +23,7 @@ def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
     assert seeds["trustformer β=0.1"] == [0, 1] and seeds["dp-fedavg"] == [0] and seeds["fedavg +secagg"] == [0]
     keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.label.startswith("top-k")}
     assert keep == {0.1: 0.05, 0.5: 0.25}  # an index travels with every value: β/2 costs β of the bytes
-    both = plan_runs([0.5, 0.7], 4, [0, 1])  # ⌈1/0.5⌉ = ⌈1/0.7⌉ = 2: FedAvg every 2 runs once per seed
+    both = plan_runs([0.5, 0.7], [4], [0, 1])  # ⌈1/0.5⌉ = ⌈1/0.7⌉ = 2: FedAvg every 2 runs once per seed
     assert [(r.label, r.seed) for r in both].count(("fedavg every 2", 0)) == 1
     assert gain_retained(4.0, local=5.0, fedavg=4.0) == 1.0 and gain_retained(5.0, 5.0, 4.0) == 0.0
     assert gain_retained(12.0, local=10.0, fedavg=14.0, higher_is_better=True) == 0.5

@@ -3,9 +3,9 @@ federation matters.
 
 The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
 
-- ``local`` (every client trains alone), ``fedavg``, and ``fedavg`` at ``--bits`` (payload coding);
-- per β (``--betas``): ``trustformer`` (``--memberships``, default the protocol's default) at 32 bits and at
-  ``--bits``, and the byte-matched cheap alternatives: FedAvg that exchanges every ⌈1/β⌉ rounds and FedAvg of
+- ``local`` (every client trains alone), ``fedavg``, and ``fedavg`` at each width of ``--bits`` (payload coding);
+- per β (``--betas``): ``trustformer`` (``--memberships``, default the protocol's default) at 32 bits and at each
+  width of ``--bits``, and the byte-matched cheap alternatives: FedAvg that exchanges every ⌈1/β⌉ rounds and FedAvg of
   top-k updates keeping β/2 of the coordinates (an int32 index travels with every float32 value);
 - single seed: ``fedavg`` and ``trustformer`` under ``secagg`` (32 bits: secure aggregation cannot sum coded
   payloads), and the DP baselines at the paper's ε (``--no-dp`` leaves them out);
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import sys
 import time
@@ -75,13 +76,15 @@ class BenchRun:
         return f"{name}-seed{self.seed}"
 
 
-def plan_runs(betas: list[float], bits: int, seeds: list[int], memberships: list[str] | None = None, *,
+def plan_runs(betas: list[float], widths: list[int], seeds: list[int], memberships: list[str] | None = None, *,
               dp: bool = True, secagg: bool = True) -> list[BenchRun]:
-    """The benchmark's runs (module docstring), deciding runs once per seed."""
+    """The benchmark's runs (module docstring), deciding runs once per seed; ``widths`` are the coded runs'
+    ``federation.payload_bits``."""
     plans: list[tuple[str, dict[str, Any], float | None, bool]] = [
         ("local", {"federation.strategy": "local"}, None, True),
         ("fedavg", {"federation.strategy": "fedavg"}, None, True),
-        (f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None, True),
+        *((f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None, True)
+          for bits in widths),
     ]
     for beta in betas:
         for mode in memberships or [None]:
@@ -89,7 +92,7 @@ def plan_runs(betas: list[float], bits: int, seeds: list[int], memberships: list
             base = {"federation.strategy": "trustformer", "federation.beta": beta,
                     **({"federation.memberships": mode} if mode else {})}
             plans.append((name, base, beta, True))
-            plans.append((f"{name} {bits}-bit", {**base, "federation.payload_bits": bits}, beta, True))
+            plans += [(f"{name} {bits}-bit", {**base, "federation.payload_bits": bits}, beta, True) for bits in widths]
             if secagg:
                 plans.append((f"{name} +secagg", {**base, "secure.mode": "secagg"}, beta, False))
         every = math.ceil(1 / beta - 1e-9)
@@ -347,6 +350,16 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
 # ------------------------------------------------------------------------------ the command
 
 
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        widths = []
+    if not widths or any(w not in (16, 8, 4, 2) for w in widths):
+        raise argparse.ArgumentTypeError(f"{text!r}: give widths from 16, 8, 4, 2, comma-separated (e.g. 4,2)")
+    return widths
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="trustformer bench federation",
@@ -354,7 +367,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "trustformer.bench.federation_bench; docs/benchmarks.md).")
     add_config_options(p)
     p.add_argument("--betas", default="0.1,0.5", help="Trustformer betas and byte budgets (default: 0.1,0.5)")
-    p.add_argument("--bits", type=int, default=4, choices=(16, 8, 4, 2), help="the coded runs' width (default: 4)")
+    p.add_argument("--bits", type=_widths, default="4,2",
+                   help="the coded runs' widths, comma-separated, each 16, 8, 4 or 2 (default: 4,2)")
     p.add_argument("--memberships", default="", help="Trustformer membership modes (default: the protocol's default)")
     p.add_argument("--seeds", default="0,1", help="seeds of the runs that decide the verdict (default: 0,1)")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
@@ -438,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
           f"total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench federation " + " ".join(argv or []),
+        Path(args.json).write_text(json.dumps({"command": "trustformer bench federation " + shlex.join(argv or []),
                                                "setting": cfg.to_dict(), "rows": rows}, indent=2,
                                               ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
     if args.figure:

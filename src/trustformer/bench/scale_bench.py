@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench scale " + " ".join(argv or sys.argv[3:]),
+        Path(args.json).write_text(json.dumps({"command": "trustformer bench scale " + shlex.join(argv or sys.argv[3:]),
                                                "rows": rows}, indent=2) + "\n", encoding="utf-8")
     return 0
 
