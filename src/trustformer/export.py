@@ -291,6 +291,13 @@ def _folder(path: Path | str, what: str, hint: str) -> Path:
     return path
 
 
+def _read_json(path: Path, hint: str = "") -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path} cannot be read ({exc}){hint}") from exc
+
+
 def read_model_meta(folder: Path) -> dict[str, Any]:
     """``model.json`` of a model folder, checked for the format name and version."""
     folder = _folder(folder, "model folder", f"pass the model folder (the one holding {META_FILE})")
@@ -298,10 +305,7 @@ def read_model_meta(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ExportError(f"{folder} is not a trained-model folder (no {META_FILE}): run `trustformer run` "
                           "first; its models are written under <run>/models/")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path} cannot be read ({exc}): the model folder is damaged") from exc
+    meta = _read_json(path, ": the model folder is damaged")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise ExportError(f"{path} is not a trustformer model description (format is "
                           f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT_NAME!r})")
@@ -570,10 +574,7 @@ def find_models(run_dir: Path) -> dict[int, Path]:
     if not summary_path.is_file():
         raise ExportError(f"{run_dir} has no {SUMMARY_FILE}: it is not a finished run folder (pass the --out "
                           "folder of a completed `trustformer run`)")
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{summary_path} cannot be read ({exc})") from exc
+    summary = _read_json(summary_path)
     models = summary.get("models") if isinstance(summary, dict) else None
     if not models:
         raise ExportError(f"{summary_path} lists no trained models (no \"models\" entry): the run predates "

@@ -142,17 +142,17 @@ def run_one(values: dict[str, Any], reuse: bool) -> dict[str, Any]:
     return result
 
 
-def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[dict[str, Any]]:
-    """Every run's configuration, validated before the first one trains: a value one run cannot take (say a β
-    the privacy floor refuses) is reported at once, naming the run, not after an hour of the others."""
+def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[tuple[dict[str, Any], RunConfig]]:
+    """Every run's option values (a worker's job) and configuration, validated before the first one trains: a
+    value one run cannot take (say a β the privacy floor refuses) is reported at once, naming the run, not after
+    an hour of the others."""
     jobs = []
     for run in runs:
         values = {**_flat(cfg), **run.overrides, "seed": run.seed, "out": str(Path(cfg.out) / run.folder)}
         try:
-            _load(values)
+            jobs.append((values, _load(values)))
         except ConfigError as exc:
             raise ConfigError(f"benchmark run '{run.label}' (seed {run.seed}): {exc}") from exc
-        jobs.append(values)
     return jobs
 
 
@@ -429,13 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = run_configs(cfg, runs)
     results: list[dict[str, Any] | None] = [None] * len(runs)
     if args.reuse:
-        results = [finished(_load(values)) for values in jobs]
+        results = [finished(run_cfg) for _, run_cfg in jobs]
         if reused := sum(r is not None for r in results):
             print(f"reusing {reused} finished runs from {out}", file=sys.stderr, flush=True)
     todo = [i for i, r in enumerate(results) if r is None]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, jobs[i], False): i for i in todo}
+        futures = {pool.submit(run_one, jobs[i][0], False): i for i in todo}
         for done, future in enumerate(as_completed(futures), start=1):
             i = futures[future]
             results[i] = r = future.result()
