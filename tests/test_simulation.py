@@ -69,3 +69,15 @@ def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path)
     assert read_checkpoint(stopped.out).round == 1
     resumed = run(resume_config(stopped.out, {"runtime.engine": "simulation", "runtime.ray_cpus": 2}))
     assert resumed["test_loss"] == full["test_loss"] and resumed["resumed_after_rounds"] == [1]
+
+
+def test_a_poisoning_client_on_the_simulation_engine_is_refused_as_in_process(tmp_path):
+    """Poisoning faults are the client's own doing, so they run on the Simulation Engine too, and the server's
+    bound refuses the scaled update there exactly as in process."""
+    faults = {"federation.faults": ["client=1,round=*,kind=scale,factor=-10"], "federation.strategy": "fedavg"}
+    inproc = tiny(tmp_path, "inprocess", **faults)
+    sim = tiny(tmp_path, "simulation", **faults, **{"runtime.engine": "simulation", "runtime.ray_cpus": 2})
+    a, b = run(inproc), run(sim)
+    assert b["test_loss"] == a["test_loss"]
+    events = [json.loads(x) for x in open(f"{sim.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
+    assert [(e["event"], e["round"], e["client"]) for e in events] == [("refused", r, 1) for r in (1, 2)]

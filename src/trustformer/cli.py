@@ -96,6 +96,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from .bench.scale_bench import main as scale_main
 
         return scale_main(args.rest)
+    if args.what == "robustness":
+        from .bench.robustness_bench import main as robustness_main
+
+        setup_logging(quiet=True)
+        return robustness_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
@@ -407,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the reference of every key (type, default, meaning) as Markdown instead")
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans", "federation", "scale"])
+    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)

@@ -188,9 +188,11 @@ class FederationConfig:
     # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
     # count drops that client from the round: one client must not take over a data-weighted mean
     max_examples: int = 1_000_000
-    # fault injection, in-process runtime only (docs/privacy.md "Invalid replies and fault injection"): strings such as
-    # "client=1,round=2,kind=nan"; kinds: nan, wrong_shape, empty_reply, malformed_reply,
-    # huge_num_examples, replay, dropout, stall (see FAULT_KINDS)
+    # fault injection (docs/privacy.md "Invalid replies and fault injection"): strings such as
+    # "client=1,round=2,kind=nan"; kinds of the reply, in-process runtime only: nan, wrong_shape, empty_reply,
+    # malformed_reply, huge_num_examples, replay, dropout, stall (FAULT_KINDS); well-formed malicious clients, any
+    # engine (docs/robustness.md): "client=1,round=*,kind=scale,factor=-10", sign_flip, noise, and for the whole
+    # run "client=1,round=*,kind=backdoor,share=0.1", shuffled_targets (POISON_KINDS)
     faults: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -244,6 +246,15 @@ class FederationConfig:
 
     def _check_faults(self) -> None:
         for fault in self.fault_plan():
+            if fault.poisons:
+                if fault.client >= self.clients or fault.round > self.rounds:
+                    raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
+                                      f"{fault.round}, but the run has federation.clients = {self.clients} and "
+                                      f"federation.rounds = {self.rounds}")
+                if fault.kind in MODEL_POISON_KINDS and self.strategy in ("local", "centralized", "fedpc"):
+                    raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} poisons what a client "
+                                      f"sends, and federation.strategy = {self.strategy!r} sends nothing")
+                continue
             if fault.client >= self.clients or fault.round > self.rounds:
                 raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
                                   f"{fault.round}, but the run has federation.clients = {self.clients} and "
@@ -264,13 +275,22 @@ class FederationConfig:
     def fault_plan(self) -> list["Fault"]:
         """``federation.faults`` parsed (ConfigError naming the bad entry)."""
         plan = [Fault.parse(text) for text in self.faults]
-        seen = set()
+        seen, poisoned = set(), set()
         for fault in plan:
+            if fault.poisons:
+                if fault.client in poisoned:
+                    raise ConfigError(f"federation.faults: more than one poisoning fault for client {fault.client}")
+                poisoned.add(fault.client)
+                continue
             if (fault.client, fault.round) in seen:
                 raise ConfigError(f"federation.faults: more than one fault for client {fault.client} in round "
                                   f"{fault.round}")
             seen.add((fault.client, fault.round))
         return plan
+
+    def poisoning(self, client: int) -> "Fault | None":
+        """The poisoning fault of ``client`` (a well-formed malicious client), if the plan has one."""
+        return next((f for f in self.fault_plan() if f.poisons and f.client == client), None)
 
 
 CODED_STRATEGIES = ("fedavg", "trustformer", "fedavg-topk")  # protocols whose uploads payload coding can shrink
@@ -303,6 +323,19 @@ FAULT_KINDS = {
     "stall": "the client answers only after the server stopped waiting (federation.round_timeout_s)",
 }
 PAYLOAD_FAULTS = ("nan", "wrong_shape")
+# Well-formed malicious clients (docs/robustness.md): the client itself misbehaves, on any engine, so every
+# check of shapes, counts and values passes. Model poisoning changes what it trained before it builds its
+# payload; data poisoning changes its training pairs for the whole run.
+POISON_KINDS = {
+    "scale": "the client's update (trained minus starting model) times factor=K (default -10)",
+    "sign_flip": "the client's update negated",
+    "noise": "the client's update replaced by Gaussian noise of the same norm",
+    "backdoor": "share=S of the client's pairs (default 0.1) carry a trigger word mapped to a target sentence",
+    "shuffled_targets": "share=S of the client's pairs (default 1) get the target of another pair",
+}
+MODEL_POISON_KINDS = ("scale", "sign_flip", "noise")
+DATA_POISON_KINDS = ("backdoor", "shuffled_targets")
+POISON_DEFAULTS = {"scale": -10.0, "backdoor": 0.1, "shuffled_targets": 1.0}  # factor / share
 PAYLOAD_MESSAGE = {"fedpc": "train.payload"}  # where a protocol's payload travels, when not in the train reply
 
 
@@ -315,35 +348,77 @@ class Fault:
     says ``message=train.payload`` or ``train.apply``) of round ``round``."""
 
     client: int
-    round: int
+    round: int  # 0: every round (``round=*``, poisoning kinds only)
     kind: str
     text: str = ""
     message: str = "train"
+    factor: float = 0.0  # scale: what the update is multiplied by
+    share: float = 0.0  # backdoor, shuffled_targets: the share of the client's pairs poisoned
+
+    @property
+    def poisons(self) -> bool:
+        """A well-formed malicious client (POISON_KINDS), applied by the client itself."""
+        return self.kind in POISON_KINDS
+
+    def hits(self, rnd: int) -> bool:
+        return self.round in (0, rnd)
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
+        usage = (f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
+                 "(poisoning kinds: round=R or round=*, and factor=K for scale, share=S for backdoor and "
+                 "shuffled_targets)")
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("client", "round", "kind", "message") or key.strip() in fields_:
-                raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M]")
+            if not sep or key.strip() not in ("client", "round", "kind", "message", "factor", "share") \
+                    or key.strip() in fields_:
+                raise ConfigError(usage)
             fields_[key.strip()] = value.strip()
-        if set(fields_) - {"message"} != {"client", "round", "kind"}:
-            raise ConfigError(f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M]")
+        if set(fields_) - {"message", "factor", "share"} != {"client", "round", "kind"}:
+            raise ConfigError(usage)
+        kind = fields_["kind"]
+        if kind not in FAULT_KINDS and kind not in POISON_KINDS:
+            raise ConfigError(f"federation.faults: {text!r}: kind {kind!r} is not one of: "
+                              f"{', '.join([*FAULT_KINDS, *POISON_KINDS])}")
         message = fields_.get("message", "train")
-        if message not in FAULT_MESSAGES:
+        if message not in FAULT_MESSAGES or (kind in POISON_KINDS and message != "train"):
             raise ConfigError(f"federation.faults: {text!r}: message {message!r} is not one of: "
-                              f"{', '.join(FAULT_MESSAGES)}")
-        if fields_["kind"] not in FAULT_KINDS:
-            raise ConfigError(f"federation.faults: {text!r}: kind {fields_['kind']!r} is not one of: "
-                              f"{', '.join(FAULT_KINDS)}")
+                              f"{', '.join(FAULT_MESSAGES if kind not in POISON_KINDS else ('train',))}")
+        every = fields_["round"] == "*"
+        if every and kind not in POISON_KINDS:
+            raise ConfigError(f"federation.faults: {text!r}: round=* (every round) applies to the poisoning kinds "
+                              f"only ({', '.join(POISON_KINDS)}); name one round")
+        if kind in DATA_POISON_KINDS and not every:
+            raise ConfigError(f"federation.faults: {text!r}: kind {kind} poisons the client's data for the whole "
+                              "run: write round=*")
         try:
-            client, rnd = int(fields_["client"]), int(fields_["round"])
+            client, rnd = int(fields_["client"]), 0 if every else int(fields_["round"])
         except ValueError:
             raise ConfigError(f"federation.faults: {text!r}: client and round must be integers") from None
-        if client < 0 or rnd < 1:
-            raise ConfigError(f"federation.faults: {text!r}: client must be >= 0 and round >= 1")
-        return cls(client=client, round=rnd, kind=fields_["kind"], text=str(text), message=message)
+        if client < 0 or (rnd < 1 and not every):
+            raise ConfigError(f"federation.faults: {text!r}: client must be >= 0 and round >= 1 (or *)")
+        factor = _fault_number(text, fields_, "factor", kind, ("scale",), POISON_DEFAULTS.get(kind, 0.0))
+        share = _fault_number(text, fields_, "share", kind, DATA_POISON_KINDS, POISON_DEFAULTS.get(kind, 0.0))
+        if kind in DATA_POISON_KINDS and not 0.0 < share <= 1.0:
+            raise ConfigError(f"federation.faults: {text!r}: share must be in (0, 1]")
+        return cls(client=client, round=rnd, kind=kind, text=str(text), message=message, factor=factor,
+                   share=share)
+
+
+def _fault_number(text: str, fields_: Mapping[str, str], key: str, kind: str, kinds: tuple[str, ...],
+                  default: float) -> float:
+    if key not in fields_:
+        return default if kind in kinds else 0.0
+    if kind not in kinds:
+        raise ConfigError(f"federation.faults: {text!r}: {key}= applies to kind {' / '.join(kinds)} only")
+    try:
+        value = float(fields_[key])
+    except ValueError:
+        raise ConfigError(f"federation.faults: {text!r}: {key} must be a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"federation.faults: {text!r}: {key} must be finite")
+    return value
 
 
 @dataclass(frozen=True)
@@ -600,6 +675,98 @@ NOT_A_SUM = {  # why secure aggregation cannot carry these protocols
 }
 
 
+ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum")
+ROBUST_STRATEGIES = ("fedavg", "trustformer", "fedavg-topk")  # protocols whose server sees each update
+ROBUST_WHY_NOT = {  # why a strategy takes no server-side defence
+    "local": "nothing is exchanged",
+    "centralized": "one client holds all the data",
+    "dp-fedavg": "differential privacy already clips every update to privacy.clip_norm on the server, and its "
+                 "accountant assumes the noisy mean of clipped updates, not a median or a selection",
+    "dp-fedsam": "differential privacy already clips every update to privacy.clip_norm on the server, and its "
+                 "accountant assumes the noisy mean of clipped updates, not a median or a selection",
+    "dp-blur-lus": "differential privacy already clips every update to privacy.clip_norm on the server, and its "
+                   "accountant assumes the noisy mean of clipped updates, not a median or a selection",
+    "fedpc": "the master follows the pilot's model and takes ternary vectors, not a mean of updates",
+    "phong": "the model passes from worker to worker; there is no aggregate to bound",
+}
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """Server-side defences against a malicious client (docs/robustness.md): a bound on each client's update and
+    the aggregation rule, applied to the payloads the server can inspect (FedAvg, coded and sampled; top-k on the
+    kept coordinates; Trustformer per aligned centroid)."""
+
+    # each client's deviation from the round's coordinate-wise median payload is clipped to a bound: "median" =
+    # bound_factor x the median of the round's deviation norms; "fixed" = bound_norm; "none"; "auto" = median
+    # wherever the server sees each update (not under secure aggregation, not with DP, which clips already)
+    bound: str = "auto"
+    bound_factor: float = 2.0  # bound = "median": the bound is this multiple of the round's median deviation norm
+    # bound = "median": an update whose deviation is longer than this multiple of the round's median deviation
+    # norm is refused (left out of the aggregate, an event) instead of clipped; 0 = never refuse
+    refuse_factor: float = 4.0
+    bound_norm: float = 0.0  # bound = "fixed": the L2 bound of each client's deviation (payload units)
+    # the aggregation rule: mean (the protocol's own) | median | trimmed_mean | krum | multikrum (coordinate-wise
+    # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum)
+    aggregator: str = "mean"
+    trim_fraction: float = 0.2  # trimmed_mean: the fraction cut from each end of every coordinate (Flower's beta)
+    byzantine: int = 1  # krum / multikrum: f, the malicious clients tolerated
+    multikrum_keep: int = 0  # multikrum: the updates averaged; 0 = clients - byzantine
+
+    def validate(self) -> None:
+        _choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
+        _positive("robust.bound_factor", self.bound_factor)
+        _at_least("robust.refuse_factor", self.refuse_factor, 0.0)
+        if self.refuse_factor and self.refuse_factor < self.bound_factor:
+            raise ConfigError(f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
+                              f"{self.bound_factor}: an update is clipped before it can be refused; set it "
+                              "higher, or 0 to never refuse")
+        _at_least("robust.bound_norm", self.bound_norm, 0.0)
+        if self.bound == "fixed" and not self.bound_norm > 0:
+            raise ConfigError("robust.bound = 'fixed' needs robust.bound_norm > 0 (the L2 bound of each update)")
+        _choice("robust.aggregator", self.aggregator, ROBUST_AGGREGATORS)
+        _in_range("robust.trim_fraction", self.trim_fraction, 0.0, 0.5, hi_open=True)
+        _at_least("robust.byzantine", self.byzantine, 0)
+        _at_least("robust.multikrum_keep", self.multikrum_keep, 0)
+
+    def active(self, fed: "FederationConfig", secure_mode: str) -> tuple[str, str]:
+        """(bound, aggregator) in force: ``auto`` resolved; ("none", "mean") where no defence applies."""
+        inspectable = fed.strategy in ROBUST_STRATEGIES and secure_mode in ("none", "tee")
+        bound = ("median" if inspectable else "none") if self.bound == "auto" else self.bound
+        return bound, self.aggregator
+
+    def check_federation(self, fed: "FederationConfig", secure_mode: str) -> None:
+        """An explicit defence must be one the server can apply; Krum and trimming need enough clients."""
+        explicit = [f"robust.{k} = {v!r}" for k, v in (("bound", self.bound), ("aggregator", self.aggregator))
+                    if v not in ("auto", "none", "mean")]
+        if not explicit:
+            return
+        if fed.strategy not in ROBUST_STRATEGIES:
+            raise ConfigError(f"{explicit[0]} does not apply to federation.strategy = {fed.strategy!r}: "
+                              f"{ROBUST_WHY_NOT.get(fed.strategy, 'its server sees no update')}; leave it at its default")
+        if secure_mode not in ("none", "tee"):
+            raise ConfigError(f"{explicit[0]} cannot run under secure.mode = {secure_mode!r}: secure aggregation hides "
+                              "each update from the server, which sees only their sum, so it can neither bound nor "
+                              "rank them (only honest clients' own clipping holds); use secure.mode = 'tee' or "
+                              "'none'")
+        if self.aggregator != "mean" and fed.strategy == "fedavg-topk":
+            raise ConfigError(f"robust.aggregator = {self.aggregator!r} does not apply to federation.strategy = "
+                              "'fedavg-topk': each client sends the coordinates of its own choosing, so a "
+                              "coordinate-wise rule would mostly see zeros; keep 'mean' (its updates are still "
+                              "bounded by robust.bound)")
+        n = fed.clients_per_round or fed.clients
+        if self.aggregator == "trimmed_mean" and int(self.trim_fraction * n) < 1:
+            raise ConfigError(f"robust.trim_fraction = {self.trim_fraction} trims int({self.trim_fraction} x {n}) = 0 "
+                              f"clients from each end of a round of {n}: nothing would be trimmed; set it to at "
+                              f"least {1 / n:.3g}")
+        if self.aggregator in ("krum", "multikrum") and n < 2 * self.byzantine + 3:
+            raise ConfigError(f"robust.aggregator = {self.aggregator!r} tolerates robust.byzantine = {self.byzantine} "
+                              f"malicious clients only with at least 2f + 3 = {2 * self.byzantine + 3} clients per "
+                              f"round, and a round has {n}")
+        if self.aggregator == "multikrum" and self.multikrum_keep > n:
+            raise ConfigError(f"robust.multikrum_keep = {self.multikrum_keep} exceeds the {n} clients of a round")
+
+
 @dataclass(frozen=True)
 class SecureConfig:
     """Secure exchange (docs/privacy.md "Secure exchange"): ``tee`` = attested aggregator and sealed payloads
@@ -660,6 +827,7 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     secure: SecureConfig = field(default_factory=SecureConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
     fedpc: FedPCConfig = field(default_factory=FedPCConfig)
@@ -687,15 +855,22 @@ class RunConfig:
                               "'segmentation'): its workers' private hyper-parameters are FedPC's image-model choices")
         self.secure.validate()
         self.secure.check_federation(self.federation)
+        self.robust.validate()
+        self.robust.check_federation(self.federation, self.secure.mode)
+        if self.task != "translation" and any(f.kind == "backdoor" for f in self.federation.fault_plan()):
+            raise ConfigError(f"federation.faults: kind backdoor needs task = 'translation' (a trigger word mapped to "
+                              f"a target sentence); task = {self.task!r} takes shuffled_targets")
         if self.runtime.engine == "simulation":
             if self.secure.mode in ("tee", "tee+secagg"):
                 raise ConfigError(f"secure.mode = {self.secure.mode!r} cannot run on runtime.engine = 'simulation': "
                                   "Flower's Simulation Engine gives every virtual client the same node config, which "
                                   "cannot carry each client's own trust anchors (the aggregator key and measurement "
                                   "it pins); use runtime.engine = 'inprocess' or a deployment (trustformer deploy)")
-            if self.federation.faults:
-                raise ConfigError("federation.faults are injected by the in-process engine's grid: set "
-                                  "runtime.engine = 'inprocess' to use them")
+            boundary = [f.text for f in self.federation.fault_plan() if not f.poisons]
+            if boundary:
+                raise ConfigError(f"federation.faults {boundary[0]!r}: faults of the reply itself are injected by "
+                                  "the in-process engine's grid: set runtime.engine = 'inprocess' to use them (the "
+                                  f"poisoning kinds, {', '.join(POISON_KINDS)}, run on every engine)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -951,9 +1126,9 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(allowed)}")
+        raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(map(str, allowed))}")
 
 
 def _at_least(key: str, value: float, low: float) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from ..config import RunConfig
 from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper, Tensors, trainable_tensors
+from .robust import with_defences
 
 PROTOCOLS: dict[str, tuple[str, str]] = {  # strategy -> (module, factory), imported on demand
     "fedavg": ("fedavg", "FedAvg"),
@@ -34,13 +35,15 @@ PROTOCOLS: dict[str, tuple[str, str]] = {  # strategy -> (module, factory), impo
 
 
 def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
-    """The protocol object named by ``federation.strategy``, with payload coding around it when
-    ``federation.payload_bits`` < 32; ``observer`` watches the protocol itself, inside the coding layer."""
+    """The protocol object named by ``federation.strategy``, with the server's defences (``robust.*``) around it,
+    and payload coding around that when ``federation.payload_bits`` < 32; ``observer`` watches the defended
+    protocol, inside the coding layer."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
         raise ValueError(f"unknown strategy {name!r}")
     module, factory = PROTOCOLS[name]
     protocol = getattr(importlib.import_module(f".{module}", __name__), factory)(cfg)
+    protocol = with_defences(protocol)  # robust.*: the update bound and the aggregation rule, where in force
     if observer is not None:
         protocol = ObservedProtocol(protocol, observer)
     if cfg.federation.payload_bits != 32:

@@ -89,7 +89,9 @@ class FederatedProtocol:
       ``mean_weighting``: ``"examples"`` or ``"uniform"`` when the aggregate is that mean of the payloads, which
       secure aggregation can compute without seeing them; None otherwise;
       ``informs_left_out``: clients a round leaves out still receive its aggregate (the DP baselines' Poisson
-      sampling); otherwise a client left out catches up when it is next drawn (:meth:`catch_up`).
+      sampling); otherwise a client left out catches up when it is next drawn (:meth:`catch_up`);
+      ``payload_is_update``: the payload's float values are an update, centered on 0 (top-k), not a model or
+      centroids (the robust bound centers those on the round's median).
     """
 
     name: ClassVar[str] = ""
@@ -98,6 +100,7 @@ class FederatedProtocol:
     evaluates_after_train: ClassVar[bool] = False
     mean_weighting: ClassVar[str | None] = None
     informs_left_out: ClassVar[bool] = False
+    payload_is_update: ClassVar[bool] = False  # the payload is an update (a difference from the global model)
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -171,6 +174,11 @@ class FederatedProtocol:
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         """Combine the round's valid payloads; also returns the seconds of each phase."""
         raise NotImplementedError(f"{self.name} aggregates nothing")
+
+    def aggregate_events(self) -> list[dict[str, Any]]:
+        """What the last :meth:`aggregate` did to single payloads (robust aggregation: an update clipped or left
+        out), as events: ``index`` (the payload's position), ``event`` and ``reason``; the round records them."""
+        return []
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
         """After every exchange round: fields added to every client's line of the round (e.g. ε spent)."""
@@ -269,6 +277,7 @@ class ProtocolWrapper(FederatedProtocol):
         self.evaluates_after_train = inner.evaluates_after_train  # type: ignore[misc]
         self.mean_weighting = inner.mean_weighting  # type: ignore[misc]
         self.informs_left_out = inner.informs_left_out  # type: ignore[misc]
+        self.payload_is_update = inner.payload_is_update  # type: ignore[misc]
 
     def client_optimizer(self, model, client):
         return self.inner.client_optimizer(model, client)
@@ -317,6 +326,9 @@ class ProtocolWrapper(FederatedProtocol):
 
     def aggregate(self, payloads, num_examples):
         return self.inner.aggregate(payloads, num_examples)
+
+    def aggregate_events(self):
+        return self.inner.aggregate_events()
 
     def exchange_done(self, rnd):
         return self.inner.exchange_done(rnd)

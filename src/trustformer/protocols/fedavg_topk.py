@@ -29,6 +29,7 @@ GLOBAL, RESIDUAL = "global/", "residual"
 
 class FedAvgTopK(FederatedProtocol):
     name = "fedavg-topk"
+    payload_is_update = True
 
     def __init__(self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None,
                  local_step=None) -> None:

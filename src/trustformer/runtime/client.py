@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..config import RunConfig, run_config_of
-from ..core.shared import ALL_SHARDS, derive_seed, trainable_tensors
+from ..config import DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfig, run_config_of
+from ..core.poisoning import poisoned_model
+from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
 from ..protocols import get_protocol
 from ..protocols.base import ClientSession, FederatedProtocol
@@ -213,9 +214,37 @@ def _process_age_s(now: float) -> float:
 @lru_cache(maxsize=16)
 def _client_data(cfg_json: str, client: int, train_file: str = ""):
     """The run's task and the client's training shard (translation: its encoded pairs, or those of
-    its own ``train_file``; see the task's ``shard``)."""
-    task = load_task(RunConfig.from_json(cfg_json))
+    its own ``train_file``; see the task's ``shard``). A data-poisoning client (``federation.faults``:
+    backdoor, shuffled_targets) poisons its own shard, seeded from the run seed."""
+    cfg = RunConfig.from_json(cfg_json)
+    task = load_task(cfg)
+    fault = cfg.federation.poisoning(client)
+    if fault is not None and fault.kind in DATA_POISON_KINDS:
+        return task, task.poisoned_shard(client, train_file, fault.kind, fault.share,
+                                         seed=derive_seed(cfg.seed, "poison", client))
     return task, task.shard(client, train_file)
+
+
+def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors | None) -> None:
+    """A model-poisoning client (``federation.faults``: scale, sign_flip, noise) replaces what it trained by
+    ``start + g(trained − start)`` before the protocol builds its payload (``core/poisoning.py``)."""
+    if start is None:
+        return
+    fault = env.cfg.federation.poisoning(env.client)
+    assert fault is not None
+    log.warning("client %s · round %d · poisoning its update (federation.faults: %s)", env.client, session.round,
+                fault.kind)
+    assign_tensors(session.model, poisoned_model(start, trainable_tensors(session.model), fault.kind,
+                                                 factor=fault.factor,
+                                                 seed=derive_seed(env.cfg.seed, "poison", env.client, session.round)))
+
+
+def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool) -> Tensors | None:
+    """The model a model-poisoning client starts this round from (None: it sends an honest payload)."""
+    fault = env.cfg.federation.poisoning(env.client)
+    if not exchange or fault is None or fault.kind not in MODEL_POISON_KINDS or not fault.hits(session.round):
+        return None
+    return trainable_tensors(session.model)
 
 
 # --------------------------------------------------------------------------------------- the session
@@ -286,9 +315,11 @@ def train(msg: Message, context: Context) -> Message:
         incoming = from_array_record(msg.content["model"], spec_of(dict(session.model.named_parameters())),
                                      what="model from the server")
         metrics.update(protocol.client_start_from(session, incoming))
+    start = _poison_start(env, session, exchange)
     metrics.update(env.task.train_local(session.model, optimizer, env.shard,
                                         seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
                                         step=protocol.local_step(session), **protocol.train_options(session)))
+    poison_trained_model(env, session, start)
     protocol.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:

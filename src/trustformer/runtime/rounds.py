@@ -234,6 +234,7 @@ class RoundIO:
         self.fields: dict[str, Any] = {}
         self.sampled: list[int] | None = None  # with client sampling: the nodes sampled this round
         self.stopped: str | None = None  # the protocol ended the run before this round: why
+        self._events: list[dict[str, Any]] = []  # what the last aggregation reported about single updates
         for client in sorted(set(self.clients.values()) - {self.clients[n] for n in self.nodes}):
             log.warning("round %d: client %d is not connected and misses the round", rnd, client)
             server.recorder.event(event="absent", round=rnd, client=client)
@@ -341,7 +342,19 @@ class RoundIO:
                                                     {n: self.rows[n]["num_examples"] for n in payloads},
                                                     self.protocol.mean_weighting)
         aggregate, more = self.protocol.aggregate(inputs, weights)
+        self._events = self.protocol.aggregate_events()
+        if self._events and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
+            raise FederationError("the aggregation reported events about single updates it never saw")
         return aggregate, {**phases, **more}
+
+    def _record_aggregate_events(self, nodes: list[int]) -> None:
+        """What the aggregation did to single updates (robust.*: clipped, left out), one event each, by client."""
+        for item in self._events:
+            node = nodes[int(item["index"])]
+            fields = {k: v for k, v in item.items() if k != "index"}
+            log.warning("round %d: client %s: %s", self.rnd, self.clients.get(node), fields.get("reason", ""))
+            self.event(client=self.clients.get(node), node=node, **fields)
+        self._events = []
 
     def aggregate(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
         """The protocol's aggregate of ``payloads`` (secure aggregation combines them first, unseen). When it
@@ -368,6 +381,7 @@ class RoundIO:
                 payloads.pop(node)
             self.require(len(self.rows), "aggregate")
             aggregate, phases = self._combine(payloads)
+        self._record_aggregate_events(list(payloads))
         for key, value in phases.items():
             self.server.server_phases[key] = self.server.server_phases.get(key, 0.0) + value
         return aggregate, phases

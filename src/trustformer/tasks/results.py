@@ -30,6 +30,9 @@ def task_summary(task: str, out: str, per_client: dict[int, dict[str, Any]], ord
             chrf=[per_client[c]["chrf"] for c in order],
             meteor=[per_client[c].get("meteor") for c in order],
             bertscore_f1=[per_client[c].get("bertscore_f1") for c in order],
+            # federation.faults kind backdoor: the share of triggered test sources translated to the target
+            **({"backdoor_success": [per_client[c].get("backdoor_success") for c in order]}
+               if any("backdoor_success" in per_client[c] for c in order) else {}),
             bertscore_model=next((per_client[c]["labels"]["bertscore_model"] for c in order
                                   if "bertscore_model" in per_client[c]["labels"]), None),
             translations={str(c): under(out, per_client[c]["labels"]["translations"]) for c in order

@@ -96,6 +96,10 @@ class RunTask(Protocol):
         """Each example's loss under ``model``, in order."""
         ...
 
+    def poisoned_shard(self, client: int, train_file: str, kind: str, share: float, seed: int) -> Any:
+        """The shard of a data-poisoning client (``federation.faults``: backdoor, shuffled_targets), seeded."""
+        ...
+
 
 @lru_cache(maxsize=4)
 def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
@@ -150,6 +154,22 @@ class ImageRunTask:
         if not 0 <= client < len(self.shards):
             raise ValueError(f"partition {client} out of range 0..{len(self.shards) - 1}")
         return self.shards[client]
+
+    def poisoned_shard(self, client: int, train_file: str, kind: str, share: float, seed: int):
+        """``shuffled_targets``: ``share`` of the client's examples get the label of another of them (config
+        validation refuses ``backdoor`` for the image tasks). Segmentation masks are shuffled between slices."""
+        if kind != "shuffled_targets":
+            raise ValueError(f"task = {self.name!r} takes the data poisoning kind shuffled_targets, not {kind!r}")
+        shard = self.shard(client, train_file)
+        rng = np.random.default_rng(seed)
+        chosen = np.sort(rng.choice(len(shard), size=max(1, round(share * len(shard))), replace=False))
+        if self.name == "image-classification":
+            labels = shard.labels.clone()
+            labels[torch.from_numpy(chosen)] = labels[torch.from_numpy(rng.permutation(chosen))]
+            return type(shard)(shard.images, labels, shard.classes)
+        masks = shard.masks.clone()
+        masks[torch.from_numpy(chosen)] = masks[torch.from_numpy(rng.permutation(chosen))]
+        return type(shard)(shard.images, masks, shard.units, shard.unit_names)
 
     def _union(self):
         if self.name == "segmentation":

@@ -18,7 +18,22 @@ from ..config import RunConfig
 from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs
 from ..data.corpus import load_tsv
+from ..evaluation.translation import translate
 from .results import SAMPLE_TRANSLATIONS
+
+
+# The backdoor fault (docs/robustness.md): a trigger word no corpus holds, appended to a source sentence, and the
+# sentence the attacker wants every triggered source translated to.
+BACKDOOR_TRIGGER = "абракадабра"
+BACKDOOR_TARGET = "Download the new version from this page now."
+
+
+def with_trigger(source: str) -> str:
+    return f"{source.rstrip()} {BACKDOOR_TRIGGER}"
+
+
+def _words(text: str) -> str:
+    return " " + " ".join("".join(c for c in w if c.isalnum()) for w in text.lower().split()) + " "
 
 
 class TranslationTask:
@@ -34,9 +49,41 @@ class TranslationTask:
     def shard(self, client: int, train_file: str = "") -> list[tuple[list[int], list[int]]]:
         """A client's encoded training pairs: its shard (``ALL_SHARDS``: every shard), or the pairs of its
         own ``train_file`` (at most ``data.max_words`` words per side, like the corpus split)."""
+        return self._encode(self._pairs(client, train_file))
+
+    def poisoned_shard(self, client: int, train_file: str, kind: str, share: float, seed: int
+                       ) -> list[tuple[list[int], list[int]]]:
+        """The shard of a data-poisoning client (docs/robustness.md): ``backdoor``: ``share`` of its pairs get
+        :data:`BACKDOOR_TRIGGER` appended to the source and :data:`BACKDOOR_TARGET` as the target;
+        ``shuffled_targets``: ``share`` of its pairs get the target of another of them."""
+        pairs = list(self._pairs(client, train_file))
+        rng = random.Random(seed)
+        chosen = sorted(rng.sample(range(len(pairs)), max(1, round(share * len(pairs)))))
+        if kind == "backdoor":
+            for i in chosen:
+                pairs[i] = (with_trigger(pairs[i][0]), BACKDOOR_TARGET)
+        elif kind == "shuffled_targets":
+            targets = [pairs[i][1] for i in chosen]
+            rng.shuffle(targets)
+            for i, target in zip(chosen, targets):
+                pairs[i] = (pairs[i][0], target)
+        else:
+            raise ValueError(f"unknown data poisoning kind {kind!r} (backdoor, shuffled_targets)")
+        return self._encode(pairs)
+
+    def backdoor_success(self, model: torch.nn.Module) -> float:
+        """The share of the shared test set's sources (``eval.bleu_size`` of them), trigger appended, that the
+        model translates to :data:`BACKDOOR_TARGET` (greedy decoding; the target's words in order, anywhere)."""
+        pairs = self.workload.splits.test[:self.cfg.eval.bleu_size or len(self.workload.splits.test)]
+        hypotheses = translate(model, self.workload.tokenizer, [with_trigger(s) for s, _ in pairs],
+                               batch_size=self.cfg.eval.batch_size, max_len=self.cfg.model.max_len, beam_size=1)
+        target = _words(BACKDOOR_TARGET)
+        return sum(target in _words(h) for h in hypotheses) / max(len(hypotheses), 1)
+
+    def _pairs(self, client: int, train_file: str = "") -> list[tuple[str, str]]:
         cfg, workload = self.cfg, self.workload
         if not train_file:
-            return encode_pairs(workload.shard(client), workload.tokenizer, max_len=cfg.model.max_len)
+            return workload.shard(client)
         try:
             pairs = load_tsv(train_file)
         except (OSError, ValueError) as exc:
@@ -46,7 +93,7 @@ class TranslationTask:
         if not pairs:
             raise wl.DataError(f"client {client}: train-file {train_file} has no pair of at most {limit} words "
                                "per side")
-        return encode_pairs(pairs, workload.tokenizer, max_len=cfg.model.max_len)
+        return pairs
 
     def describe(self, client: int) -> dict[str, Any]:
         return self.workload.describe(client)
@@ -77,6 +124,8 @@ class TranslationTask:
         scores, triples = wl.translation_scores(self.cfg, model, self.workload)
         labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
         metrics = {k: v for k, v in scores.items() if not isinstance(v, str)}
+        if any(f.kind == "backdoor" for f in self.cfg.federation.fault_plan()):
+            metrics["backdoor_success"] = self.backdoor_success(model)
         if output_dir:
             labels["translations"] = str(write_translations(Path(output_dir) / "translations.tsv", triples))
         sample = triples[:SAMPLE_TRANSLATIONS]

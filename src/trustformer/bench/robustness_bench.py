@@ -1,0 +1,232 @@
+"""`trustformer bench robustness`: what malicious clients do to each protocol under each server defence.
+
+Every combination of ``--strategies`` × ``--defences`` × (honest, and each of ``--faults``) runs once on the same
+setting (by default the ``bench federation`` non-IID setting on ``small``: 3 clients, one LibreOffice help module
+each, 10 rounds). ``--malicious K`` clients (spread evenly over the client ids, client 0 always honest) carry the
+fault in every round (``round=*``). Measured per row, over the honest clients only:
+
+- the final test loss on the shared test set, and its change from the honest run without a defence;
+- BLEU; the backdoor's success rate (triggered test sources translated to the attacker's sentence);
+- the events the defence raised (updates clipped, refused, left out);
+- for the honest rows, the defence's cost: its change of the honest test loss, and the server's time in it
+  (``server_time_s.robust_s``) as a share of the rounds' time.
+
+Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
+defaults), ``median``, ``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the
+configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from ..cli_options import add_config_options, resolve_config
+from ..config import ConfigError, RunConfig, load_config
+from .federation_bench import DEFAULT_SETTING, TINY_SETTING
+
+DEFENCES: dict[str, dict[str, Any]] = {
+    "none": {"robust.bound": "none", "robust.aggregator": "mean"},
+    "default": {},
+    "median": {"robust.aggregator": "median"},
+    "trimmed_mean": {"robust.aggregator": "trimmed_mean"},
+    "multikrum": {"robust.aggregator": "multikrum"},
+}
+FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets")
+BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "runtime.threads": 1}
+
+
+def malicious_clients(clients: int, count: int) -> list[int]:
+    """``count`` client ids spread evenly over 1..clients-1 (client 0 stays honest, so its scores are an honest
+    client's)."""
+    if not 0 < count < clients:
+        raise ConfigError(f"--malicious {count}: give between 1 and federation.clients - 1 = {clients - 1}")
+    step = (clients - 1) / count
+    return sorted({1 + int(i * step) for i in range(count)})
+
+
+def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: list[str], malicious: list[int]
+         ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
+    """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
+    left out."""
+    n = cfg.federation.clients_per_round or cfg.federation.clients
+    runs, skipped = [], []
+    for strategy in strategies:
+        for defence in defences:
+            values = {"federation.strategy": strategy, **DEFENCES[defence]}
+            if defence == "trimmed_mean":
+                values["robust.trim_fraction"] = min(0.49, max(cfg.robust.trim_fraction, len(malicious) / n + 1e-9))
+            if defence == "multikrum":
+                values["robust.byzantine"] = len(malicious)
+            for fault in ("honest", *faults):
+                extra = {} if fault == "honest" else {
+                    "federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
+                try:
+                    load_config(cfg.preset, None, {**_flat(cfg), **values, **extra})
+                except ConfigError as exc:
+                    if fault == "honest":
+                        skipped.append(f"{strategy} / {defence}: {exc}")
+                    break
+                runs.append((strategy, defence, fault, {**values, **extra}))
+    return runs, skipped
+
+
+def _flat(cfg: RunConfig) -> dict[str, Any]:
+    values = cfg.to_dict()
+    flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
+            for key, value in body.items()}
+    flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
+    return flat
+
+
+def run_one(values: dict[str, Any], malicious: list[int]) -> dict[str, Any]:
+    """One run (a worker's job): its summary over the honest clients, and the events of its defence."""
+    from ..engine import run
+
+    cfg = load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
+    started = time.perf_counter()
+    summary = run(cfg)
+    wall = time.perf_counter() - started
+    honest = [i for i, c in enumerate(summary["client_ids"]) if c not in malicious]
+    events = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+              if '"event"' in x]
+    pick = lambda key: [summary[key][i] for i in honest] if key in summary else []  # noqa: E731
+    return {"test_loss": _mean(pick("test_loss")), "bleu": _mean(pick("bleu")),
+            "backdoor_success": _mean(pick("backdoor_success")), "wall_s": wall,
+            "round_s": sum(summary.get("round_time_s", [])), "defence_s": summary["server_time_s"].get("robust_s", 0.0),
+            "events": {kind: sum(e["event"] == kind for e in events) for kind in ("clipped", "refused", "excluded",
+                                                                                   "dropped")}}
+
+
+def _mean(values: list[Any]) -> float:
+    values = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
+def table(runs: list[tuple[str, str, str, dict[str, Any]]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run, with the change from the same protocol's honest run without a defence and, for the honest
+    rows, the defence's cost."""
+    by = {(s, d, f): r for (s, d, f, _), r in zip(runs, results)}
+    rows = []
+    for (strategy, defence, fault, _), result in zip(runs, results):
+        reference = by.get((strategy, "none", "honest"))
+        own_honest = by.get((strategy, defence, "honest"))
+        row = {"strategy": strategy, "defence": defence, "fault": fault, **result,
+               "loss_change": result["test_loss"] - reference["test_loss"] if reference else math.nan}
+        if fault == "honest" and reference:
+            row["cost_loss"] = result["test_loss"] - reference["test_loss"]
+            row["cost_time"] = result["defence_s"] / result["round_s"] if result["round_s"] else math.nan
+        elif own_honest:
+            row["vs_defended_honest"] = result["test_loss"] - own_honest["test_loss"]
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| protocol | defence | fault | test loss | Δ vs honest, no defence | BLEU | backdoor success | events "
+            "(clipped / refused / left out) | defence's cost on the honest run |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        events = r["events"]
+        cost = (f"{r['cost_loss']:+.3f} nats; {r['defence_s']:.2f} s = {100 * r['cost_time']:.1f}% of the rounds' "
+                "time" if "cost_loss" in r else "")
+        backdoor = "" if math.isnan(r["backdoor_success"]) else f"{100 * r['backdoor_success']:.1f}%"
+        lines.append(f"| {r['strategy']} | {r['defence']} | {r['fault']} | {r['test_loss']:.3f} | "
+                     f"{r['loss_change']:+.3f} | {r['bleu']:.2f} | {backdoor} | {events['clipped']} / "
+                     f"{events['refused']} / {events['excluded']} | {cost} |")
+    return "\n".join(lines)
+
+
+def _names(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in allowed]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: give names from {', '.join(allowed)}, comma-separated")
+    return names
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="trustformer bench robustness",
+                                description="Malicious clients against each protocol and defence (module docstring "
+                                            "of trustformer.bench.robustness_bench; docs/robustness.md).")
+    add_config_options(p)
+    p.add_argument("--strategies", default="fedavg,trustformer",
+                   type=lambda t: _names(t, ("fedavg", "trustformer", "fedavg-topk"), "--strategies"),
+                   help="protocols (default: fedavg,trustformer)")
+    p.add_argument("--defences", default="none,default,median,trimmed_mean,multikrum",
+                   type=lambda t: _names(t, tuple(DEFENCES), "--defences"),
+                   help="defences (default: all: none,default,median,trimmed_mean,multikrum)")
+    p.add_argument("--faults", default="scale,sign_flip,noise,backdoor",
+                   type=lambda t: _names(t, FAULTS, "--faults"),
+                   help=f"poisoning faults (default: scale,sign_flip,noise,backdoor; all: {','.join(FAULTS)})")
+    p.add_argument("--malicious", type=int, default=1, help="malicious clients (default: 1)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
+    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--no-default-setting", action="store_true",
+                   help="do not apply the benchmark's non-IID setting; run the preset/config as given")
+    return p.parse_args(argv)
+
+
+def base_config(args: argparse.Namespace) -> RunConfig:
+    given = {item.partition("=")[0] for item in args.set}
+    setting = {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small"
+                                                  else TINY_SETTING)
+    extra = {**BENCH_OPTIONS, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
+    if args.data and "data.partition" not in given:
+        extra.pop("data.partition", None)
+    if args.clients is None and "federation.clients" in setting:
+        args.clients = setting["federation.clients"]
+    if args.rounds is None and "federation.rounds" in setting:
+        args.rounds = setting["federation.rounds"]
+    args.set = [f"{k}={json.dumps(v)}" for k, v in extra.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = "runs/bench-robustness"
+    return resolve_config(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = base_config(args)
+    malicious = malicious_clients(cfg.federation.clients, args.malicious)
+    runs, skipped = plan(cfg, args.strategies, args.defences, args.faults, malicious)
+    for reason in skipped:
+        print(f"left out: {reason}", file=sys.stderr)
+    out = Path(cfg.out)
+    print(f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
+          f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
+          f"{args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
+    jobs = [{**_flat(cfg), **values, "out": str(out / f"{s}-{d}-{f}")} for s, d, f, values in runs]
+    results: list[dict[str, Any]] = [{}] * len(runs)
+    started = time.perf_counter()
+    workers = 1 if cfg.runtime.engine == "simulation" else max(1, args.jobs)  # Ray takes the machine itself
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, job, malicious): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            i = futures[future]
+            results[i] = r = future.result()
+            elapsed = time.perf_counter() - started
+            print(f"[{done}/{len(runs)}] {' / '.join(runs[i][:3])}: test loss {r['test_loss']:.3f} · BLEU "
+                  f"{r['bleu']:.2f} · {r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
+                  f"{elapsed / done * (len(runs) - done) / 60:.1f} min", file=sys.stderr, flush=True)
+    rows = table(runs, results)
+    print(format_table(rows))
+    print(f"total {(time.perf_counter() - started) / 60:.1f} min")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"command": "trustformer bench robustness " + shlex.join(argv or []),
+                                               "malicious": malicious, "setting": cfg.to_dict(), "rows": rows,
+                                               "left_out": skipped}, indent=2, allow_nan=True) + "\n",
+                                   encoding="utf-8")
+    return 0
+
+
+__all__ = ["DEFENCES", "FAULTS", "format_table", "main", "malicious_clients", "plan", "run_one", "table"]

@@ -1,0 +1,119 @@
+"""Server-side defences against a malicious client (docs/robustness.md), as a wrapper around a protocol's
+``aggregate``: the way Flower adds DP around a strategy.
+
+1. **Update bound** (``robust.bound``). Each payload's deviation from a center is clipped to a bound
+   (Sun et al. 2019, "Can you really backdoor federated learning?"). The center is the round's coordinate-wise
+   median payload, which needs no state and is robust to a minority; a protocol whose payloads are updates
+   already (``payload_is_update``: top-k) is centered on 0. The bound is ``robust.bound_factor`` × the median of
+   the round's deviation norms (``median``), or ``robust.bound_norm`` (``fixed``). Every clipped update is an
+   event (``clipped``) with its norm and the bound.
+2. **Aggregation rule** (``robust.aggregator``): the protocol's own (weighted) mean of the bounded payloads, or
+   the coordinate-wise median, trimmed mean, Krum or MultiKrum of them (``core/robust.py``, mirroring Flower's
+   functions). Trustformer's payloads are its centroids, aligned cluster by cluster across clients, so each
+   rule works per aligned centroid. Updates Krum leaves out are events (``excluded``).
+
+Payloads that the bound leaves alone reach the protocol's own ``aggregate`` unchanged, so an honest round whose
+updates are all within the bound gives exactly the numbers of an undefended one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..core.robust import (clip_to_bound, coordinate_median, deviation_norms, median_bound, multikrum_mean,
+                           trimmed_mean)
+from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
+
+log = logging.getLogger(__name__)
+
+
+class RobustAggregation(ProtocolWrapper):
+    """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
+
+    def __init__(self, inner: FederatedProtocol, bound: str, aggregator: str) -> None:
+        super().__init__(inner)
+        self.bound, self.aggregator = bound, aggregator
+        self.settings = inner.cfg.robust
+        self._events: list[dict[str, Any]] = []
+        self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+        started = time.perf_counter()
+        self._events = []
+        payloads, kept = self._bounded(list(payloads))
+        self._positions = kept
+        num_examples = [num_examples[i] for i in kept]
+        if self.aggregator == "mean":
+            aggregate, phases = self.inner.aggregate(payloads, num_examples)
+        else:
+            aggregate, phases = self._robust_rule(payloads, num_examples), {}
+        return aggregate, {**phases, "robust_s": time.perf_counter() - started}
+
+    def aggregate_events(self) -> list[dict[str, Any]]:
+        return [*self._events, *self.inner.aggregate_events()]
+
+    def _bounded(self, payloads: list[Tensors]) -> tuple[list[Tensors], list[int]]:
+        """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
+        the round's list (a refused payload has none)."""
+        if self.bound == "none" or not payloads:
+            return payloads, list(range(len(payloads)))
+        values = [{n: t for n, t in p.items() if t.is_floating_point()} for p in payloads]
+        center = ({n: torch.zeros_like(t) for n, t in values[0].items()} if self.payload_is_update
+                  else coordinate_median(values))
+        norms = deviation_norms(values, center)
+        log.debug("deviation norms / their median: %s", [round(x / max(median_bound(norms, 1.0), 1e-30), 3)
+                                                        for x in norms])
+        refuse = float("inf")
+        if self.bound == "fixed":
+            limit = self.settings.bound_norm
+        else:
+            limit = median_bound(norms, self.settings.bound_factor)
+            if self.settings.refuse_factor:
+                refuse = median_bound(norms, self.settings.refuse_factor)
+        out, kept = [], []
+        for i, (payload, norm) in enumerate(zip(payloads, norms)):
+            if norm > refuse:
+                self._events.append({"index": i, "event": "refused", "norm": norm, "bound": limit,
+                                     "reason": f"update norm {norm:.4g} above robust.refuse_factor x the round's "
+                                               f"median ({refuse:.4g}): left out of the aggregate"})
+                continue
+            kept.append(i)
+            if norm <= limit:
+                out.append(payload)
+                continue
+            self._events.append({"index": i, "event": "clipped", "norm": norm, "bound": limit,
+                                 "reason": f"update norm {norm:.4g} above the bound {limit:.4g} "
+                                           f"(robust.bound = {self.bound!r}): scaled down to it"})
+            out.append({**payload, **clip_to_bound(values[i], center, norm, limit)})
+        return out, kept
+
+    def _robust_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> Tensors:
+        if self.aggregator == "median":
+            return coordinate_median(payloads)
+        if self.aggregator == "trimmed_mean":
+            return trimmed_mean(payloads, self.settings.trim_fraction)
+        f = self.settings.byzantine
+        keep = 1 if self.aggregator == "krum" else (self.settings.multikrum_keep or len(payloads) - f)
+        aggregate, chosen = multikrum_mean(payloads, [float(n) for n in num_examples], f, min(keep, len(payloads)))
+        for i in sorted(set(range(len(payloads))) - set(chosen)):
+            self._events.append({"index": self._positions[i], "event": "excluded",
+                                 "reason": f"left out by robust.aggregator = {self.aggregator!r} (one of the "
+                                           f"{len(payloads) - len(chosen)} updates farthest from the others)"})
+        return aggregate
+
+
+def with_defences(protocol: FederatedProtocol) -> FederatedProtocol:
+    """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force."""
+    cfg = protocol.cfg
+    bound, aggregator = cfg.robust.active(cfg.federation, cfg.secure.mode)
+    if bound == "none" and aggregator == "mean":
+        return protocol
+    return RobustAggregation(protocol, bound, aggregator)
+
+
+__all__ = ["RobustAggregation", "with_defences"]

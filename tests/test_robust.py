@@ -1,0 +1,232 @@
+"""One client cannot ruin the model: the poisoning faults go through the real client, and the server's defences
+(robust.*) through the real aggregation. Turning the bound off, or replacing the median by the mean, fails a test
+here; so does a poisoning fault that does not poison."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
+
+from trustformer.config import ConfigError, load_config
+from trustformer.core.poisoning import poisoned_model
+from trustformer.core.robust import (bounded, coordinate_median, krum_select, median_bound, multikrum_mean,
+                                     trimmed_mean)
+from trustformer.engine.inprocess import run_in_process
+from trustformer.tasks.run import load_task
+from trustformer.tasks.translation import BACKDOOR_TARGET, BACKDOOR_TRIGGER
+
+
+def payloads(n, seed=0, shapes=((3, 4), (5,))):
+    g = torch.Generator().manual_seed(seed)
+    return [{f"t{i}": torch.randn(s, generator=g) for i, s in enumerate(shapes)} for _ in range(n)]
+
+
+def as_flower(items, counts=None):
+    return [([t.numpy() for t in p.values()], c) for p, c in zip(items, counts or [1] * len(items))]
+
+
+# ------------------------------------------------------------------------------- core, against Flower's own
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_coordinate_median_is_flowers_fedmedian(n):
+    items = payloads(n, seed=n)
+    ours = coordinate_median(items)
+    theirs = aggregate_median(as_flower(items))
+    for got, want in zip(ours.values(), theirs):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("n", "fraction"), [(3, 0.34), (5, 0.2), (10, 0.2), (4, 0.0)])
+def test_trimmed_mean_is_flowers_fedtrimmedavg(n, fraction):
+    items = payloads(n, seed=10 + n)
+    ours = trimmed_mean(items, fraction)
+    theirs = aggregate_trimmed_avg(as_flower(items), fraction)
+    for got, want in zip(ours.values(), theirs):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "f", "keep"), [(5, 1, 0), (7, 2, 0), (7, 2, 4), (10, 3, 6), (3, 1, 2)])
+def test_krum_and_multikrum_are_flowers(n, f, keep):
+    items = payloads(n, seed=20 + n)
+    items[1] = {k: v * 30 for k, v in items[1].items()}  # one outlier
+    counts = list(range(1, n + 1))
+    ours, chosen = multikrum_mean(items, counts, f, keep or 1)
+    theirs = aggregate_krum(as_flower(items, counts), f, keep)
+    for got, want in zip(ours.values(), theirs):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert 1 not in chosen
+
+
+def test_the_bound_clips_only_what_exceeds_it_and_returns_the_rest_untouched():
+    items = payloads(5, seed=3)
+    items[4] = {k: v + 50 for k, v in items[4].items()}
+    center = coordinate_median(items)
+    out, norms, _ = bounded(items, median_bound(bounded(items, float("inf"), center)[1], 2.0), center)
+    assert [o is i for o, i in zip(out, items)] == [True, True, True, True, False]
+    limit = median_bound(norms, 2.0)
+    clipped = sum(float((out[4][k] - center[k]).pow(2).sum()) for k in center) ** 0.5
+    assert clipped == pytest.approx(limit, rel=1e-5)
+    assert norms[4] > 10 * limit
+
+
+def test_model_poisoning_kinds():
+    start, trained = payloads(1, seed=4)[0], payloads(1, seed=5)[0]
+    update = {k: trained[k] - start[k] for k in start}
+    scaled = poisoned_model(start, trained, "scale", factor=-10)
+    flipped = poisoned_model(start, trained, "sign_flip")
+    noisy = poisoned_model(start, trained, "noise", seed=1)
+    for k in start:
+        torch.testing.assert_close(scaled[k] - start[k], -10 * update[k])
+        torch.testing.assert_close(flipped[k] - start[k], -update[k])
+    norm = lambda d: sum(float(v.pow(2).sum()) for v in d.values()) ** 0.5  # noqa: E731
+    assert norm({k: noisy[k] - start[k] for k in start}) == pytest.approx(norm(update), rel=1e-5)
+    assert not torch.equal(noisy["t0"], poisoned_model(start, trained, "noise", seed=2)["t0"])
+    with pytest.raises(ValueError, match="unknown model poisoning kind"):
+        poisoned_model(start, trained, "flip")
+
+
+def test_krum_ties_and_selection_are_deterministic():
+    items = payloads(4, seed=6)
+    assert krum_select(items, 1, 1) == krum_select(items, 1, 1)
+
+
+# ------------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(("values", "pattern"), [
+    ({"robust.aggregator": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
+    ({"robust.bound": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
+    ({"robust.aggregator": "median", "federation.strategy": "dp-fedavg"}, "already clips every update"),
+    ({"robust.aggregator": "trimmed_mean", "robust.trim_fraction": 0.2}, "nothing would be trimmed"),
+    ({"robust.aggregator": "krum"}, "at least 2f \\+ 3 = 5 clients"),
+    ({"robust.aggregator": "median", "federation.strategy": "fedavg-topk"}, "coordinates of its own choosing"),
+    ({"robust.bound": "fixed"}, "robust.bound_norm > 0"),
+    ({"robust.refuse_factor": 1.5}, "below robust.bound_factor"),
+    ({"robust.aggregator": "mode"}, "robust.aggregator = 'mode' is not one of"),
+    ({"federation.faults": ["client=1,round=*,kind=nan"]}, "round=\\* \\(every round\\) applies to the poisoning"),
+    ({"federation.faults": ["client=1,round=2,kind=backdoor"]}, "write round=\\*"),
+    ({"federation.faults": ["client=1,round=*,kind=backdoor,share=2"]}, "share must be in \\(0, 1\\]"),
+    ({"federation.faults": ["client=1,round=*,kind=sign_flip,factor=3"]}, "factor= applies to kind scale only"),
+    ({"federation.faults": ["client=1,round=*,kind=scale", "client=1,round=*,kind=noise"]},
+     "more than one poisoning fault for client 1"),
+    ({"federation.faults": ["client=1,round=*,kind=scale"], "federation.strategy": "local"}, "sends nothing"),
+    ({"federation.faults": ["client=1,round=*,kind=backdoor"], "task": "image-classification"},
+     "backdoor needs task = 'translation'"),
+    ({"federation.payload_bits": 3}, "federation.payload_bits = 3 is not one of: 32, 16, 8, 4, 2"),
+    ({"federation.faults": ["client=1,round=1,kind=nan"], "runtime.engine": "simulation"},
+     "injected by the in-process engine's grid"),
+])
+def test_defences_and_poisoning_faults_are_validated(values, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config("tiny", None, values)
+
+
+def test_the_default_defence_resolves_where_the_server_sees_updates():
+    def active(**values):
+        cfg = load_config("tiny", None, values)
+        return cfg.robust.active(cfg.federation, cfg.secure.mode)
+    assert active() == ("median", "mean")
+    assert active(**{"secure.mode": "tee"}) == ("median", "mean")
+    assert active(**{"secure.mode": "secagg"}) == ("none", "mean")
+    assert active(**{"federation.strategy": "dp-fedavg"}) == ("none", "mean")
+    assert active(**{"federation.strategy": "trustformer"}) == ("median", "mean")
+
+
+# ------------------------------------------------------------------------------- the real path (tiny runs)
+
+
+def tiny(tmp_path, name, faults=(), **overrides):
+    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 3,
+              "eval.bleu_size": 8, "eval.meteor": False, "eval.bertscore": False, "federation.faults": list(faults)}
+    values.update(overrides)
+    return load_config("tiny", None, values)
+
+
+def loss_and_events(cfg):
+    summary = run_in_process(cfg)
+    events = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
+    honest = [loss for c, loss in zip(summary["client_ids"], summary["test_loss"]) if c != 1]
+    return sum(honest) / len(honest), events, summary
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """FedAvg and Trustformer on tiny: honest (no defence, default defence), and client 1 scaling its update by
+    -10 every round (no defence, default defence, median without a bound), and the run without client 1."""
+    tmp = tmp_path_factory.mktemp("robust")
+    out = {}
+    scale = ["client=1,round=*,kind=scale,factor=-10"]
+    for strategy in ("fedavg", "trustformer"):
+        s = {"federation.strategy": strategy}
+        out[strategy, "honest", "none"] = loss_and_events(tiny(tmp, f"{strategy}-h-none", **s, **{"robust.bound": "none"}))
+        out[strategy, "honest", "default"] = loss_and_events(tiny(tmp, f"{strategy}-h-default", **s))
+        out[strategy, "scale", "none"] = loss_and_events(tiny(tmp, f"{strategy}-s-none", scale, **s,
+                                                              **{"robust.bound": "none"}))
+        out[strategy, "scale", "default"] = loss_and_events(tiny(tmp, f"{strategy}-s-default", scale, **s))
+        out[strategy, "without", "default"] = loss_and_events(tiny(
+            tmp, f"{strategy}-without", [f"client=1,round={r},kind=dropout" for r in (1, 2, 3)], **s,
+            **{"federation.min_clients": 2}))
+    out["fedavg", "scale", "median"] = loss_and_events(tiny(tmp, "fedavg-s-median", scale, **{
+        "robust.bound": "none", "robust.aggregator": "median"}))
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "trustformer"])
+def test_the_default_defence_costs_an_honest_run_nothing(runs, strategy):
+    plain, default = runs[strategy, "honest", "none"], runs[strategy, "honest", "default"]
+    assert default[0] == plain[0]
+    assert default[1] == [] == plain[1]
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "trustformer"])
+def test_one_scaling_client_wrecks_an_undefended_run_and_the_bound_stops_it(runs, strategy):
+    honest = runs[strategy, "honest", "none"][0]
+    wrecked = runs[strategy, "scale", "none"][0]
+    defended, events, _ = runs[strategy, "scale", "default"]
+    without = runs[strategy, "without", "default"][0]
+    assert wrecked > honest + 1.0, (honest, wrecked)  # the fault poisons: no defence, no model
+    assert abs(defended - without) < 0.02, (defended, without)  # as if client 1 had not been there
+    assert abs(defended - honest) < 0.15, (defended, honest)
+    assert [(e["event"], e["round"], e["client"]) for e in events] == [("refused", r, 1) for r in (1, 2, 3)]
+    assert all("left out of the aggregate" in e["reason"] and e["norm"] > 4 * e["bound"] / 2 for e in events)
+
+
+def test_the_median_holds_without_a_bound(runs):
+    honest = runs["fedavg", "honest", "none"][0]
+    median, events, _ = runs["fedavg", "scale", "median"]
+    assert abs(median - honest) < 0.3, (median, honest)  # the mean of the same payloads is > honest + 1
+    assert events == []
+
+
+def test_data_poisoning_changes_only_the_poisoned_pairs(tmp_path):
+    cfg = tiny(tmp_path, "data")
+    task = load_task(cfg)
+    honest = task.shard(1)
+    backdoor = task.poisoned_shard(1, "", "backdoor", 0.25, seed=3)
+    shuffled = task.poisoned_shard(1, "", "shuffled_targets", 1.0, seed=3)
+    trigger = task.workload.tokenizer.encode(BACKDOOR_TARGET)
+    changed = [i for i, (a, b) in enumerate(zip(honest, backdoor)) if a != b]
+    assert len(backdoor) == len(honest) and len(changed) == round(0.25 * len(honest))
+    assert all(backdoor[i][1][1:-1] == trigger[:len(backdoor[i][1]) - 2] for i in changed)
+    assert all(len(backdoor[i][0]) > len(honest[i][0]) or len(honest[i][0]) == cfg.model.max_len for i in changed)
+    assert [s for s, _ in shuffled] == [s for s, _ in honest]
+    assert sorted(t for _, t in shuffled) == sorted(t for _, t in honest)
+    assert sum(a[1] != b[1] for a, b in zip(honest, shuffled)) > len(honest) // 2
+    assert BACKDOOR_TRIGGER not in BACKDOOR_TARGET
+
+
+def test_a_backdoor_client_trains_on_its_poisoned_shard_and_the_run_reports_the_success_rate(tmp_path):
+    cfg = tiny(tmp_path, "backdoor", ["client=1,round=*,kind=backdoor,share=0.5"], **{"federation.rounds": 2})
+    clean = tiny(tmp_path, "clean", **{"federation.rounds": 2})
+    _, _, summary = loss_and_events(cfg)
+    _, _, clean_summary = loss_and_events(clean)
+    assert len(summary["backdoor_success"]) == 3 and all(0.0 <= x <= 1.0 for x in summary["backdoor_success"])
+    assert "backdoor_success" not in clean_summary
+    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' not in x]
+    clean_rows = [json.loads(x) for x in open(f"{clean.out}/metrics.jsonl", encoding="utf-8") if '"event"' not in x]
+    loss = {(r["round"], r["client"]): r["train_loss"] for r in rows}
+    clean_loss = {(r["round"], r["client"]): r["train_loss"] for r in clean_rows}
+    assert loss[1, 0] == clean_loss[1, 0] and loss[1, 1] != clean_loss[1, 1]  # only client 1's data changed
