@@ -230,3 +230,33 @@ def test_a_backdoor_client_trains_on_its_poisoned_shard_and_the_run_reports_the_
     loss = {(r["round"], r["client"]): r["train_loss"] for r in rows}
     clean_loss = {(r["round"], r["client"]): r["train_loss"] for r in clean_rows}
     assert loss[1, 0] == clean_loss[1, 0] and loss[1, 1] != clean_loss[1, 1]  # only client 1's data changed
+
+
+@pytest.mark.parametrize("variant", [{"federation.payload_bits": 4}, {"federation.strategy": "fedavg-topk"},
+                                     {"secure.mode": "tee"}], ids=["fedavg-4bit", "top-k", "fedavg-tee"])
+def test_the_bound_covers_coded_sparse_and_sealed_payloads(tmp_path, variant):
+    """Coded payloads are bounded after decoding, top-k's sparse updates around 0, and sealed (tee) payloads
+    once the attested aggregator opened them: the scaled update is refused every round."""
+    scale = ["client=1,round=*,kind=scale,factor=-10"]
+    undefended, _, _ = loss_and_events(tiny(tmp_path, "none", scale, **variant, **{"robust.bound": "none"}))
+    defended, events, _ = loss_and_events(tiny(tmp_path, "default", scale, **variant))
+    assert [(e["event"], e["client"]) for e in events] == [("refused", 1)] * 3
+    assert defended < undefended - 0.5, (defended, undefended)
+
+
+def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
+    from trustformer.bench.robustness_bench import main, malicious_clients
+
+    out = tmp_path / "bench.json"
+    assert main(["--preset", "tiny", "--rounds", "2", "--strategies", "fedavg", "--defences", "none,default,multikrum",
+                 "--faults", "scale", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert [(r["defence"], r["fault"]) for r in rows] == [("none", "honest"), ("none", "scale"),
+                                                          ("default", "honest"), ("default", "scale")]
+    assert rows[1]["loss_change"] > 1.0 and abs(rows[3]["loss_change"]) < 0.15
+    assert rows[3]["events"]["refused"] == 2 and rows[2]["cost_loss"] == 0.0
+    assert "| fedavg | default | scale |" in printed.out
+    assert "left out: fedavg / multikrum" in printed.err and "2f + 3" in printed.err
+    assert malicious_clients(100, 10) == [1, 10, 20, 30, 40, 50, 60, 70, 80, 90]
+    assert malicious_clients(3, 1) == [1]

@@ -12,7 +12,7 @@ fault in every round (``round=*``). Measured per row, over the honest clients on
   (``server_time_s.robust_s``) as a share of the rounds' time.
 
 Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
-defaults), ``median``, ``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the
+defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``, ``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the
 configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
 """
 
@@ -37,6 +37,7 @@ from .federation_bench import DEFAULT_SETTING, TINY_SETTING
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"robust.bound": "none", "robust.aggregator": "mean"},
     "default": {},
+    "tight": {"robust.bound_factor": 1.5, "robust.refuse_factor": 2.0},
     "median": {"robust.aggregator": "median"},
     "trimmed_mean": {"robust.aggregator": "trimmed_mean"},
     "multikrum": {"robust.aggregator": "multikrum"},
@@ -88,11 +89,23 @@ def _flat(cfg: RunConfig) -> dict[str, Any]:
     return flat
 
 
-def run_one(values: dict[str, Any], malicious: list[int]) -> dict[str, Any]:
-    """One run (a worker's job): its summary over the honest clients, and the events of its defence."""
+def finished(cfg: RunConfig) -> dict[str, Any] | None:
+    """The measurements an earlier invocation left for exactly this configuration (``--reuse``), or None."""
+    done = Path(cfg.out) / "robustness.json"
+    if not done.exists():
+        return None
+    previous = json.loads(done.read_text(encoding="utf-8"))
+    return previous["result"] if previous.get("config") == cfg.to_dict() else None
+
+
+def run_one(values: dict[str, Any], malicious: list[int], reuse: bool = False) -> dict[str, Any]:
+    """One run (a worker's job): its summary over the honest clients, and the events of its defence (also written
+    to ``<out>/robustness.json``)."""
     from ..engine import run
 
     cfg = load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
+    if reuse and (previous := finished(cfg)) is not None:
+        return previous
     started = time.perf_counter()
     summary = run(cfg)
     wall = time.perf_counter() - started
@@ -100,11 +113,14 @@ def run_one(values: dict[str, Any], malicious: list[int]) -> dict[str, Any]:
     events = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
               if '"event"' in x]
     pick = lambda key: [summary[key][i] for i in honest] if key in summary else []  # noqa: E731
-    return {"test_loss": _mean(pick("test_loss")), "bleu": _mean(pick("bleu")),
+    result = {"test_loss": _mean(pick("test_loss")), "bleu": _mean(pick("bleu")),
             "backdoor_success": _mean(pick("backdoor_success")), "wall_s": wall,
             "round_s": sum(summary.get("round_time_s", [])), "defence_s": summary["server_time_s"].get("robust_s", 0.0),
             "events": {kind: sum(e["event"] == kind for e in events) for kind in ("clipped", "refused", "excluded",
                                                                                    "dropped")}}
+    (Path(cfg.out) / "robustness.json").write_text(json.dumps({"config": cfg.to_dict(), "result": result}, indent=1,
+                                                              allow_nan=True) + "\n", encoding="utf-8")
+    return result
 
 
 def _mean(values: list[Any]) -> float:
@@ -171,6 +187,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--malicious", type=int, default=1, help="malicious clients (default: 1)")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--reuse", action="store_true", help="take a run whose folder holds the measurements of exactly "
+                                                        "the same configuration instead of running it again")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -209,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     workers = 1 if cfg.runtime.engine == "simulation" else max(1, args.jobs)  # Ray takes the machine itself
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, job, malicious): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(run_one, job, malicious, args.reuse): i for i, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
             i = futures[future]
             results[i] = r = future.result()
