@@ -11,8 +11,8 @@ from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, agg
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core.poisoning import poisoned_model
-from trustformer.core.robust import (bounded, coordinate_median, krum_select, median_bound, multikrum_mean,
-                                     trimmed_mean)
+from trustformer.core.robust import (bounded, coordinate_median, cosines_to_median, krum_select, median_bound,
+                                     multikrum_mean, trimmed_mean)
 from trustformer.engine.inprocess import run_in_process
 from trustformer.tasks.run import load_task
 from trustformer.tasks.translation import BACKDOOR_TARGET, BACKDOOR_TRIGGER
@@ -70,6 +70,16 @@ def test_the_bound_clips_only_what_exceeds_it_and_returns_the_rest_untouched():
     clipped = sum(float((out[4][k] - center[k]).pow(2).sum()) for k in center) ** 0.5
     assert clipped == pytest.approx(limit, rel=1e-5)
     assert norms[4] > 10 * limit
+
+
+def test_a_flipped_update_points_away_from_the_median_update():
+    g = torch.Generator().manual_seed(7)
+    common = torch.randn(50, generator=g)
+    updates = [{"w": common + 0.3 * torch.randn(50, generator=g)} for _ in range(4)]
+    updates.append({"w": -updates[0]["w"]})
+    cos = cosines_to_median(updates)
+    assert all(c > 0.8 for c in cos[:4]) and cos[4] < -0.8
+    assert cosines_to_median([{"w": torch.zeros(3)}] * 3) == [0.0, 0.0, 0.0]
 
 
 def test_model_poisoning_kinds():
@@ -171,7 +181,23 @@ def runs(tmp_path_factory):
             **{"federation.min_clients": 2}))
     out["fedavg", "scale", "median"] = loss_and_events(tiny(tmp, "fedavg-s-median", scale, **{
         "robust.bound": "none", "robust.aggregator": "median"}))
+    flip = ["client=1,round=*,kind=sign_flip"]
+    out["fedavg", "sign_flip", "default"] = loss_and_events(tiny(tmp, "fedavg-f-default", flip))
+    out["fedavg", "sign_flip", "norm only"] = loss_and_events(tiny(tmp, "fedavg-f-norm", flip,
+                                                                   **{"robust.min_cosine": -1.0}))
     return out
+
+
+def test_a_sign_flipped_update_is_refused_by_its_direction(runs):
+    """A sign-flipped update of honest size passes the norm bound; its direction gives it away."""
+    without = runs["fedavg", "without", "default"][0]
+    defended, events, _ = runs["fedavg", "sign_flip", "default"]
+    norm_only, norm_events, _ = runs["fedavg", "sign_flip", "norm only"]
+    assert [(e["event"], e["client"]) for e in events] == [("refused", 1)] * 3
+    assert all(e["cosine"] < 0 and "points away" in e["reason"] for e in events)
+    assert abs(defended - without) < 0.02, (defended, without)
+    assert norm_only > without + 0.2, (norm_only, without)  # the norm bound alone only clips it
+    assert {e["event"] for e in norm_events} <= {"clipped"}
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "trustformer"])

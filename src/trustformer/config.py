@@ -705,6 +705,10 @@ class RobustConfig:
     # bound = "median": an update whose deviation is longer than this multiple of the round's median deviation
     # norm is refused (left out of the aggregate, an event) instead of clipped; 0 = never refuse
     refuse_factor: float = 4.0
+    # where each payload is a whole model (FedAvg, coded or sampled), an update (payload minus the model the round
+    # started from) whose cosine similarity with the round's coordinate-wise median update is below this is refused:
+    # a sign-flipped or random update points away from what the majority learned; -1 = never
+    min_cosine: float = 0.0
     bound_norm: float = 0.0  # bound = "fixed": the L2 bound of each client's deviation (payload units)
     # the aggregation rule: mean (the protocol's own) | median | trimmed_mean | krum | multikrum (coordinate-wise
     # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum)
@@ -717,6 +721,7 @@ class RobustConfig:
         _choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
         _positive("robust.bound_factor", self.bound_factor)
         _at_least("robust.refuse_factor", self.refuse_factor, 0.0)
+        _in_range("robust.min_cosine", self.min_cosine, -1.0, 1.0, hi_open=True)
         if self.refuse_factor and self.refuse_factor < self.bound_factor:
             raise ConfigError(f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
                               f"{self.bound_factor}: an update is clipped before it can be refused; set it "

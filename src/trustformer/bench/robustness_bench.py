@@ -5,7 +5,9 @@ setting (by default the ``bench federation`` non-IID setting on ``small``: 3 cli
 each, 10 rounds). ``--malicious K`` clients (spread evenly over the client ids, client 0 always honest) carry the
 fault in every round (``round=*``). Measured per row, over the honest clients only:
 
-- the final test loss on the shared test set, and its change from the honest run without a defence;
+- the final test loss on the shared test set, and its change from the honest run without a defence; the fault
+  ``absent`` is the reference every defence aims at: the malicious clients simply drop out of every round
+  (in process only), so the honest clients' data alone train the model;
 - BLEU; the backdoor's success rate (triggered test sources translated to the attacker's sentence);
 - the events the defence raised (updates clipped, refused, left out);
 - for the honest rows, the defence's cost: its change of the honest test loss, and the server's time in it
@@ -42,7 +44,7 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "trimmed_mean": {"robust.aggregator": "trimmed_mean"},
     "multikrum": {"robust.aggregator": "multikrum"},
 }
-FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets")
+FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", "absent")
 BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "runtime.threads": 1}
 
 
@@ -71,12 +73,17 @@ def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: lis
             for fault in ("honest", *faults):
                 extra = {} if fault == "honest" else {
                     "federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
+                if fault == "absent":  # the reference: the malicious clients are simply not there
+                    extra = {"federation.faults": [f"client={c},round={r},kind=dropout" for c in malicious
+                                                   for r in range(1, cfg.federation.rounds + 1)],
+                             "federation.min_clients": n - len(malicious)}
                 try:
                     load_config(cfg.preset, None, {**_flat(cfg), **values, **extra})
                 except ConfigError as exc:
+                    skipped.append(f"{strategy} / {defence}{'' if fault == 'honest' else ' / ' + fault}: {exc}")
                     if fault == "honest":
-                        skipped.append(f"{strategy} / {defence}: {exc}")
-                    break
+                        break
+                    continue
                 runs.append((strategy, defence, fault, {**values, **extra}))
     return runs, skipped
 

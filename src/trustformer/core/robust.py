@@ -84,6 +84,18 @@ def deviation_norms(payloads: Sequence[Named], center: Named) -> list[float]:
     return norms
 
 
+def cosines_to_median(updates: Sequence[Named]) -> list[float]:
+    """Each update's cosine similarity with the coordinate-wise median update (0 for a zero vector)."""
+    center = coordinate_median(updates)
+    center_sq = sum(float(t.to(torch.float64).pow(2).sum()) for t in center.values())
+    out = []
+    for u in updates:
+        dot = sum(float((u[n].to(torch.float64) * center[n].to(torch.float64)).sum()) for n in center)
+        u_sq = sum(float(u[n].to(torch.float64).pow(2).sum()) for n in center)
+        out.append(dot / (u_sq * center_sq) ** 0.5 if u_sq > 0 and center_sq > 0 else 0.0)
+    return out
+
+
 def clip_to_bound(payload: Named, center: Named, norm: float, bound: float) -> dict[str, torch.Tensor]:
     """``center + (payload − center) · bound / norm``: the payload's deviation scaled down to the bound
     (the norm bounding of Sun et al. 2019, around a robust center)."""
@@ -121,5 +133,5 @@ def multikrum_mean(payloads: Sequence[Named], num_examples: Sequence[float], byz
     return weighted_mean([payloads[i] for i in chosen], [float(num_examples[i]) for i in chosen]), chosen
 
 
-__all__ = ["bounded", "clip_to_bound", "coordinate_median", "deviation_norms", "krum_scores", "krum_select",
+__all__ = ["bounded", "clip_to_bound", "coordinate_median", "cosines_to_median", "deviation_norms", "krum_scores", "krum_select",
            "median_bound", "multikrum_mean", "pairwise_sq_distances", "trimmed_mean"]

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..core.robust import (clip_to_bound, coordinate_median, deviation_norms, median_bound, multikrum_mean,
-                           trimmed_mean)
+from ..core.robust import (clip_to_bound, coordinate_median, cosines_to_median, deviation_norms, median_bound,
+                           multikrum_mean, trimmed_mean)
 from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class RobustAggregation(ProtocolWrapper):
         self.settings = inner.cfg.robust
         self._events: list[dict[str, Any]] = []
         self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
+        self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
@@ -52,6 +53,8 @@ class RobustAggregation(ProtocolWrapper):
             aggregate, phases = self.inner.aggregate(payloads, num_examples)
         else:
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
+        if self._start is not None and set(aggregate) == set(self._start):  # whole models: the next round's start
+            self._start = {n: t.detach().clone() for n, t in aggregate.items()}
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
     def aggregate_events(self) -> list[dict[str, Any]]:
@@ -66,8 +69,10 @@ class RobustAggregation(ProtocolWrapper):
         center = ({n: torch.zeros_like(t) for n, t in values[0].items()} if self.payload_is_update
                   else coordinate_median(values))
         norms = deviation_norms(values, center)
-        log.debug("deviation norms / their median: %s", [round(x / max(median_bound(norms, 1.0), 1e-30), 3)
-                                                        for x in norms])
+        cosines = self._cosines(payloads)
+        log.debug("deviation norms / their median: %s; cosines to the median update: %s",
+                  [round(x / max(median_bound(norms, 1.0), 1e-30), 3) for x in norms],
+                  [round(c, 3) for c in cosines] if cosines is not None else None)
         refuse = float("inf")
         if self.bound == "fixed":
             limit = self.settings.bound_norm
@@ -77,6 +82,13 @@ class RobustAggregation(ProtocolWrapper):
                 refuse = median_bound(norms, self.settings.refuse_factor)
         out, kept = [], []
         for i, (payload, norm) in enumerate(zip(payloads, norms)):
+            if cosines is not None and cosines[i] < self.settings.min_cosine:
+                self._events.append({"index": i, "event": "refused", "norm": norm, "bound": limit,
+                                     "cosine": cosines[i],
+                                     "reason": f"update points away from the round's median update (cosine "
+                                               f"{cosines[i]:.3f} < robust.min_cosine = {self.settings.min_cosine}): "
+                                               "left out of the aggregate"})
+                continue
             if norm > refuse:
                 self._events.append({"index": i, "event": "refused", "norm": norm, "bound": limit,
                                      "reason": f"update norm {norm:.4g} above robust.refuse_factor x the round's "
@@ -91,6 +103,21 @@ class RobustAggregation(ProtocolWrapper):
                                            f"(robust.bound = {self.bound!r}): scaled down to it"})
             out.append({**payload, **clip_to_bound(values[i], center, norm, limit)})
         return out, kept
+
+    def _cosines(self, payloads: list[Tensors]) -> list[float] | None:
+        """Where each payload is a whole model and the server holds the model the round started from (the last
+        aggregate; before it, the initial model), each update's cosine with the round's median update."""
+        start = self._start
+        if (self.settings.min_cosine <= -1.0 or start is None or len(payloads) < 3
+                or any(set(p) != set(start) for p in payloads)):
+            return None
+        return cosines_to_median([{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start}
+                                  for p in payloads])
+
+    def expected_payload(self, initial: Tensors):
+        if self._start is None:  # the model every client starts round 1 from
+            self._start = {n: t.detach().clone() for n, t in initial.items()}
+        return self.inner.expected_payload(initial)
 
     def _robust_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> Tensors:
         if self.aggregator == "median":
