@@ -81,6 +81,9 @@ def _results(line):
     ("dp-fedavg", {"privacy.noise_multiplier": 0.5, "privacy.sampling_rate": 0.7,  # server-side accountant
                    "privacy.noise_source": "seeded-not-private",  # the same noise and sampling again
                    "privacy.on_exceed": "continue"}),
+    # the server's defence keeps the model the next round starts from (its direction check): a sign-flipping
+    # client is refused in every round of the resumed run as in the uninterrupted one
+    ("fedavg", {"federation.faults": ["client=1,round=*,kind=sign_flip"]}),
 ])
 def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
     values = {"federation.strategy": strategy, "federation.rounds": 3, "runtime.store": "disk",
@@ -92,7 +95,7 @@ def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
         run_in_process(stopped, client_app=_crash_at("train.apply", 2, 1))
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1 and len(checkpoint.round_s) == 1
-    assert (checkpoint.protocol is not None) == strategy.startswith("dp-")
+    assert (checkpoint.protocol is not None) == (strategy != "trustformer")
     resumed = run_in_process(resume_config(stopped.out))
     assert resumed["test_loss"] == full["test_loss"]
     assert resumed["resumed_after_rounds"] == [1] and len(resumed["round_time_s"]) == 3
@@ -100,9 +103,14 @@ def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
         assert resumed["privacy"]["epsilon_per_round"] == full["privacy"]["epsilon_per_round"]
     # metrics.jsonl continues: round 1 as first written, rounds 2-3 once, and a note that it resumed
     lines = _lines(tmp_path / "stopped" / "metrics.jsonl")
-    assert [x["event"] for x in lines if "event" in x] == ["resumed"]
+    events = [_results(x) for x in lines if "event" in x and x["event"] != "resumed"]
+    assert [x["event"] for x in lines if x.get("event") == "resumed"] == ["resumed"]
+    full_events = [_results(x) for x in _lines(tmp_path / "full" / "metrics.jsonl") if "event" in x]
+    assert events == full_events  # round 1's as first written, then rounds 2-3's once
+    assert [e["event"] for e in full_events] == (["refused"] * 3 if "federation.faults" in extra else [])
     assert [_results(x) for x in lines if "event" not in x] == [_results(x) for x in _lines(tmp_path / "full" /
-                                                                                          "metrics.jsonl")]
+                                                                                          "metrics.jsonl")
+                                                                 if "event" not in x]
     assert read_checkpoint(stopped.out).round == 3
 
 

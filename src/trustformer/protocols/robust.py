@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ from ..core.robust import (clip_to_bound, coordinate_median, cosines_to_median, 
 from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
 
 log = logging.getLogger(__name__)
+
+START_FILE = "robust-start.pt"  # whole-model payloads: the last aggregate, beside checkpoint.json
 
 
 class RobustAggregation(ProtocolWrapper):
@@ -42,6 +45,7 @@ class RobustAggregation(ProtocolWrapper):
         self._events: list[dict[str, Any]] = []
         self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
+        self._holds_models = False  # the payloads are whole models, and _start the last aggregate
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
@@ -55,6 +59,7 @@ class RobustAggregation(ProtocolWrapper):
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
         if self._start is not None and set(aggregate) == set(self._start):  # whole models: the next round's start
             self._start = {n: t.detach().clone() for n, t in aggregate.items()}
+            self._holds_models = True
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
     def aggregate_events(self) -> list[dict[str, Any]]:
@@ -113,6 +118,23 @@ class RobustAggregation(ProtocolWrapper):
             return None
         return cosines_to_median([{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start}
                                   for p in payloads])
+
+    def server_state(self) -> dict[str, Any] | None:
+        """The protocol's own state, and (whole-model payloads) the model the next round starts from, saved as
+        ``robust-start.pt`` beside the checkpoint so a resumed run checks directions as the uninterrupted one."""
+        state = self.inner.server_state()
+        if not self._holds_models:
+            return state
+        torch.save(self._start, Path(self.cfg.out) / START_FILE)
+        return {**(state or {}), "robust_start": True}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        if state.pop("robust_start", False):
+            self._start = torch.load(Path(self.cfg.out) / START_FILE, weights_only=True)
+            self._holds_models = True
+        if state:
+            self.inner.load_server_state(state)
 
     def expected_payload(self, initial: Tensors):
         if self._start is None:  # the model every client starts round 1 from
