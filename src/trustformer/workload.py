@@ -7,6 +7,8 @@ see exactly the same data. Built once per process and configuration.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import logging
 import math
@@ -110,8 +112,9 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def _workload_key(cfg: RunConfig) -> str:
     d = cfg.data
+    sizes = dataclasses.replace(cfg.model, adapters="none")  # adapters change no split, tokenizer or size
     return RunConfig(
-        seed=cfg.seed, data=d, model=cfg.model,
+        seed=cfg.seed, data=d, model=sizes,
         federation=type(cfg.federation)(clients=cfg.federation.clients),
     ).to_json()
 
