@@ -10,7 +10,13 @@ The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
 - single seed: ``fedavg`` and ``trustformer`` under ``secagg`` (32 bits: secure aggregation cannot sum coded
   payloads), and the DP baselines at the paper's ε (``--no-dp`` leaves them out);
 - every run fine-tunes its final models on each client's own data (``federation.finetune_epochs``): each run
-  also gives a ``+ fine-tuning`` row (same bytes, same attack: fine-tuning is local).
+  also gives a ``+ fine-tuning`` row (same bytes, same attack: fine-tuning is local);
+- with ``--public`` (:func:`plan_public_runs`), the public-start rows: the public model alone (``train.init =
+  "public"``, scored without training), public + training alone, public + FedAvg, public + FedAvg of LoRA adapters
+  (``--lora-ranks``, at 32 bits and each width of ``--bits``), public + Trustformer per β over the full model and
+  over the adapters of the largest rank. Their gains are reported against both references: from scratch (local = 0,
+  FedAvg = 1) and from the public start (``pgain``: public + local = 0, public + FedAvg = 1). ``--only public`` runs
+  just these (with the four references).
 
 Measured per row: test loss and BLEU on the shared test set and on each client's own held-out data (its
 domains), the **gain retained** (X − local) / (FedAvg − local) on each of the four, upload and download bytes
