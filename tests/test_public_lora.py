@@ -14,6 +14,7 @@ from trustformer import workload as wl
 from trustformer.app import client_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
+from trustformer.data.batching import encode_pairs
 from trustformer.engine.inprocess import run_in_process
 from trustformer.export import load_translation_model, select_model
 from trustformer.models.adapters import LORA_MODULES, add_lora, merged
@@ -22,6 +23,8 @@ from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.tasks import public as pub
 from trustformer.tasks.run import initial_tensors, load_task
 from trustformer.wire import payload_bytes
+
+torch.set_num_threads(1)  # the tiny preset's runtime.threads, also outside run_in_process
 
 PUBLIC = {"train.init": "public", "train.public_epochs": 1, "runtime.progress": False, "eval.meteor": False,
           "eval.bertscore": False, "eval.bleu_size": 4, "eval.beam_size": 1}
@@ -96,9 +99,12 @@ def test_public_model_is_trained_once_cached_and_every_client_starts_from_it(tmp
     assert all(torch.equal(start[n].cpu(), first.state[n]) for n in start)
     scratch = initial_tensors(tiny(tmp_path / "run").to_json())
     assert not torch.equal(scratch["embedding.weight"].cpu(), first.state["embedding.weight"])
-    # the key follows its data and recipe: another seed or recipe is another model
-    other = tiny(tmp_path / "run", **{**PUBLIC, "train.lr": 1e-3})
-    assert pub.public_model(other, wl.load_workload(other)).report["key"] != first.report["key"]
+    # the key follows its data and recipe: another recipe or other pairs are another model
+    workload = wl.load_workload(cfg)
+    encoded = encode_pairs(pub.public_pairs(cfg, workload)[0], workload.tokenizer, max_len=cfg.model.max_len)
+    assert pub.cache_key(cfg, workload, encoded) == first.report["key"]
+    assert pub.cache_key(tiny(**{**PUBLIC, "train.lr": 1e-3}), workload, encoded) != first.report["key"]
+    assert pub.cache_key(cfg, workload, encoded[1:]) != first.report["key"]
 
 
 # ------------------------------------------------------------------------------ adapters
@@ -141,7 +147,7 @@ def lora_run(tmp_path_factory):
 
     def recording(message, context):
         reply = client_app(message, context)
-        replies.append((message.metadata.message_type, int(message.metadata.group_id or 0),
+        replies.append((message.metadata.message_type, message.metadata.group_id,
                         int(context.node_config["partition-id"]), reply))
         return reply
 
@@ -163,7 +169,7 @@ def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_ru
     lines = [json.loads(x) for x in open(Path(cfg.out) / "metrics.jsonl", encoding="utf-8")]
     for line in (x for x in lines if "bytes_up" in x):  # every byte counted is a byte of a real reply
         sent = [payload_bytes(r.content) for kind, rnd, client, r in replies
-                if rnd == line["round"] and client == line["client"] and kind in ("train", "train.apply")]
+                if rnd == str(line["round"]) and client == line["client"] and kind in ("train", "train.apply")]
         assert line["bytes_up"] == sum(sent)
     model_bytes = summary["bytes"]["fedavg_model_bytes"]
     full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
@@ -187,7 +193,7 @@ class Crash(BaseException):
 
 
 def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
-    values = {**LORA, "federation.rounds": 3, "runtime.store": "disk", "federation.payload_bits": 4}
+    values = {**LORA, "federation.rounds": 3, "runtime.store": "disk"}
     full = run_in_process(tiny(tmp_path / "full", **values))
     stopped = tiny(tmp_path / "stopped", **values)
 

@@ -134,6 +134,8 @@ def public_model(cfg: RunConfig, workload: wl.Workload) -> PublicModel:
 def _train(cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]], key: str,
            dropped: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     pcfg = _pretrain_config(cfg)
+    if cfg.runtime.threads and torch.get_num_threads() != cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)  # runtime.threads, as for the run's own training
     model = wl.initial_model(cfg, workload)  # the run seed's initial model (the scratch start)
     optimizer = wl.new_optimizer(pcfg, model)
     log.info("public model %s: training on %d public pairs (%d dropped: a client or the test set holds one of their "
