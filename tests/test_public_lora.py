@@ -225,3 +225,33 @@ def test_every_protocol_moves_only_the_adapters(tmp_path, extra):
     assert all(".lora_" in n for n in adapters)
     adapter_bytes = 4 * sum(t.numel() for t in adapters.values())
     assert 0 < summary["bytes"]["up_per_client_per_round"] < 2.5 * adapter_bytes + 4096
+
+
+# ------------------------------------------------------------------------------ the frontier's rows
+
+
+def test_bench_plans_the_public_rows_and_gains_against_both_references():
+    from trustformer.bench.federation_bench import BenchRun, plan_public_runs, table
+
+    runs = plan_public_runs([0], [4, 16], [4], [0.5])
+    labels = [r.label for r in runs]
+    assert labels[:3] == ["public model", "public + local", "public + fedavg"]
+    assert {"public + fedavg lora r4", "public + fedavg lora r4 4-bit", "public + fedavg lora r16",
+            "public + fedavg lora r16 4-bit", "public + trustformer β=0.5",
+            "public + trustformer β=0.5 lora r16"} <= set(labels)
+    assert all(r.overrides["train.init"] == "public" for r in runs)
+    assert runs[0].kind == "public-model"
+
+    def result(loss, up=1.0):
+        return {"config": {"federation": {"strategy": "x"}}, "wall_s": 1.0,
+                "summary": {"test_loss": [loss], "bleu": [10.0], "own_test_loss": [loss], "own_bleu": [10.0],
+                            "bytes": {"up_per_client_per_round": up, "down_per_client_per_round": up}},
+                "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": 0.0},
+                "membership": {"advantage": {"auc_minus_half": 0.1, "tpr_at_1pct_fpr": 0.0}}}
+
+    plan = [BenchRun("local", {}, 0), BenchRun("fedavg", {}, 0), BenchRun("public + local", {}, 0),
+            BenchRun("public + fedavg", {}, 0), BenchRun("public + fedavg lora r4", {}, 0)]
+    rows = table(plan, [result(5.0), result(3.0), result(4.0), result(2.0), result(3.0, up=0.01)])
+    lora = next(r for r in rows if r["run"] == "public + fedavg lora r4")
+    assert lora["gain_loss"] == pytest.approx(1.0) and lora["pgain_loss"] == pytest.approx(0.5)
+    assert lora["upload_vs_fedavg"] == pytest.approx(0.01)
