@@ -8,7 +8,6 @@ see exactly the same data. Built once per process and configuration.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import logging
 import math
@@ -112,7 +111,8 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def _workload_key(cfg: RunConfig) -> str:
     d = cfg.data
-    sizes = dataclasses.replace(cfg.model, adapters="none")  # adapters change no split, tokenizer or size
+    sizes = type(cfg.model)(**{f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)
+                               if f.name != "adapters" and not f.name.startswith("lora_")})  # no split, no size
     return RunConfig(
         seed=cfg.seed, data=d, model=sizes,
         federation=type(cfg.federation)(clients=cfg.federation.clients),
