@@ -23,6 +23,9 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, help="number of data owners")
     p.add_argument("--seed", type=int, help="seed of every random choice")
     p.add_argument("--data", metavar="FILE.tsv", help="own corpus: UTF-8 lines 'source<TAB>target[<TAB>domain]'")
+    p.add_argument("--public-data", metavar="FILE.tsv",
+                   help="start from a model pretrained on these public pairs ('source<TAB>target' lines) instead of "
+                        "random weights (shorthand for --set train.init=public --set train.public_data=FILE.tsv)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
     p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
     p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
@@ -53,6 +56,9 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     if args.data:
         overrides["data.source"] = "tsv"
         overrides["data.path"] = args.data
+    if getattr(args, "public_data", None):
+        overrides["train.init"] = "public"
+        overrides["train.public_data"] = args.public_data
     for item in args.set:
         key, value = parse_override(item)
         overrides[key] = value

@@ -42,6 +42,9 @@ DEVICES = ("auto", "cpu", "cuda")
 STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "fedavg-topk", "dp-fedavg", "dp-fedsam",
               "dp-blur-lus", "fedpc", "phong")
 DP_STRATEGIES = ("dp-fedavg", "dp-fedsam", "dp-blur-lus")
+INITS = ("scratch", "public")
+ADAPTERS = ("none", "lora")
+LORA_TARGETS = ("attention", "ffn", "embedding")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,15 @@ class ModelConfig:
     d_ff: int = 256  # width of each feed-forward block
     max_len: int = 40  # longest sequence in tokens (longer pairs are cut; decoding stops there)
     dropout: float = 0.0  # small: 0 measured better than 0.1 (docs/data.md "Training recipe"); paper: 0.1
+    # low-rank adapters (LoRA, Hu et al. 2021, through peft): "lora" = the public model stays frozen and only the
+    # adapters train, travel, are coded and are counted (needs train.init = "public"); "none" = every weight trains
+    adapters: str = "none"
+    lora_rank: int = 8  # LoRA rank r of every adapted layer
+    lora_alpha: float = 16.0  # LoRA scaling: the update B·A is multiplied by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the adapters' input
+    # layers that get adapters: attention (q/k/v/out projections), ffn (fc1, fc2), embedding (the tied
+    # embedding, which is also the output projection)
+    lora_targets: tuple[str, ...] = ("attention", "ffn")
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
@@ -105,6 +117,14 @@ class ModelConfig:
                 f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}"
             )
         _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        _choice("model.adapters", self.adapters, ADAPTERS)
+        _at_least("model.lora_rank", self.lora_rank, 1)
+        _positive("model.lora_alpha", self.lora_alpha)
+        _in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
+        if not self.lora_targets:
+            raise ConfigError(f"model.lora_targets must name at least one of: {', '.join(LORA_TARGETS)}")
+        for target in self.lora_targets:
+            _choice("model.lora_targets", target, LORA_TARGETS)
 
 
 @dataclass(frozen=True)
@@ -125,8 +145,18 @@ class TrainConfig:
     batch_tokens: int = 300  # > 0: batches of about this many target tokens, length-bucketed; 0 = batch_size
     local_epochs: int = 1  # local passes over the shard per round
     label_smoothing: float = 0.1  # of the training loss (the test loss is plain cross-entropy)
+    # where every client (and training alone) starts: "scratch" = random weights from the run seed; "public" = a
+    # model trained on public data only (the corpus's public split, or train.public_data), once, cached by the hash
+    # of its data and configuration (docs/protocols.md "Public start and LoRA adapters")
+    init: str = "scratch"
+    public_data: str = ""  # init = "public": a TSV of public pairs instead of the corpus's public split (--public-data)
+    public_epochs: int = 20  # init = "public": passes over the public pairs (this recipe, its own cosine schedule)
 
     def validate(self) -> None:
+        _choice("train.init", self.init, INITS)
+        if self.public_data and self.init != "public":
+            raise ConfigError(f"train.public_data = {self.public_data!r} applies only with train.init = 'public'")
+        _at_least("train.public_epochs", self.public_epochs, 1)
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _positive("train.lr", self.lr)
         _at_least("train.weight_decay", self.weight_decay, 0.0)
@@ -311,6 +341,10 @@ NO_CLIENT_SAMPLING = {  # strategies that refuse federation.clients_per_round, a
     "fedpc": "the master's update (Eq. 3) weighs every worker's report of the epoch",
     "phong": "the model visits every worker in turn; a worker left out would be skipped, not sampled",
 }
+
+ADAPTERS_NOT_FOR_IMAGES = ("the image tasks have no public split to pretrain a model on, and adapters on a frozen "
+                           "random network have nothing to adapt")
+NO_ADAPTERS: dict[str, str] = {}  # strategies that refuse model.adapters = "lora", and why (docs/protocols.md)
 
 FAULT_KINDS = {
     "nan": "the payload holds a NaN",
@@ -858,6 +892,7 @@ class RunConfig:
         if self.federation.strategy == "fedpc" and self.task == "translation":
             raise ConfigError("federation.strategy = 'fedpc' needs an image task (task = 'image-classification' or "
                               "'segmentation'): its workers' private hyper-parameters are FedPC's image-model choices")
+        self._check_public_start()
         self.secure.validate()
         self.secure.check_federation(self.federation)
         self.robust.validate()
@@ -877,6 +912,25 @@ class RunConfig:
                                   "the in-process engine's grid: set runtime.engine = 'inprocess' to use them (the "
                                   f"poisoning kinds, {', '.join(POISON_KINDS)}, run on every engine)")
         return self
+
+    def _check_public_start(self) -> None:
+        """The public start and adapters: translation only; adapters need the public model under them."""
+        if self.task != "translation" and self.train.init != "scratch":
+            raise ConfigError(f"train.init = {self.train.init!r} applies to task = 'translation' only: the image "
+                              "tasks have no public split to pretrain on; set train.init = 'scratch'")
+        if self.model.adapters == "none":
+            return
+        if self.task != "translation":
+            raise ConfigError(f"model.adapters = {self.model.adapters!r} applies to task = 'translation' only: "
+                              f"{ADAPTERS_NOT_FOR_IMAGES}; set model.adapters = 'none'")
+        if self.train.init != "public":
+            raise ConfigError(f"model.adapters = {self.model.adapters!r} needs train.init = 'public': adapters "
+                              "adapt a frozen model, and a frozen random model holds nothing to adapt (only the "
+                              "rank-r updates would train); set train.init = 'public' (or model.adapters = 'none')")
+        if self.federation.strategy in NO_ADAPTERS:
+            raise ConfigError(f"model.adapters = {self.model.adapters!r} does not compose with federation.strategy "
+                              f"= {self.federation.strategy!r}: {NO_ADAPTERS[self.federation.strategy]}; set "
+                              "model.adapters = 'none'")
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))

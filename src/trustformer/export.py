@@ -43,6 +43,7 @@ from typing import IO, Any
 import torch
 from torch import Tensor, nn
 
+from .models.adapters import has_adapters, merged
 from .models.transformer import Seq2SeqTransformer, TransformerConfig
 
 __all__ = [
@@ -549,7 +550,10 @@ def export_model(models_dir: Path, model: nn.Module, *, tokenizer: Any = None,
     """Save ``model`` as ``models_dir/<fingerprint>`` (translation: pass ``tokenizer``; images: pass
     ``input_spec``) unless that folder already holds it (same fingerprint and format version: another
     client with the same model wrote it), and return the folder. ``extra`` should describe the model
-    (strategy, round); which clients hold it is the run summary's ``"models"`` mapping."""
+    (strategy, round); which clients hold it is the run summary's ``"models"`` mapping. A model with LoRA adapters
+    is saved with them merged into its weights (``models/adapters.py``): a plain model ``translate`` loads."""
+    if has_adapters(model):
+        model = merged(model)
     folder = Path(models_dir) / model_fingerprint(model)
     try:
         meta = read_model_meta(folder)

@@ -7,6 +7,7 @@ see exactly the same data. Built once per process and configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -110,8 +111,10 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def _workload_key(cfg: RunConfig) -> str:
     d = cfg.data
+    sizes = type(cfg.model)(**{f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)
+                               if f.name != "adapters" and not f.name.startswith("lora_")})  # no split, no size
     return RunConfig(
-        seed=cfg.seed, data=d, model=cfg.model,
+        seed=cfg.seed, data=d, model=sizes,
         federation=type(cfg.federation)(clients=cfg.federation.clients),
     ).to_json()
 

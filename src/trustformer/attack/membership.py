@@ -115,6 +115,11 @@ def summarize(per_client: dict[int, tuple[list[float], list[float]]], seed: int)
 
 def _module(task, tensors: Tensors) -> torch.nn.Module:
     model = task.initial_model()
+    if not set(tensors) <= {n for n, p in model.named_parameters() if p.requires_grad}:
+        from ..models.adapters import has_adapters, merged
+
+        if has_adapters(model):  # a saved model of a LoRA run: its adapters merged into plain weights
+            model = merged(model)
     assign_tensors(model, {n: t.to(next(model.parameters()).device) for n, t in tensors.items()})
     return model.eval()
 

@@ -10,7 +10,13 @@ The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
 - single seed: ``fedavg`` and ``trustformer`` under ``secagg`` (32 bits: secure aggregation cannot sum coded
   payloads), and the DP baselines at the paper's ε (``--no-dp`` leaves them out);
 - every run fine-tunes its final models on each client's own data (``federation.finetune_epochs``): each run
-  also gives a ``+ fine-tuning`` row (same bytes, same attack: fine-tuning is local).
+  also gives a ``+ fine-tuning`` row (same bytes, same attack: fine-tuning is local);
+- with ``--public`` (:func:`plan_public_runs`), the public-start rows: the public model alone (``train.init =
+  "public"``, scored without training), public + training alone, public + FedAvg, public + FedAvg of LoRA adapters
+  (``--lora-ranks``, at 32 bits and each width of ``--bits``), public + Trustformer per β over the full model and
+  over the adapters of the largest rank. Their gains are reported against both references: from scratch (local = 0,
+  FedAvg = 1) and from the public start (``pgain``: public + local = 0, public + FedAvg = 1). ``--only public`` runs
+  just these (with the four references).
 
 Measured per row: test loss and BLEU on the shared test set and on each client's own held-out data (its
 domains), the **gain retained** (X − local) / (FedAvg − local) on each of the four, upload and download bytes
@@ -42,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options, resolve_config
-from ..config import ConfigError, RunConfig, load_config
+from ..config import ConfigError, RunConfig, build_config, load_config
 
 DEFAULT_SETTING: dict[str, Any] = {
     "data.partition": "domain",
@@ -69,6 +75,7 @@ class BenchRun:
     seed: int
     beta: float | None = None
     deciding: bool = True  # run with every seed of --seeds
+    kind: str = "run"  # "run": a federation; "public-model": the public model alone, scored without training
 
     @property
     def folder(self) -> str:
@@ -109,6 +116,41 @@ def plan_runs(betas: list[float], widths: list[int], seeds: list[int], membershi
             for seed in (seeds if deciding else seeds[:1])]
 
 
+PUBLIC = {"train.init": "public"}
+SCRATCH = {"train.init": "scratch", "train.public_data": "", "model.adapters": "none"}
+PUBLIC_PREFIX = "public"
+
+
+def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], betas: list[float]) -> list[BenchRun]:
+    """The public-start rows (``--public``): the public model alone (scored, never trained on client data); public
+    + training alone; public + FedAvg of the full model; public + FedAvg of LoRA adapters at each rank of ``ranks``,
+    at 32 bits and at each width of ``widths``; public + Trustformer at each β over the full model and over the
+    adapters of the largest rank."""
+    lora = {**PUBLIC, "model.adapters": "lora"}
+    plans: list[tuple[str, dict[str, Any], float | None, str]] = [
+        ("public model", {**PUBLIC, "federation.strategy": "local"}, None, "public-model"),
+        ("public + local", {**PUBLIC, "federation.strategy": "local"}, None, "run"),
+        ("public + fedavg", {**PUBLIC, "federation.strategy": "fedavg"}, None, "run"),
+    ]
+    adapters = {rank: {**lora, "model.lora_rank": rank, "model.lora_alpha": 2.0 * rank} for rank in ranks}
+    ranked = sorted(ranks, reverse=True)
+    # the cheap rows that decide the targets first (the coded ones), then at 32 bits, then Trustformer
+    plans += [(f"public + fedavg lora r{rank} {bits}-bit", {**adapters[rank], "federation.strategy": "fedavg",
+                                                            "federation.payload_bits": bits}, None, "run")
+              for bits in widths for rank in ranked]
+    for beta in betas:
+        tf = {"federation.strategy": "trustformer", "federation.beta": beta}
+        plans += [(f"public + trustformer β={beta:g} lora r{ranked[0]}", {**adapters[ranked[0]], **tf}, beta, "run")
+                  ] if ranks else []
+    plans += [(f"public + fedavg lora r{rank}", {**adapters[rank], "federation.strategy": "fedavg"}, None, "run")
+              for rank in ranked]
+    for beta in betas:
+        plans.append((f"public + trustformer β={beta:g}", {**PUBLIC, "federation.strategy": "trustformer",
+                                                            "federation.beta": beta}, beta, "run"))
+    return [BenchRun(label, overrides, seed, beta, True, kind) for label, overrides, beta, kind in plans
+            for seed in seeds]
+
+
 # ------------------------------------------------------------------------------ one run
 
 
@@ -122,10 +164,14 @@ def finished(cfg: RunConfig) -> dict[str, Any] | None:
     if not done.exists():
         return None
     previous = json.loads(done.read_text(encoding="utf-8"))
-    return previous if previous.get("config") == cfg.to_dict() else None
+    try:  # read through today's defaults: a run measured before an option existed ran with its default
+        config = build_config(previous.get("config") or {}).to_dict()
+    except ConfigError:
+        return None
+    return previous if config == cfg.to_dict() else None
 
 
-def run_one(values: dict[str, Any], reuse: bool) -> dict[str, Any]:
+def run_one(values: dict[str, Any], reuse: bool, kind: str = "run") -> dict[str, Any]:
     """One benchmark run in this process (a worker's job): the federation under the attack harness, then what the
     server learns. Returns the run's measurements (and writes them to ``<out>/bench.json``)."""
     from ..attack.membership import membership
@@ -134,10 +180,47 @@ def run_one(values: dict[str, Any], reuse: bool) -> dict[str, Any]:
     cfg = _load(values)
     if reuse and (previous := finished(cfg)) is not None:
         return previous
+    if kind == "public-model":
+        return _public_model_alone(cfg)
     started = time.perf_counter()
     run = observed_run(cfg)
     result = {"config": cfg.to_dict(), "summary": _summary_fields(run.summary), "wall_s": time.perf_counter() - started,
               "attack": _attack_fields(run_attack(run.cfg, run)), "membership": membership(run)}
+    (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    return result
+
+
+def _public_model_alone(cfg: RunConfig) -> dict[str, Any]:
+    """The public model as every client would use it without federating or training: its scores on the shared
+    test set and on each client's own held-out data, no bytes, and the membership attack's loss score on it (no
+    client's data reached it, so this is the attack's floor: the advantage the data's own structure gives)."""
+    from ..attack.membership import CANDIDATES, summarize
+    from ..core.shared import derive_seed
+    from ..tasks.run import load_task
+
+    started = time.perf_counter()
+    task = load_task(cfg)
+    model = task.initial_model().eval()
+    clients = range(cfg.federation.clients)
+    test_loss, bleu = task.test_loss(model), task.quick_scores(model)["bleu"]
+    own = [task.own_metrics(model, c) for c in clients]
+    per_client = {}
+    for c in clients:
+        members, non_members = task.membership_candidates(c, CANDIDATES, derive_seed(cfg.seed, "mia", c))
+        per_client[c] = tuple([-x for x in task.example_losses(model, pool)] for pool in (members, non_members))
+    loss = summarize(per_client, derive_seed(cfg.seed, "mia-bootstrap"))
+    n = len(own)
+    summary = {"test_loss": [test_loss] * n, "bleu": [bleu] * n,
+               "own_test_loss": [o.get("own_test_loss") for o in own], "own_bleu": [o.get("own_bleu") for o in own],
+               "bytes": {"up_per_client_per_round": 0.0, "down_per_client_per_round": 0.0},
+               "public_model": task.public().report if hasattr(task, "public") else {}}
+    result = {"config": cfg.to_dict(), "summary": summary, "wall_s": time.perf_counter() - started,
+              "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": math.nan, "initial_error_mean": math.nan},
+              "membership": {"server": {"loss": loss}, "server_sees": "nothing (the public model alone)",
+                             "advantage": {"score": "loss", "auc_minus_half": loss["auc_mean"] - 0.5,
+                                           "tpr_at_1pct_fpr": loss["tpr_at_0.01_fpr_mean"],
+                                           "auc_ci95": loss["auc_mean_ci95"]}}}
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return result
 
@@ -194,7 +277,7 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
     rows = []
     for label, group in by_label.items():
         for tuned in (False, True):
-            if tuned and label == "local":
+            if tuned and label in ("local", "public model"):  # nothing to fine-tune after / scored untrained
                 continue
             rows.append(_row(label + (" + fine-tuning" if tuned else ""), group, tuned))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
@@ -209,6 +292,15 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
             row[f"gain_{name}_spread"] = (max(spread) - min(spread)) / 2 if len(spread) > 1 else math.nan
         row["upload_vs_fedavg"] = row["up_bytes"] / up if up else math.nan
         row["download_vs_fedavg"] = row["down_bytes"] / down if down else math.nan
+    public_refs = [next((r for r in rows if r["run"] == name), None) for name in ("public + local", "public + fedavg")]
+    if all(public_refs):  # the public-start references: public + training alone = 0, public + FedAvg = 1
+        p_local, p_fedavg = public_refs
+        for row in rows:
+            for name, _key, higher in METRICS:
+                per_seed = [gain_retained(v, lv, fv, higher_is_better=higher) for v, lv, fv in
+                            zip(row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"])]
+                row[f"pgain_{name}_per_seed"] = per_seed
+                row[f"pgain_{name}"] = _mean(per_seed)
     mark_pareto(rows, "gain_loss", "pareto")
     mark_pareto(rows, "gain_own_loss", "pareto_own")
     return rows
@@ -272,8 +364,10 @@ def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
+    public = any("pgain_loss" in r for r in rows)
     head = (f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
-            f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'rec.':>6} {'front':>5}")
+            + (f"{'pgain':>5} {'pgown':>5} " if public else "")
+            + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'rec.':>6} {'front':>5}")
     lines = [head, "-" * len(head)]
 
     def num(value: float, width: int, digits: int) -> str:
@@ -289,12 +383,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
         lines.append(f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
                      f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
-                     f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} {num(r['upload_vs_fedavg'], 6, 3)} "
+                     f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} "
+                     + (f"{num(r.get('pgain_loss', math.nan), 5, 2)} {num(r.get('pgain_own_loss', math.nan), 5, 2)} "
+                        if public else "")
+                     + f"{num(r['upload_vs_fedavg'], 6, 3)} "
                      f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
                      f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r['recovered'], 6, 4)} {front:>5}")
     lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own held-out "
                  "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
-                 "BLEU, own-data loss; up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
+                 "BLEU, own-data loss; " + ("pgain / pgown: the same on pooled and own-data loss against the "
+                 "public-start references (public + local = 0, public + fedavg = 1); " if public else "")
+                 + "up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
                  "advantage (AUC − 0.5 of its best score); TPR1%: its TPR at 1% FPR; rec.: weights it recovers "
                  "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain")
     return "\n".join(lines)
@@ -380,6 +479,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--figure", metavar="FILE.png", help="also draw the frontier")
     p.add_argument("--reuse", action="store_true", help="take a run whose folder holds the measurements of exactly "
                                                         "the same configuration instead of running it again")
+    p.add_argument("--public", action="store_true",
+                   help="add the public-start rows: the public model alone, public + local, public + fedavg, "
+                        "public + fedavg with LoRA adapters (--lora-ranks, at 32 bits and --bits), public + "
+                        "trustformer (--betas; full model and adapters); '--only public' runs just these")
+    p.add_argument("--lora-ranks", default="4,16", help="--public: LoRA ranks of the adapter rows (default: 4,16)")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -418,9 +522,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan_runs([float(b) for b in args.betas.split(",") if b.strip()], args.bits, seeds,
                      [m.strip() for m in args.memberships.split(",") if m.strip()] or None,
                      dp=not args.no_dp, secagg=not args.no_secagg)
+    if cfg.train.init != "scratch":  # a --public-data file given: the from-scratch rows still start from scratch
+        for run in runs:
+            run.overrides = {**SCRATCH, **run.overrides}
+    if args.public:
+        runs += plan_public_runs(seeds, [int(r) for r in args.lora_ranks.split(",") if r.strip()], args.bits,
+                                 [float(b) for b in args.betas.split(",") if b.strip()])
     if args.only:
-        keep = {"local", "fedavg", *(x.strip() for x in args.only.split(",") if x.strip())}
-        runs = [r for r in runs if r.label in keep]
+        wanted = {x.strip() for x in args.only.split(",") if x.strip()}
+        keep = {"local", "fedavg", *wanted}
+        if any(w == PUBLIC_PREFIX or w.startswith(PUBLIC_PREFIX + " ") for w in wanted):
+            keep |= {"public + local", "public + fedavg"}  # the public-start references
+        runs = [r for r in runs if r.label in keep or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))]
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
     print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "
@@ -435,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [i for i, r in enumerate(results) if r is None]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, jobs[i][0], False): i for i in todo}
+        futures = {pool.submit(run_one, jobs[i][0], False, runs[i].kind): i for i in todo}
         for done, future in enumerate(as_completed(futures), start=1):
             i = futures[future]
             results[i] = r = future.result()
@@ -461,4 +574,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["BENCH_OPTIONS", "DEFAULT_SETTING", "BenchRun", "figure", "format_table", "gain_retained", "main",
-           "finished", "mark_pareto", "plan_runs", "run_configs", "run_one", "table"]
+           "finished", "mark_pareto", "plan_public_runs", "plan_runs", "run_configs", "run_one", "table"]

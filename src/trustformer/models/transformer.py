@@ -315,8 +315,21 @@ class Seq2SeqTransformer(nn.Module):
 
     def _project(self, h: Tensor) -> Tensor:
         if self.config.tie_embeddings:
-            return F.linear(h, self.embedding.weight)
+            return F.linear(h, self._tied_weight())
         return self.lm_head(h)
+
+    def _tied_weight(self) -> Tensor:
+        """The tied embedding matrix as the output projection uses it. With a LoRA adapter on the embedding
+        (``models/adapters.py``) that is the base matrix plus the adapters' unmerged update, as the embedding
+        lookup sees it, so the adapted model and its merged copy compute the same logits."""
+        emb = self.embedding
+        weight = emb.weight
+        delta = getattr(emb, "get_delta_weight", None)  # a peft LoRA embedding layer
+        if delta is not None and not emb.merged and not emb.disable_adapters:
+            for name in emb.active_adapters:
+                if name in emb.lora_embedding_A:
+                    weight = weight + delta(name)
+        return weight
 
     def _key_padding_mask(self, tokens: Tensor) -> Tensor:
         """(B, 1, 1, L) bool: True at non-pad keys."""

@@ -128,7 +128,7 @@ class FederatedProtocol:
 
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         """The names/shapes/dtypes a client expects back from the server (None: checked in ``client_apply``)."""
-        return spec_of(dict(session.model.named_parameters()))
+        return spec_of({n: p for n, p in session.model.named_parameters() if p.requires_grad})
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         """Update the client's model from the server's aggregate (or model); returns the seconds of each phase."""

@@ -312,7 +312,7 @@ def train(msg: Message, context: Context) -> Message:
                                **env.timings(msg)}
     protocol = env.protocol
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
-        incoming = from_array_record(msg.content["model"], spec_of(dict(session.model.named_parameters())),
+        incoming = from_array_record(msg.content["model"], spec_of(trainable_tensors(session.model)),
                                      what="model from the server")
         metrics.update(protocol.client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)

@@ -96,11 +96,35 @@ class TranslationTask:
         return pairs
 
     def describe(self, client: int) -> dict[str, Any]:
-        return self.workload.describe(client)
+        out = self.workload.describe(client)
+        if self.cfg.train.init == "public":  # where every client started, and what that model scores alone
+            report = self.public().report
+            out.update({"public_model": report["key"], "public_model_pairs": report["pairs"],
+                        "public_model_dropped": report["dropped"], "public_model_train_s": report["train_s"],
+                        "public_model_test_loss": report["test_loss"], "public_model_bleu": report["bleu"]})
+        return out
 
     # model and training
     def initial_model(self) -> torch.nn.Module:
-        return wl.initial_model(self.cfg, self.workload)
+        """The run seed's random model, or the public model (``train.init = "public"``); with
+        ``model.adapters = "lora"``, LoRA adapters on it, only they trainable (seeded from the run seed)."""
+        cfg = self.cfg
+        model = wl.initial_model(cfg, self.workload)
+        if cfg.train.init == "public":
+            model.load_state_dict(self.public().state)
+        if cfg.model.adapters == "lora":
+            from ..models.adapters import add_lora
+
+            m = cfg.model
+            model = add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
+                             targets=m.lora_targets, seed=derive_seed(cfg.seed, "lora-init"))
+        return model
+
+    def public(self):
+        """The public model (``tasks/public.py``): trained once, cached by its data and configuration."""
+        from .public import public_model
+
+        return public_model(self.cfg, self.workload)
 
     def new_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         return wl.new_optimizer(self.cfg, model)

@@ -1,0 +1,72 @@
+"""LoRA adapters (Hu et al. 2021) on the project's models, through ``peft``'s low-level API.
+
+``add_lora`` injects ``peft`` LoRA layers into a model in place (``peft.inject_adapter_in_model``: the model keeps
+its class, its methods and its readable names, each adapted layer gaining ``lora_A`` / ``lora_B`` beside its
+``base_layer``) and freezes everything else, so a model's trainable tensors are exactly its adapters: what the
+protocols send, code and count. ``merged`` returns a plain copy with every adapter merged into its base layer
+(``peft``'s own ``merge``), which is what a saved model holds.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+__all__ = ["LORA_MODULES", "add_lora", "adapter_names", "has_adapters", "merged"]
+
+LORA_MODULES = {
+    "attention": ("q_proj", "k_proj", "v_proj", "out_proj"),  # every self- and cross-attention projection
+    "ffn": ("fc1", "fc2"),  # every feed-forward block
+    "embedding": ("embedding",),  # the tied embedding (also the output projection: Seq2SeqTransformer._project)
+}
+"""``model.lora_targets`` group → the module names (suffixes) ``peft`` adapts."""
+
+
+def add_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: tuple[str, ...],
+             seed: int) -> nn.Module:
+    """Inject LoRA adapters into ``model`` (in place; returned) and freeze every other parameter. The adapters'
+    random ``lora_A`` initialisation is drawn from ``seed`` (``lora_B`` starts at zero, so the adapted model is
+    the base model until it trains), the same on every client."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    modules = sorted({name for group in targets for name in LORA_MODULES[group]})
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_adapter(name))
+    return model
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name is a LoRA tensor (``lora_A``, ``lora_B``, ``lora_embedding_A``/``_B``)."""
+    return ".lora_" in name or name.startswith("lora_")
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters() if is_adapter(name)]
+
+
+def has_adapters(model: nn.Module) -> bool:
+    """Whether ``model`` holds LoRA tensors (by name: no ``peft`` import for a plain model)."""
+    return any(is_adapter(name) for name, _ in model.named_parameters())
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every adapter merged into its base layer by ``peft`` and the LoRA layers replaced
+    by their (merged) base layers: the plain model, with the plain names, computing what the adapted one does."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    plain = copy.deepcopy(model)
+    for name, module in list(plain.named_modules()):
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        module.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, module.get_base_layer())
+    for param in plain.parameters():
+        param.requires_grad_(True)
+    return plain

@@ -1,0 +1,257 @@
+"""The public start (``train.init = "public"``) and LoRA adapters (``model.adapters = "lora"``), through the real
+code path: the real corpus split, the real pretraining and cache, real ``peft`` adapters in real in-process runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from trustformer import workload as wl
+from trustformer.app import client_app
+from trustformer.cli import main
+from trustformer.config import ConfigError, load_config
+from trustformer.data.batching import encode_pairs
+from trustformer.engine.inprocess import run_in_process
+from trustformer.export import load_translation_model, select_model
+from trustformer.models.adapters import LORA_MODULES, add_lora, merged
+from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
+from trustformer.runtime.checkpoint import read_checkpoint, resume_config
+from trustformer.tasks import public as pub
+from trustformer.tasks.run import initial_tensors, load_task
+from trustformer.wire import payload_bytes
+
+torch.set_num_threads(1)  # the tiny preset's runtime.threads, also outside run_in_process
+
+PUBLIC = {"train.init": "public", "train.public_epochs": 1, "runtime.progress": False, "eval.meteor": False,
+          "eval.bertscore": False, "eval.bleu_size": 4, "eval.beam_size": 1}
+LORA = {**PUBLIC, "model.adapters": "lora", "model.lora_rank": 4, "model.lora_alpha": 8.0}
+
+
+def tiny(out: Path | str = "", **values):
+    return load_config("tiny", None, {"out": str(out), **values})
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+def test_config_refuses_what_does_not_compose_naming_the_option():
+    with pytest.raises(ConfigError, match=r"model.adapters = 'lora' needs train.init = 'public'"):
+        tiny(**{"model.adapters": "lora"})
+    with pytest.raises(ConfigError, match=r"model.adapters = 'lora' applies to task = 'translation' only"):
+        load_config("tiny", None, {"task": "image-classification", "model.adapters": "lora", "train.init": "scratch"})
+    with pytest.raises(ConfigError, match=r"train.init = 'public' applies to task = 'translation' only"):
+        load_config("tiny", None, {"task": "segmentation", "train.init": "public"})
+    with pytest.raises(ConfigError, match=r"train.public_data = .* applies only with train.init = 'public'"):
+        tiny(**{"train.public_data": "pairs.tsv"})
+    with pytest.raises(ConfigError, match=r"model.lora_targets"):
+        tiny(**{**LORA, "model.lora_targets": ["attention", "norms"]})
+    assert tiny().train.init == "scratch" and tiny().model.adapters == "none"  # the demo's defaults
+
+
+# ------------------------------------------------------------------------------ the public model
+
+
+def _private(workload: wl.Workload) -> set[str]:
+    """Every sentence of the clients' data and of the test set, read from the workload's own accessors."""
+    pairs = [p for c in range(len(workload.splits.clients)) for p in workload.shard(c) + workload.own_test(c)]
+    return {side for pair in pairs + list(workload.splits.test) for side in pair}
+
+
+def test_public_pairs_never_hold_a_client_sentence(tmp_path):
+    cfg = tiny(**{**PUBLIC, "data.partition": "domain", "data.own_test_size": 10})
+    workload = wl.load_workload(cfg)
+    pairs, _ = pub.public_pairs(cfg, workload)
+    assert len(pairs) > 1000
+    assert not {side for pair in pairs for side in pair} & _private(workload)
+    # a public file that holds client pairs, test pairs and pairs of its own: only its own are kept
+    leaked = workload.shard(0)[:5] + workload.own_test(1)[:3] + list(workload.splits.test[:2])
+    own = [("Совершенно новое предложение номер один.", "A brand new sentence number one."),
+           ("Ещё одно новое предложение.", "Yet another new sentence.")]
+    path = tmp_path / "public.tsv"
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in leaked + own), encoding="utf-8")
+    cfg = tiny(**{**PUBLIC, "data.partition": "domain", "data.own_test_size": 10, "train.public_data": str(path)})
+    pairs, dropped = pub.public_pairs(cfg, workload)
+    assert pairs == own and dropped == len(leaked)
+
+
+def test_public_model_is_trained_once_cached_and_every_client_starts_from_it(tmp_path):
+    cfg = tiny(tmp_path / "run", **PUBLIC)
+    task = load_task(cfg)
+    first = task.public()
+    folder = Path(first.report["path"])
+    shutil.rmtree(folder)  # this test's own cache entry: trained now, from nothing
+    pub._loaded.clear()
+    first = task.public()
+    assert first.report["cached"] is False and (folder / "model.pt").is_file()
+    stamp = (folder / "model.pt").stat().st_mtime_ns
+    pub._loaded.clear()  # a new process: from the cache, not trained again
+    again = task.public()
+    assert again.report["cached"] is True and (folder / "model.pt").stat().st_mtime_ns == stamp
+    assert again.report["key"] == first.report["key"]
+    assert all(torch.equal(again.state[n], first.state[n]) for n in first.state)
+    assert {"test_loss", "bleu", "pairs", "train_s"} <= set(again.report)
+    # every client, every protocol and training alone start from it; from scratch is another model
+    start = initial_tensors(cfg.to_json())
+    assert all(torch.equal(start[n].cpu(), first.state[n]) for n in start)
+    scratch = initial_tensors(tiny(tmp_path / "run").to_json())
+    assert not torch.equal(scratch["embedding.weight"].cpu(), first.state["embedding.weight"])
+    # the key follows its data and recipe: another recipe or other pairs are another model
+    workload = wl.load_workload(cfg)
+    encoded = encode_pairs(pub.public_pairs(cfg, workload)[0], workload.tokenizer, max_len=cfg.model.max_len)
+    assert pub.cache_key(cfg, workload, encoded) == first.report["key"]
+    assert pub.cache_key(tiny(**{**PUBLIC, "train.lr": 1e-3}), workload, encoded) != first.report["key"]
+    assert pub.cache_key(cfg, workload, encoded[1:]) != first.report["key"]
+
+
+# ------------------------------------------------------------------------------ adapters
+
+
+def test_merged_model_computes_what_the_adapted_one_does_embedding_included():
+    config = TransformerConfig(vocab_size=50, pad_id=0, bos_id=1, eos_id=2, d_model=16, n_heads=2,
+                               n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_len=12, dropout=0.0)
+    torch.manual_seed(0)
+    model = add_lora(Seq2SeqTransformer(config), rank=2, alpha=4.0, dropout=0.0,
+                     targets=("attention", "ffn", "embedding"), seed=1)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    with torch.no_grad():  # lora_B starts at zero: give every adapter an update
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.normal_(0.0, 0.3)
+    src, tgt = torch.randint(3, 50, (3, 7)), torch.randint(3, 50, (3, 6))
+    plain = merged(model)
+    assert isinstance(plain, Seq2SeqTransformer)
+    assert set(plain.state_dict()) == set(Seq2SeqTransformer(config).state_dict())
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(src, tgt), plain.eval()(src, tgt), atol=1e-4)
+
+
+def _expected_adapter_numel(cfg) -> int:
+    """r·(in + out) for every adapted layer of the model's sizes (q/k/v/out of every attention, fc1/fc2)."""
+    m, r = cfg.model, cfg.model.lora_rank
+    attention = 4 * r * 2 * m.d_model
+    ffn = r * (m.d_model + m.d_ff) * 2
+    return m.n_encoder_layers * (attention + ffn) + m.n_decoder_layers * (2 * attention + ffn)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A tiny FedAvg run over LoRA adapters, every reply kept (the bytes it counted, the payloads it sent)."""
+    out = tmp_path_factory.mktemp("lora") / "fedavg"
+    cfg = tiny(out, **LORA)
+    replies: list[tuple[str, int, int, object]] = []
+
+    def recording(message, context):
+        reply = client_app(message, context)
+        replies.append((message.metadata.message_type, message.metadata.group_id,
+                        int(context.node_config["partition-id"]), reply))
+        return reply
+
+    summary = run_in_process(cfg, client_app=recording)
+    return cfg, summary, replies
+
+
+def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_run):
+    cfg, summary, replies = lora_run
+    adapters = initial_tensors(cfg.to_json())
+    assert all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert sum(t.numel() for t in adapters.values()) == _expected_adapter_numel(cfg)
+    modules = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters}
+    assert modules == set(LORA_MODULES["attention"] + LORA_MODULES["ffn"])
+    payloads = [r.content["payload"] for kind, _, _, r in replies if kind == "train"]
+    assert len(payloads) == cfg.federation.rounds * cfg.federation.clients
+    for payload in payloads:
+        assert set(payload) == set(adapters)  # nothing of the frozen public model travels
+    lines = [json.loads(x) for x in open(Path(cfg.out) / "metrics.jsonl", encoding="utf-8")]
+    for line in (x for x in lines if "bytes_up" in x):  # every byte counted is a byte of a real reply
+        sent = [payload_bytes(r.content) for kind, rnd, client, r in replies
+                if rnd == str(line["round"]) and client == line["client"] and kind in ("train", "train.apply")]
+        assert line["bytes_up"] == sum(sent)
+    model_bytes = summary["bytes"]["fedavg_model_bytes"]
+    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
+    assert model_bytes < 0.5 * 4 * full  # the adapters' payload, not the model's
+    assert summary["bytes"]["up_per_client_per_round"] < 1.1 * model_bytes
+
+
+def test_translate_works_on_a_lora_runs_folder(lora_run, capsys):
+    cfg, summary, _ = lora_run
+    _client, folder = select_model(Path(cfg.out))
+    model, _tokenizer, _meta = load_translation_model(folder)
+    assert not any("lora" in n for n in model.state_dict())  # merged: a plain model
+    task = load_task(cfg)  # the saved model scores what the run's final model scored
+    assert wl.test_loss(cfg, model, task.workload) == pytest.approx(summary["test_loss"][0], abs=1e-5)
+    assert main(["translate", "--run", cfg.out, "--beam", "1", "Введите нужную высоту."]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+class Crash(BaseException):
+    """Stops the whole in-process run, as a killed server would."""
+
+
+def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
+    values = {**LORA, "federation.rounds": 3, "runtime.store": "disk"}
+    full = run_in_process(tiny(tmp_path / "full", **values))
+    stopped = tiny(tmp_path / "stopped", **values)
+
+    def crash(message, context):
+        if (message.metadata.message_type == "train.apply" and message.metadata.group_id == "2"
+                and context.node_config["partition-id"] == 1):
+            raise Crash()
+        return client_app(message, context)
+
+    with pytest.raises(Crash):
+        run_in_process(stopped, client_app=crash)
+    assert read_checkpoint(stopped.out).round == 1
+    state = next((tmp_path / "stopped" / "client-state").rglob("*.pt"))
+    assert any(".lora_A." in n for n in torch.load(state, weights_only=False)["model"])  # the adapters are held
+    resumed = run_in_process(resume_config(stopped.out))
+    assert resumed["test_loss"] == full["test_loss"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"federation.strategy": "trustformer", "federation.beta": 0.5},
+    {"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.25},
+    {"federation.strategy": "fedavg", "secure.mode": "secagg"},
+    {"federation.strategy": "fedavg", "federation.clients_per_round": 2},
+], ids=["trustformer", "top-k", "secagg", "sampling"])
+def test_every_protocol_moves_only_the_adapters(tmp_path, extra):
+    cfg = tiny(tmp_path / "run", **{**LORA, "federation.rounds": 1, **extra})
+    summary = run_in_process(cfg)
+    adapters = initial_tensors(cfg.to_json())
+    assert all(".lora_" in n for n in adapters)
+    adapter_bytes = 4 * sum(t.numel() for t in adapters.values())
+    assert 0 < summary["bytes"]["up_per_client_per_round"] < 2.5 * adapter_bytes + 4096
+
+
+# ------------------------------------------------------------------------------ the frontier's rows
+
+
+def test_bench_plans_the_public_rows_and_gains_against_both_references():
+    from trustformer.bench.federation_bench import BenchRun, plan_public_runs, table
+
+    runs = plan_public_runs([0], [4, 16], [4], [0.5])
+    labels = [r.label for r in runs]
+    assert labels[:3] == ["public model", "public + local", "public + fedavg"]
+    assert {"public + fedavg lora r4", "public + fedavg lora r4 4-bit", "public + fedavg lora r16",
+            "public + fedavg lora r16 4-bit", "public + trustformer β=0.5",
+            "public + trustformer β=0.5 lora r16"} <= set(labels)
+    assert all(r.overrides["train.init"] == "public" for r in runs)
+    assert runs[0].kind == "public-model"
+
+    def result(loss, up=1.0):
+        return {"config": {"federation": {"strategy": "x"}}, "wall_s": 1.0,
+                "summary": {"test_loss": [loss], "bleu": [10.0], "own_test_loss": [loss], "own_bleu": [10.0],
+                            "bytes": {"up_per_client_per_round": up, "down_per_client_per_round": up}},
+                "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": 0.0},
+                "membership": {"advantage": {"auc_minus_half": 0.1, "tpr_at_1pct_fpr": 0.0}}}
+
+    plan = [BenchRun("local", {}, 0), BenchRun("fedavg", {}, 0), BenchRun("public + local", {}, 0),
+            BenchRun("public + fedavg", {}, 0), BenchRun("public + fedavg lora r4", {}, 0)]
+    rows = table(plan, [result(5.0), result(3.0), result(4.0), result(2.0), result(3.0, up=0.01)])
+    lora = next(r for r in rows if r["run"] == "public + fedavg lora r4")
+    assert lora["gain_loss"] == pytest.approx(1.0) and lora["pgain_loss"] == pytest.approx(0.5)
+    assert lora["upload_vs_fedavg"] == pytest.approx(0.01)
