@@ -935,6 +935,14 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
 
+    def flat(self) -> dict[str, Any]:
+        """Every option by its dotted key (``federation.rounds``), as ``load_config`` overrides take them."""
+        values = self.to_dict()
+        flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
+                for key, value in body.items()}
+        flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
+        return flat
+
     def to_json(self) -> str:
         return self.json
 

@@ -209,12 +209,12 @@ def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, progress: bool 
     """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
     import time
 
-    from .reconstruct import _flat, _folder
+    from .reconstruct import _folder
     from ..config import load_config
 
     results, started = [], time.perf_counter()
     for i, planned in enumerate(runs, start=1):
-        run_cfg = load_config(cfg.preset, None, {**_flat(cfg), **planned.overrides,
+        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **planned.overrides,
                                                  "out": str(Path(cfg.out) / _folder(planned.label))})
         result = run_membership(run_cfg, candidates=candidates)
         result.update(run=planned.label, overrides=planned.overrides)

@@ -491,7 +491,7 @@ def observed_run(cfg: RunConfig) -> ObservedRun:
 
     exchanges_model = make_protocol(cfg).exchanges
     if not exchanges_model and cfg.runtime.store != "disk":  # the truth is read from the clients' state on disk
-        cfg = load_config(cfg.preset, None, {**_flat(cfg), "runtime.store": "disk"})
+        cfg = load_config(cfg.preset, None, {**cfg.flat(), "runtime.store": "disk"})
     recorder = RunRecorder()
     started = time.perf_counter()
     with observe(recorder):
@@ -515,14 +515,6 @@ def run_attack(cfg: RunConfig, run: ObservedRun | None = None) -> dict[str, Any]
     if run.unmatched and cfg.secure.mode not in SECAGG_MODES:  # under secagg the aggregation sees only the mean
         result["unmatched_payloads"] = run.unmatched
     return result
-
-
-def _flat(cfg: RunConfig) -> dict[str, Any]:
-    values = cfg.to_dict()
-    flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
-            for key, value in body.items()}
-    flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
-    return flat
 
 
 @dataclass
@@ -570,7 +562,7 @@ def plan(cfg: RunConfig, strategies: Sequence[str] | None, betas: Sequence[float
                 overrides = {**base, **extra}
                 label = label if mode == "none" else f"{label} +{mode}"
                 try:
-                    load_config(cfg.preset, None, {**_flat(cfg), **overrides})
+                    load_config(cfg.preset, None, {**cfg.flat(), **overrides})
                 except ConfigError as exc:
                     skipped.append(f"{label}: {exc}")
                     continue
@@ -588,7 +580,7 @@ def sweep(cfg: RunConfig, runs: Sequence[PlannedRun], *, progress: bool = True) 
     started = time.perf_counter()
     out = Path(cfg.out)
     for i, run in enumerate(runs, start=1):
-        run_cfg = load_config(cfg.preset, None, {**_flat(cfg), **run.overrides,
+        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **run.overrides,
                                                  "out": str(out / _folder(run.label))})
         result = run_attack(run_cfg)
         result["run"] = run.label

@@ -231,7 +231,7 @@ def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[tuple[dict[str, An
     an hour of the others."""
     jobs = []
     for run in runs:
-        values = {**_flat(cfg), **run.overrides, "seed": run.seed, "out": str(Path(cfg.out) / run.folder)}
+        values = {**cfg.flat(), **run.overrides, "seed": run.seed, "out": str(Path(cfg.out) / run.folder)}
         try:
             jobs.append((values, _load(values)))
         except ConfigError as exc:
@@ -489,12 +489,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def base_config(args: argparse.Namespace) -> RunConfig:
-    """The configuration every run shares: the named setting under the user's options."""
+def base_config(args: argparse.Namespace, options: dict[str, Any] | None = None,
+                out: str = "runs/bench-federation") -> RunConfig:
+    """The configuration every run shares: the named setting (and the benchmark's ``options``, default
+    :data:`BENCH_OPTIONS`) under the user's options; ``out`` when ``--out`` is not given."""
     given = {item.partition("=")[0] for item in args.set}
     setting = {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small"
                                                   else TINY_SETTING)
-    extra = {**BENCH_OPTIONS, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
+    options = BENCH_OPTIONS if options is None else options
+    extra = {**options, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
     if args.data and "data.partition" not in given:
         extra.pop("data.partition", None)  # a TSV file may have no domains
     if args.clients is None and "federation.clients" in setting:
@@ -503,16 +506,8 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         args.rounds = setting["federation.rounds"]
     args.set = [f"{k}={json.dumps(v)}" for k, v in extra.items() if k not in given] + list(args.set)
     if args.out is None:
-        args.out = "runs/bench-federation"
+        args.out = out
     return resolve_config(args)
-
-
-def _flat(cfg: RunConfig) -> dict[str, Any]:
-    values = cfg.to_dict()
-    flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
-            for key, value in body.items()}
-    flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
-    return flat
 
 
 def main(argv: list[str] | None = None) -> int:

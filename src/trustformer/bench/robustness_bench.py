@@ -32,9 +32,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import add_config_options, resolve_config
+from ..cli_options import add_config_options
 from ..config import ConfigError, RunConfig, load_config
-from .federation_bench import DEFAULT_SETTING, TINY_SETTING
+from .federation_bench import base_config
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"robust.bound": "none", "robust.aggregator": "mean"},
@@ -78,7 +78,7 @@ def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: lis
                                                    for r in range(1, cfg.federation.rounds + 1)],
                              "federation.min_clients": n - len(malicious)}
                 try:
-                    load_config(cfg.preset, None, {**_flat(cfg), **values, **extra})
+                    load_config(cfg.preset, None, {**cfg.flat(), **values, **extra})
                 except ConfigError as exc:
                     skipped.append(f"{strategy} / {defence}{'' if fault == 'honest' else ' / ' + fault}: {exc}")
                     if fault == "honest":
@@ -86,14 +86,6 @@ def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: lis
                     continue
                 runs.append((strategy, defence, fault, {**values, **extra}))
     return runs, skipped
-
-
-def _flat(cfg: RunConfig) -> dict[str, Any]:
-    values = cfg.to_dict()
-    flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
-            for key, value in body.items()}
-    flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
-    return flat
 
 
 def finished(cfg: RunConfig) -> dict[str, Any] | None:
@@ -201,26 +193,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def base_config(args: argparse.Namespace) -> RunConfig:
-    given = {item.partition("=")[0] for item in args.set}
-    setting = {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small"
-                                                  else TINY_SETTING)
-    extra = {**BENCH_OPTIONS, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
-    if args.data and "data.partition" not in given:
-        extra.pop("data.partition", None)
-    if args.clients is None and "federation.clients" in setting:
-        args.clients = setting["federation.clients"]
-    if args.rounds is None and "federation.rounds" in setting:
-        args.rounds = setting["federation.rounds"]
-    args.set = [f"{k}={json.dumps(v)}" for k, v in extra.items() if k not in given] + list(args.set)
-    if args.out is None:
-        args.out = "runs/bench-robustness"
-    return resolve_config(args)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = base_config(args)
+    cfg = base_config(args, BENCH_OPTIONS, "runs/bench-robustness")
     malicious = malicious_clients(cfg.federation.clients, args.malicious)
     runs, skipped = plan(cfg, args.strategies, args.defences, args.faults, malicious)
     for reason in skipped:
@@ -229,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
           f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
           f"{args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
-    jobs = [{**_flat(cfg), **values, "out": str(out / f"{s}-{d}-{f}")} for s, d, f, values in runs]
+    jobs = [{**cfg.flat(), **values, "out": str(out / f"{s}-{d}-{f}")} for s, d, f, values in runs]
     results: list[dict[str, Any]] = [{}] * len(runs)
     started = time.perf_counter()
     workers = 1 if cfg.runtime.engine == "simulation" else max(1, args.jobs)  # Ray takes the machine itself
