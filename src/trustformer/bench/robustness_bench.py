@@ -179,7 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="protocols (default: fedavg,trustformer)")
     p.add_argument("--defences", default="none,default,median,trimmed_mean,multikrum",
                    type=lambda t: _names(t, tuple(DEFENCES), "--defences"),
-                   help="defences (default: all: none,default,median,trimmed_mean,multikrum)")
+                   help="defences (default: none,default,median,trimmed_mean,multikrum; also: tight)")
     p.add_argument("--faults", default="scale,sign_flip,noise,backdoor",
                    type=lambda t: _names(t, FAULTS, "--faults"),
                    help=f"poisoning faults (default: scale,sign_flip,noise,backdoor; all: {','.join(FAULTS)})")
