@@ -43,6 +43,7 @@ STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "fedavg-topk", "d
               "dp-blur-lus", "fedpc", "phong")
 DP_STRATEGIES = ("dp-fedavg", "dp-fedsam", "dp-blur-lus")
 INITS = ("scratch", "public")
+PRIVACY_UNITS = ("client", "record")
 ADAPTERS = ("none", "lora")
 LORA_TARGETS = ("attention", "ffn", "embedding")
 
@@ -457,15 +458,24 @@ def _fault_number(text: str, fields_: Mapping[str, str], key: str, kind: str, ki
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """User-level differential privacy of the DP baselines (dp-fedavg, dp-fedsam, dp-blur-lus).
+    """Differential privacy (docs/privacy.md "Differential privacy"): of whole clients (``unit = "client"``, the DP
+    baselines dp-fedavg, dp-fedsam, dp-blur-lus: each client's update clipped, noise on the server's sum) or of
+    each training record (``unit = "record"``: DP-SGD in every client's local training, any exchanging protocol).
 
     Defaults are the Trustformer paper's settings (Sec. 7: epsilon = 1, delta = 1e-3, C = 0.5).
     """
 
+    # client: the DP baselines' user-level DP (privacy.* applies to them only) | record: DP-SGD of every record,
+    # for every protocol (privacy.epsilon/delta/clip_norm/noise_multiplier then describe the per-record mechanism)
+    unit: str = "client"
     epsilon: float = 1.0  # target epsilon of the whole run (at delta)
     delta: float = 1e-3  # the delta of (epsilon, delta)-DP
-    clip_norm: float = 0.5  # C: every client update is clipped to this L2 norm
+    clip_norm: float = 0.5  # C: every client update (unit = client) or every record's gradient (record) clipped to it
     noise_multiplier: float = -1.0  # sigma (noise std = sigma * C); -1 = solve from (epsilon, delta)
+    batch_size: int = 0  # unit = record: expected Poisson batch (sentence pairs); 0 = train.batch_size
+    # unit = record, audit runs only: gradient canaries planted in client 0's training (attack/audit.py); they and
+    # their coin flips derive from the run seed so the auditor can score them
+    audit_canaries: int = 0
     sampling_rate: float = 1.0  # q: each client takes part in a round with probability q (Poisson)
     on_exceed: str = "refuse"  # planned rounds exceed epsilon: refuse (to start) | stop (early) | continue
     sam_rho: float = 0.5  # dp-fedsam: SAM perturbation radius rho
@@ -478,6 +488,11 @@ class PrivacyConfig:
     noise_source: str = "os"
 
     def validate(self) -> None:
+        _choice("privacy.unit", self.unit, PRIVACY_UNITS)
+        _at_least("privacy.batch_size", self.batch_size, 0)
+        _at_least("privacy.audit_canaries", self.audit_canaries, 0)
+        if self.audit_canaries and self.unit != "record":
+            raise ConfigError("privacy.audit_canaries applies to privacy.unit = 'record' (gradient canaries in DP-SGD)")
         _positive("privacy.epsilon", self.epsilon)
         _in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
         _positive("privacy.clip_norm", self.clip_norm)
@@ -893,6 +908,7 @@ class RunConfig:
             raise ConfigError("federation.strategy = 'fedpc' needs an image task (task = 'image-classification' or "
                               "'segmentation'): its workers' private hyper-parameters are FedPC's image-model choices")
         self._check_public_start()
+        self._check_record_privacy()
         self.secure.validate()
         self.secure.check_federation(self.federation)
         self.robust.validate()
@@ -912,6 +928,20 @@ class RunConfig:
                                   "the in-process engine's grid: set runtime.engine = 'inprocess' to use them (the "
                                   f"poisoning kinds, {', '.join(POISON_KINDS)}, run on every engine)")
         return self
+
+    def _check_record_privacy(self) -> None:
+        """Record-level DP-SGD: where it composes (docs/privacy.md "Record-level DP")."""
+        if self.privacy.unit != "record":
+            return
+        if self.task != "translation":
+            raise ConfigError(f"privacy.unit = 'record' applies to task = 'translation' (its per-pair losses); "
+                              f"task = {self.task!r} has no per-record DP-SGD yet: set privacy.unit = 'client'")
+        if self.model.adapters == "lora" and "embedding" in self.model.lora_targets:
+            raise ConfigError("privacy.unit = 'record' with model.lora_targets including 'embedding': the tied "
+                              "embedding's adapter also drives the output projection outside the adapter layer, "
+                              "where per-record gradients cannot see it; drop 'embedding' from model.lora_targets")
+        if self.privacy.audit_canaries and self.privacy.audit_canaries > 100_000:
+            raise ConfigError(f"privacy.audit_canaries = {self.privacy.audit_canaries} is absurd (at most 100000)")
 
     def _check_public_start(self) -> None:
         """The public start and adapters: translation only; adapters need the public model under them."""

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 __all__ = [
     "TransformerConfig",
     "Seq2SeqTransformer",
+    "TiedEmbedding",
     "causal_mask",
     "eval_mode",
     "sinusoidal_positions",
@@ -264,6 +265,16 @@ class DecodingState:
 # ----------------------------------------------------------------------------- model
 
 
+class TiedEmbedding(nn.Embedding):
+    """The shared embedding, called as a module for both its uses: token ids -> embeddings (a lookup), and
+    hidden states -> logits (``F.linear`` with the same matrix, the tied output projection). Routing the
+    projection through the module keeps every use of the matrix visible to per-example gradient hooks
+    (Opacus, ``core/dpsgd.py``); the computation is exactly the plain ``F.linear``."""
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        return F.linear(x, self.weight) if x.is_floating_point() else super().forward(x)
+
+
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer with teacher-forced loss, greedy decoding and beam search."""
 
@@ -272,7 +283,7 @@ class Seq2SeqTransformer(nn.Module):
         self.config = config
         d = config.d_model
         if config.tie_embeddings:
-            self.embedding = nn.Embedding(config.vocab_size, d)
+            self.embedding = TiedEmbedding(config.vocab_size, d)
         else:
             self.src_embedding = nn.Embedding(config.vocab_size, d)
             self.tgt_embedding = nn.Embedding(config.vocab_size, d)
@@ -314,7 +325,9 @@ class Seq2SeqTransformer(nn.Module):
         return self.embedding if self.config.tie_embeddings else self.tgt_embedding
 
     def _project(self, h: Tensor) -> Tensor:
-        if self.config.tie_embeddings:
+        if isinstance(self.embedding if self.config.tie_embeddings else None, TiedEmbedding):
+            return self.embedding(h)  # the plain tied matrix, as a module call (see TiedEmbedding)
+        if self.config.tie_embeddings:  # a LoRA-adapted embedding (models/adapters.py)
             return F.linear(h, self._tied_weight())
         return self.lm_head(h)
 
@@ -372,12 +385,13 @@ class Seq2SeqTransformer(nn.Module):
         )
         return loss_sum, int((labels != self.config.pad_id).sum().item())
 
-    def pair_losses(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Each row's token-averaged teacher-forced cross-entropy (padding excluded), shape (batch,)."""
+    def pair_losses(self, src: Tensor, tgt: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+        """Each row's token-averaged teacher-forced cross-entropy (padding excluded), shape (batch,): a loss per
+        example that depends on that example alone (what record-level DP-SGD clips, ``core/dpsgd.py``)."""
         tgt_in, labels = tgt[:, :-1], tgt[:, 1:]
         logits = self(src, tgt_in)
         per_token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=self.config.pad_id,
-                                    reduction="none")
+                                    reduction="none", label_smoothing=label_smoothing)
         counts = (labels != self.config.pad_id).sum(1).clamp(min=1)
         return per_token.sum(1) / counts
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import blur_penalty
-from .base import ClientSession, LocalStep, held_global
+from .base import ClientSession, FederatedProtocol, LocalStep, held_global
 from .dp import DifferentialPrivacy
 from .fedavg_topk import GLOBAL, FedAvgTopK
 
@@ -46,15 +46,24 @@ def blur_local_step(bound: float, lam: float):
             optimizer.step()
             return loss_sum.detach(), n_tokens  # the reported training loss is the data loss alone
 
+        def penalty(model):  # under DP-SGD: data-independent, its gradient added after the noise (core/dpsgd.py)
+            params = dict(model.named_parameters())
+            return blur_penalty([params[n] for n in names], anchors, bound, lam)
+
+        step.dp_form = {"penalty": penalty if lam > 0 else None}  # type: ignore[attr-defined]
         return step
 
     return make
 
 
-def dp_blur_lus(cfg: RunConfig) -> DifferentialPrivacy:
+def dp_blur_lus(cfg: RunConfig) -> FederatedProtocol:
+    """Client level: user-level DP around the sparsified BLUR-trained update. Record level (``privacy.unit =
+    "record"``): DP-SGD with the BLUR term added after the noise, then LUS sparsification (post-processing)."""
     p = cfg.privacy
     inner = FedAvgTopK(cfg, keep=p.lus_keep, error_feedback=False,
                        local_step=blur_local_step(p.blur_bound or p.clip_norm, p.blur_lambda))
+    if p.unit == "record":
+        return inner
     return DifferentialPrivacy(inner, p, name="dp-blur-lus")
 
 

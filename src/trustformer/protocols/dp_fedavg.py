@@ -5,11 +5,16 @@ N(0, σ²C² I) to the sum and divides by qN, every client adds the result to th
 from __future__ import annotations
 
 from ..config import RunConfig
+from .base import FederatedProtocol
 from .dp import DifferentialPrivacy
 from .fedavg_updates import FedAvgUpdates
 
 
-def dp_fedavg(cfg: RunConfig) -> DifferentialPrivacy:
+def dp_fedavg(cfg: RunConfig) -> FederatedProtocol:
+    """Client level: user-level DP around FedAvg of updates. Record level (``privacy.unit = "record"``): FedAvg of
+    updates whose clients train with DP-SGD, per-record clip ``privacy.clip_norm`` (``tasks/record_dp.py``)."""
+    if cfg.privacy.unit == "record":
+        return FedAvgUpdates(cfg)
     return DifferentialPrivacy(FedAvgUpdates(cfg), cfg.privacy, name="dp-fedavg")
 
 

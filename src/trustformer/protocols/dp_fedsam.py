@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import sam_step
-from .base import ClientSession, LocalStep
+from .base import ClientSession, FederatedProtocol, LocalStep
 from .dp import DifferentialPrivacy
 from .fedavg_updates import FedAvgUpdates
 
@@ -35,13 +35,19 @@ def sam_local_step(rho: float):
             sam_step(params, closure, optimizer, rho)
             return calls[0]  # the loss at w (before the perturbation) is the reported training loss
 
+        step.dp_form = {"sam_rho": rho}  # type: ignore[attr-defined]  # under DP-SGD (core/dpsgd.py)
         return step
 
     return make
 
 
-def dp_fedsam(cfg: RunConfig) -> DifferentialPrivacy:
+def dp_fedsam(cfg: RunConfig) -> FederatedProtocol:
+    """Client level: user-level DP around FedAvg of SAM-trained updates. Record level (``privacy.unit =
+    "record"``, the other reading of the paper's clipping): SAM under DP-SGD, its ascent along the previous
+    step's noisy gradient (``core/dpsgd.py``), plain averaging."""
     inner = FedAvgUpdates(cfg, local_step=sam_local_step(cfg.privacy.sam_rho))
+    if cfg.privacy.unit == "record":
+        return inner
     return DifferentialPrivacy(inner, cfg.privacy, name="dp-fedsam")
 
 

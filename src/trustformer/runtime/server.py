@@ -83,6 +83,10 @@ def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Chec
     extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
+    if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)
+        from ..tasks.record_dp import summary as record_privacy
+
+        extra["privacy"] = record_privacy(cfg, recorder.records, per_client)
     if checkpoints.resumed:
         extra["resumed_after_rounds"] = checkpoints.resumed
     secure = server.link.summary()

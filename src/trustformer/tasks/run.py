@@ -38,8 +38,9 @@ class RunTask(Protocol):
     - ``describe(client)``: JSON values recorded in ``summary.json["data"]``;
     - ``initial_model()``: the identical initial model (seeded from the run seed) on ``runtime.device``;
     - ``new_optimizer(model)``; ``label_smoothing``: of the task's loss, for a protocol's own step;
-    - ``train_local(model, optimizer, shard, *, seed, step=None)``: one round of local training,
-      returning at least ``train_loss``, ``steps`` and ``train_s``;
+    - ``train_local(model, optimizer, shard, *, seed, step=None, client=None)``: one round of local training
+      (``client``: whose shard it is), returning at least ``train_loss``, ``steps`` and ``train_s``; with
+      ``privacy.unit = "record"`` it is DP-SGD (``tasks/record_dp.py``) and also returns ``record_epsilon``;
     - ``test_loss(model)``: on the shared held-out test set;
     - ``final_metrics(model, output_dir)``: (scores, string labels, samples) of the final evaluation,
       the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line;
@@ -61,7 +62,7 @@ class RunTask(Protocol):
     def label_smoothing(self) -> float: ...
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None) -> dict[str, float]: ...
+                    step: LocalStep | None = None, client: int | None = None) -> dict[str, float]: ...
 
     def test_loss(self, model: torch.nn.Module) -> float: ...
 
@@ -94,6 +95,11 @@ class RunTask(Protocol):
 
     def example_losses(self, model: torch.nn.Module, examples: Any) -> list[float]:
         """Each example's loss under ``model``, in order."""
+        ...
+
+    def population_pool(self, count: int, seed: int) -> Any:
+        """Up to ``count`` training examples (as ``shard`` gives them) from the task's population that no client
+        trained on and no membership candidate is, seeded: LiRA's reference models' data (``attack/lira.py``)."""
         ...
 
     def poisoned_shard(self, client: int, train_file: str, kind: str, share: float, seed: int) -> Any:
@@ -208,7 +214,7 @@ class ImageRunTask:
         return float(self.task.config.label_smoothing)
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None, epochs: int | None = None,
+                    step: LocalStep | None = None, client: int | None = None, epochs: int | None = None,
                     batch_size: int | None = None) -> dict[str, float]:
         """``epochs`` (default ``train.local_epochs``) passes with batches of ``batch_size`` (default: the task
         section's); a protocol's ``train_options`` may set both (FedPC's private choices)."""
@@ -269,6 +275,10 @@ class ImageRunTask:
 
     def example_losses(self, model: torch.nn.Module, examples: Any) -> list[float]:
         return self.task.example_losses(model, examples)
+
+    def population_pool(self, count: int, seed: int) -> Any:
+        raise NotImplementedError(f"task = {self.name!r} holds no population apart from the clients' data and the "
+                                  "test set the membership candidates come from: LiRA runs on translation only")
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         if self.name == "image-classification":

@@ -134,7 +134,11 @@ class TranslationTask:
         return self.cfg.train.label_smoothing
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None) -> dict[str, float]:
+                    step: LocalStep | None = None, client: int | None = None) -> dict[str, float]:
+        if self.cfg.privacy.unit == "record":  # DP-SGD (tasks/record_dp.py)
+            from . import record_dp
+
+            return record_dp.train(self.cfg, model, optimizer, shard, seed=seed, step=step, client=client)
         return wl.train_local(self.cfg, model, optimizer, shard, seed=seed, step=step)
 
     # evaluation
@@ -178,6 +182,13 @@ class TranslationTask:
 
     def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
                  ) -> dict[str, float]:
+        if self.cfg.privacy.unit == "record":  # DP fine-tuning: its steps are in the client's planned budget
+            from . import record_dp
+
+            out = record_dp.train(self.cfg, model, self.new_optimizer(model), shard, seed=seed,
+                                  finetune_epochs=epochs, lr=self.cfg.train.lr * lr_scale)
+            return {"finetune_s": out["train_s"], "finetune_loss": out["train_loss"],
+                    "finetune_record_epsilon": out["record_epsilon"]}
         return wl.finetune(self.cfg, model, shard, epochs=epochs, lr=self.cfg.train.lr * lr_scale, seed=seed)
 
     def membership_candidates(self, client: int, count: int, seed: int) -> tuple[list, list]:
@@ -190,6 +201,12 @@ class TranslationTask:
         rng = random.Random(derive_seed(seed, "membership", client))
         n = min(count, len(held_out), len(self.workload.shard(client)))
         return rng.sample(self.workload.shard(client), n), rng.sample(held_out, n)
+
+    def population_pool(self, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+        """Up to ``count`` encoded pairs (like ``shard``) of the public split, seeded: data no client trained on and
+        no membership candidate, for LiRA's reference models (``attack/lira.py``)."""
+        public = self.workload.splits.public
+        return self._encode(random.Random(derive_seed(seed, "population")).sample(public, min(count, len(public))))
 
     def example_losses(self, model: torch.nn.Module, examples: list) -> list[float]:
         return wl.pair_losses(self.cfg, model, self.workload, self._encode(examples))

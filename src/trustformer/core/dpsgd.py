@@ -1,0 +1,197 @@
+"""Record-level differential privacy: DP-SGD (Abadi et al. 2016, Algorithm 1) through Opacus.
+
+Every step of a client's local training draws a **Poisson** batch (each of its n records independently with
+probability q = B/n, B the expected batch), computes each record's gradient (Opacus' ``GradSampleModule``
+hooks, never hand-written), clips each to L2 norm ≤ C, sums them, adds N(0, σ²C² I) and divides by B
+(Opacus' ``DPOptimizer``), then the client's own optimizer (Adam…) steps with that noisy mean.
+What leaves the client afterwards (a model, an update, centroids, a coded or masked payload) is
+post-processing of these releases, so the guarantee holds for every protocol that exchanges.
+
+σ is calibrated once for the client's **whole run** (every round's steps plus fine-tuning) to the target
+(ε, δ) with Opacus' RDP accountant; the same accountant reports the ε spent after each round. The noise and
+the Poisson draws come from the operating system's randomness unless the run asks for the recomputable,
+non-private ``seeded-not-private`` source (debugging).
+
+Optional, both post-processing of the noisy gradient and so free in privacy:
+
+- ``sam_rho`` > 0 (DP-FedSAM's record-level reading): the step's gradient is taken at w + ρ·ĝ/‖ĝ‖, ĝ the
+  previous step's *noisy* gradient (already released), instead of a second private gradient at w;
+- ``penalty(model)``: a data-independent term (DP-BLUR-LUS's bounded-update regulariser) whose exact
+  gradient is added after the noise.
+
+``Canaries`` (the one-run audit, ``attack/audit.py``): gradient-space canaries (Nasr et al. 2023), each a
+record whose gradient is a large spike on one coordinate, Poisson-sampled like any record and clipped and
+noised with the rest. They exist only in audit runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+ExampleLosses = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RecordDP:
+    """The DP-SGD mechanism of one client: σ, C, the expected batch B and the sampling rate q = B/n."""
+
+    noise_multiplier: float
+    clip_norm: float
+    expected_batch: int
+    sample_rate: float
+    delta: float
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Opacus' convention for a Poisson loader: 1/q steps make one expected pass over the records."""
+        return max(1, round(1.0 / self.sample_rate))
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """Gradient canaries: canary i is a record whose gradient is ``magnitude`` at flat coordinate
+    ``coordinates[i]`` of parameter ``names[i]`` (clipped to C like every record); ``included[i]`` says
+    whether it is in the data (the audit's coin flip)."""
+
+    names: tuple[str, ...]
+    coordinates: tuple[int, ...]
+    included: tuple[bool, ...]
+    magnitude: float = 1e3
+
+
+def sample_rate(n_records: int, expected_batch: int) -> float:
+    if n_records < 1:
+        raise ValueError("record-level DP needs at least one training record")
+    return min(1.0, expected_batch / n_records)
+
+
+def calibrate(epsilon: float, delta: float, rate: float, steps: int) -> float:
+    """σ such that ``steps`` Poisson-subsampled Gaussian releases at rate q spend ``epsilon`` at ``delta``
+    (Opacus' RDP accountant, Mironov et al. 2019)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate,
+                                      steps=max(1, steps), accountant="rdp", epsilon_tolerance=0.005))
+
+
+def epsilon_spent(noise_multiplier: float, rate: float, steps: int, delta: float) -> float:
+    """ε at ``delta`` after ``steps`` releases of the mechanism (Opacus' RDP accountant)."""
+    if steps <= 0:
+        return 0.0
+    if noise_multiplier <= 0:
+        return math.inf
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(noise_multiplier, rate, steps)]
+    return float(accountant.get_epsilon(delta))
+
+
+def poisson_indices(n_records: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Each record independently with probability q (the sampling the accountant's amplification assumes)."""
+    return torch.nonzero(torch.rand(n_records, generator=generator) < rate).flatten()
+
+
+def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _add_canary_rows(params: dict[str, nn.Parameter], canaries: Canaries, chosen: Sequence[int]) -> None:
+    """Append one per-example gradient row per sampled canary to every parameter's ``grad_sample``."""
+    for name, p in params.items():
+        rows = torch.zeros((len(chosen), p.numel()), dtype=p.dtype, device=p.device)
+        for r, i in enumerate(chosen):
+            if canaries.names[i] == name:
+                rows[r, canaries.coordinates[i]] = canaries.magnitude
+        rows = rows.view(len(chosen), *p.shape)
+        existing = p.grad_sample
+        p.grad_sample = rows if existing is None else torch.cat([existing, rows], dim=0)
+
+
+def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
+    """SAM's ascent w + ρ·d/‖d‖ along an already released direction; returns the offsets to undo."""
+    norm = torch.sqrt(sum((d.float() ** 2).sum() for d in direction.values()))
+    if not torch.isfinite(norm) or norm <= 0:
+        return {}
+    offsets = {n: rho * d / norm for n, d in direction.items()}
+    with torch.no_grad():
+        for n, e in offsets.items():
+            params[n].add_(e)
+    return offsets
+
+
+def dp_sgd(
+    model: nn.Module, optimizer: torch.optim.Optimizer, n_records: int,
+    make_batch: Callable[[torch.Tensor], Batch], example_losses: ExampleLosses, *,
+    dp: RecordDP, steps: int, sampler: torch.Generator, noise: torch.Generator,
+    before_step: Callable[[int], None] | None = None, sam_rho: float = 0.0,
+    penalty: Callable[[nn.Module], torch.Tensor] | None = None, canaries: Canaries | None = None,
+) -> dict[str, float]:
+    """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
+
+    ``make_batch(indices)`` gives the (inputs, targets) of those records on the model's device;
+    ``example_losses(model, inputs, targets)`` one loss per record, each depending on its record alone;
+    ``before_step(i)`` sets the learning rate of step i. Returns the mean training loss over the records
+    seen, the steps, the records drawn and the time."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    params = _trainable(model)
+    # Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+    wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
+    dp_optimizer = DPOptimizer(optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip_norm,
+                               expected_batch_size=dp.expected_batch, loss_reduction="mean", generator=noise)
+    started = time.perf_counter()
+    loss_sum, seen, last_grad = 0.0, 0, None
+    model.train()
+    try:
+        for i in range(steps):
+            if before_step is not None:
+                before_step(i)
+            indices = poisson_indices(n_records, dp.sample_rate, sampler)
+            chosen = ([c for c in range(len(canaries.included)) if canaries.included[c]
+                       and float(torch.rand((), generator=sampler)) < dp.sample_rate] if canaries else [])
+            offsets = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
+            dp_optimizer.zero_grad(set_to_none=True)
+            if len(indices):
+                inputs, targets = make_batch(indices)
+                losses = example_losses(model, inputs, targets)
+                losses.mean().backward()
+                loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(indices)
+            else:  # an empty Poisson batch still releases noise
+                for p in params.values():
+                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            if chosen:
+                _add_canary_rows(params, canaries, chosen)
+            with torch.no_grad():
+                for n, e in offsets.items():
+                    params[n].sub_(e)
+            dp_optimizer.pre_step()  # clip each record's gradient, sum, add N(0, σ²C²), divide by B
+            if sam_rho > 0:
+                last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+            if penalty is not None:  # a data-independent term: its exact gradient, after the noise
+                extra = torch.autograd.grad(penalty(model), list(params.values()), allow_unused=True)
+                for p, g in zip(params.values(), extra):
+                    if g is not None:
+                        p.grad.add_(g)
+            optimizer.step()
+    finally:
+        dp_optimizer.zero_grad(set_to_none=True)
+        wrapped._close()
+    elapsed = time.perf_counter() - started
+    train_loss = loss_sum / max(seen, 1)
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(f"DP-SGD diverged (train loss {train_loss}); lower train.lr or privacy.clip_norm")
+    return {"train_loss": train_loss, "steps": steps, "dp_records": seen, "train_s": elapsed}
+
+
+__all__ = ["Canaries", "RecordDP", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]
