@@ -10,7 +10,9 @@ secure aggregation, the public initial model when nothing is exchanged).
 Candidates (``--candidates`` per side, default 300): **members**, a seeded sample of k's training examples;
 **non-members**, as many examples of the same distribution that no client trained on — translation: pairs of
 k's own domains held out of its data (``data.own_test_size``), so the attack cannot win by recognising a
-domain; image tasks: test images with the members' class counts.
+domain; image tasks: test images with the members' class counts. The count is capped by k's shard and its
+held-out pairs: TPR at a low FPR needs many non-members (1/n is the lowest FPR resolved), so where the data
+allow, set ``data.own_test_size`` ≥ 1000 and ``candidates`` ≥ 1000.
 
 Scores (higher = more likely a member), each a per-example loss L of a model:
 
@@ -18,7 +20,13 @@ Scores (higher = more likely a member), each a per-example loss L of a model:
 - ``calibrated-initial``: L_initial(x) − L_estimate(x), the public initial model as the reference (Carlini et
   al. 2022's difficulty calibration, Watson et al. 2022);
 - ``calibrated-global``: L_global(x) − L_estimate(x), the global model the server sent before the last exchange
-  as the reference (what the example did to *this* client's model beyond the consensus).
+  as the reference (what the example did to *this* client's model beyond the consensus);
+- ``lira`` (``server`` and ``true-local`` models only): offline LiRA (Carlini et al. 2022, ``attack/lira.py``),
+  x's statistic under the model against a Gaussian fitted to it under ``reference_models`` (default 8; 0: none)
+  models the server trains itself on halves of a population pool no candidate is in, the way the target was
+  trained: one round of local training from the global model it sent before the last exchange, or, when
+  nothing is exchanged, every round from the initial model. Translation only (the image tasks hold no
+  population apart from the candidates); cached in ``lira-cache/`` beside the run's output folder.
 
 Reported per client and as the mean over clients: **AUC** (Mann-Whitney), **TPR at 1% and 0.1% FPR** (the ROC's
 best TPR at an FPR at most that; with n non-members the lowest FPR resolved is 1/n), the number of candidates,
@@ -43,12 +51,14 @@ import torch
 from ..config import RunConfig
 from ..core.shared import Tensors, assign_tensors, derive_seed
 from ..tasks.run import load_task
+from .lira import REFERENCE_MODELS, offline_scores, reference_models, statistic
 from .reconstruct import ObservedRun, observed_run, server_estimates
 
 CANDIDATES = 300  # members (and as many non-members) per client
 FPRS = (0.01, 0.001)
 BOOTSTRAP = 200
-SCORES = ("loss", "calibrated-initial", "calibrated-global")
+SCORES = ("loss", "calibrated-initial", "calibrated-global", "lira")
+LIRA_VIEWS = ("server", "true-local")  # the final model was not trained the way the reference models are
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -136,12 +146,57 @@ def _final_models(run: ObservedRun) -> dict[int, Tensors]:
     return out
 
 
-def membership(run: ObservedRun, *, candidates: int = CANDIDATES) -> dict[str, Any]:
-    """The membership attack on an observed run (see the module docstring)."""
+class _Lira:
+    """Offline LiRA's reference statistics for the candidates of each client (``attack/lira.py``): reference
+    models trained from ``start`` for ``rounds`` rounds on halves of a pool twice a client's shard."""
+
+    def __init__(self, run: ObservedRun, task, before: Tensors, n_models: int) -> None:
+        cfg = run.cfg
+        self.task, self.cfg, self.n_models = task, cfg, n_models
+        exchanged = bool(run.protocol.exchanges)
+        self.start, self.rounds = (before, 1) if exchanged else (run.initial, cfg.federation.rounds)
+        self.models: dict[int, list[Tensors]] = {}  # by pool size
+        self.info: dict[str, Any] = {"reference_models": n_models, "rounds": self.rounds,
+                                     "start": "global model before the last exchange" if exchanged else "initial",
+                                     "pool": {}}
+
+    def reference(self, client: int, members, non_members) -> np.ndarray:
+        """(reference models × candidates) statistics, members first."""
+        cfg, task = self.cfg, self.task
+        pool = task.population_pool(2 * len(task.shard(client)), derive_seed(cfg.seed, "lira-pool"))
+        if len(pool) not in self.models:
+            self.models[len(pool)] = reference_models(
+                task, cfg, self.start, pool, n_models=self.n_models, rounds=self.rounds,
+                seed=derive_seed(cfg.seed, "lira"), cache_dir=Path(cfg.out).resolve().parent / "lira-cache")
+        self.info["pool"][str(client)] = len(pool)
+        rows = []
+        for tensors in self.models[len(pool)]:
+            model = _module(task, tensors)
+            rows.append(statistic(task.name, task.example_losses(model, members) +
+                                  task.example_losses(model, non_members)))
+        return np.stack(rows)
+
+
+def _lira(run: ObservedRun, task, before: Tensors, n_models: int) -> tuple[_Lira | None, dict[str, Any]]:
+    if n_models < 1:
+        return None, {"skipped": "reference_models = 0"}
+    try:
+        task.population_pool(1, 0)
+    except NotImplementedError as exc:
+        return None, {"skipped": str(exc)}
+    lira = _Lira(run, task, before, n_models)
+    return lira, lira.info
+
+
+def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
+               reference_models: int = REFERENCE_MODELS) -> dict[str, Any]:
+    """The membership attack on an observed run (see the module docstring); ``reference_models``: LiRA's
+    (0: no ``lira`` score)."""
     cfg = run.cfg
     task = load_task(cfg)
     *_, last = server_estimates(cfg, run.initial, run.exchanges, run.protocol)
     ex, estimates, before, _estimator = last
+    lira, lira_info = _lira(run, task, before, reference_models)
     final = _final_models(run)
     views = {"server": estimates, "true-local": ex.trained, "final": final}
     initial_model, global_model = _module(task, run.initial), _module(task, before)
@@ -152,6 +207,7 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES) -> dict[str, A
         pools = (members, non_members)
         reference = {"calibrated-initial": [task.example_losses(initial_model, p) for p in pools],
                      "calibrated-global": [task.example_losses(global_model, p) for p in pools]}
+        lira_reference = lira.reference(client, members, non_members) if lira is not None else None
         for view, models in views.items():
             if client not in models:
                 continue
@@ -161,6 +217,9 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES) -> dict[str, A
             for score, (ref_m, ref_n) in reference.items():
                 per_view[view][score][client] = ([r - x for r, x in zip(ref_m, losses[0])],
                                                  [r - x for r, x in zip(ref_n, losses[1])])
+            if lira_reference is not None and view in LIRA_VIEWS:
+                z = offline_scores(statistic(task.name, losses[0] + losses[1]), lira_reference).tolist()
+                per_view[view]["lira"][client] = (z[:len(losses[0])], z[len(losses[0]):])
     seed = derive_seed(cfg.seed, "mia-bootstrap")
     result: dict[str, Any] = {view: {score: summarize(per_client, seed) for score, per_client in scores.items()
                                      if per_client} for view, scores in per_view.items()}
@@ -170,15 +229,17 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES) -> dict[str, A
                             "tpr_at_1pct_fpr": server[best]["tpr_at_0.01_fpr_mean"],
                             "auc_ci95": server[best]["auc_mean_ci95"]} if best else None)
     result["round"] = ex.round
+    result["lira"] = lira_info
     result["server_sees"] = ("nothing" if not run.protocol.exchanges else
                              "aggregate only" if cfg.secure.mode in ("secagg", "tee+secagg") else "every payload")
     return result
 
 
-def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES) -> dict[str, Any]:
+def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES,
+                   reference_models: int = REFERENCE_MODELS) -> dict[str, Any]:
     """Run ``cfg`` in this process and attack the membership of every client's data."""
     run = observed_run(cfg)
-    result = membership(run, candidates=candidates)
+    result = membership(run, candidates=candidates, reference_models=reference_models)
     result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
                   test_loss=run.summary.get("test_loss"))
     return result
@@ -205,7 +266,8 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, progress: bool = True) -> list[dict[str, Any]]:
+def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, reference_models: int = REFERENCE_MODELS,
+          progress: bool = True) -> list[dict[str, Any]]:
     """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
     import time
 
@@ -216,7 +278,7 @@ def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, progress: bool 
     for i, planned in enumerate(runs, start=1):
         run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **planned.overrides,
                                                  "out": str(Path(cfg.out) / _folder(planned.label))})
-        result = run_membership(run_cfg, candidates=candidates)
+        result = run_membership(run_cfg, candidates=candidates, reference_models=reference_models)
         result.update(run=planned.label, overrides=planned.overrides)
         results.append(result)
         if progress:
