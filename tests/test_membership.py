@@ -88,4 +88,4 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "TPR@1%" in printed and "calibrated-global" in printed
     run = json.loads(out.read_text())["runs"][0]
     assert run["server"]["loss"]["candidates"] == [10, 10, 10] and run["advantage"]["score"] in (
-        "loss", "calibrated-initial", "calibrated-global")
+        "loss", "calibrated-initial", "calibrated-global", "lira")

@@ -145,3 +145,34 @@ def test_config_refuses_what_record_level_dp_cannot_cover(tmp_path):
                                    "model.lora_targets": ["attention", "embedding"]})
     with pytest.raises(ConfigError, match="audit_canaries"):
         load_config("tiny", None, {"privacy.audit_canaries": 10})
+
+
+AUDIT = {"privacy.epsilon": 1.0, "privacy.delta": 1e-5, "privacy.audit_canaries": 1000, "privacy.batch_size": 60,
+         "privacy.noise_source": "seeded-not-private"}
+
+
+def _planted_noise_bug(monkeypatch, factor: float) -> None:
+    """The planted bug: Opacus adds σ/factor of noise while the accountant still reports ε for σ."""
+    import opacus.optimizers
+
+    original = opacus.optimizers.DPOptimizer
+
+    class TooLittleNoise(original):
+        def __init__(self, *args, noise_multiplier, **kwargs):
+            super().__init__(*args, noise_multiplier=noise_multiplier / factor, **kwargs)
+
+    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", TooLittleNoise)
+
+
+def test_one_run_audit_keeps_epsilon_and_catches_a_planted_noise_bug(tmp_path, monkeypatch):
+    """ε_lb ≤ ε on `tiny` at ε = 1 (1000 gradient canaries, the server's view of client 0's updates); the same run
+    with the noise divided by 10 must show ε_lb > ε, or this audit could not fail."""
+    from trustformer.attack.dp_audit import audit
+
+    honest = audit(tiny(tmp_path / "honest", **AUDIT))
+    assert honest["epsilon"] <= 1.0 + 1e-6
+    assert honest["epsilon_lb"] <= honest["epsilon"]
+    _planted_noise_bug(monkeypatch, 10.0)
+    broken = audit(tiny(tmp_path / "broken", **AUDIT))
+    assert broken["epsilon"] == pytest.approx(honest["epsilon"])  # the accountant does not see the bug
+    assert broken["epsilon_lb"] > broken["epsilon"]
