@@ -176,3 +176,31 @@ def test_one_run_audit_keeps_epsilon_and_catches_a_planted_noise_bug(tmp_path, m
     broken = audit(tiny(tmp_path / "broken", **AUDIT))
     assert broken["epsilon"] == pytest.approx(honest["epsilon"])  # the accountant does not see the bug
     assert broken["epsilon_lb"] > broken["epsilon"]
+
+
+def test_physical_pieces_of_a_poisson_batch_give_the_same_step():
+    """A Poisson batch processed in pieces (memory) is the same mechanism: each record clipped once, one noise."""
+    src, tgt = _batch(6)
+    steps = []
+    for piece in (2, 32):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        dp = dpsgd.RecordDP(noise_multiplier=0.0, clip_norm=0.05, expected_batch=6, sample_rate=1.0, delta=1e-5)
+        dpsgd.dp_sgd(model, optimizer, 6, lambda idx: (src[idx], tgt[idx]), lambda m, s, t: m.pair_losses(s, t),
+                     dp=dp, steps=1, sampler=torch.Generator().manual_seed(0), noise=torch.Generator().manual_seed(0),
+                     physical_batch=piece)
+        steps.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-7)
+
+
+def test_the_membership_attack_audits_a_dp_run_with_lira_among_its_scores(tmp_path):
+    """Every DP run's attack reports ε_lb from its ROC beside the ε the run spent."""
+    from trustformer.attack.membership import run_membership
+
+    cfg = tiny(tmp_path, **{"privacy.epsilon": 1.0, "data.own_test_size": 20})
+    result = run_membership(cfg, candidates=20, reference_models=2)
+    assert "lira" in result["server"]
+    audit = result["audit"]
+    assert 0 < audit["epsilon"] <= 1.0 + 1e-6
+    assert 0.0 <= audit["epsilon_lb"] <= audit["epsilon"]
+    assert audit["members"] == audit["non_members"] == 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 import sys
 from typing import Any
 
@@ -290,6 +291,21 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
         "domains that no client trained on). The sweep options run several configurations and print one table.",
     )
     m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
+    m.add_argument("--reference-models", type=int, default=8,
+                   help="offline LiRA's reference models, trained by the server on halves of the public split "
+                        "(default 8; 0: no LiRA score)")
+    a = what.add_parser(
+        "audit",
+        help="audit a record-level DP run in one training run: gradient canaries, the server's view, ε_lb vs ε",
+        description="Run a record-level DP federation (privacy.unit = record) in this process with gradient canaries "
+        "planted in client 0's DP-SGD (each included with probability ½), score each canary from the server's view "
+        "of client 0's updates, and print the one-run lower bound ε_lb on ε at 95% confidence beside the ε the run "
+        "reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). An audit run is not private for its canaries.",
+    )
+    add_config_options(a)
+    a.add_argument("--canaries", type=int, default=1000, help="gradient canaries (default 1000)")
+    a.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    a.set_defaults(func=_cmd_audit)
     for q in (r, m):
         add_config_options(q)
         q.add_argument("--strategies", type=_str_list, metavar="LIST",
@@ -338,13 +354,38 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     module = reconstruct if args.attack == "reconstruct" else membership
     cfg, runs = _attack_setup(args, f"attack-{args.attack}")
     started = time.perf_counter()
-    options = {"candidates": args.candidates} if args.attack == "membership" else {}
+    options = ({"candidates": args.candidates, "reference_models": args.reference_models}
+               if args.attack == "membership" else {})
     results = module.sweep(cfg, runs, progress=not args.quiet, **options)
     print(module.format_table(results))
     print(f"{module.TABLE_NOTE} · total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         module.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
     return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    """``attack audit``: one record-level run with gradient canaries; ε_lb beside ε."""
+    import json
+
+    from .attack.dp_audit import audit
+
+    given = {item.partition("=")[0] for item in args.set}
+    defaults = {"privacy.unit": "record", "privacy.audit_canaries": args.canaries, "eval.meteor": False,
+                "eval.bertscore": False}
+    args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = os.path.join("runs", "attack-audit")
+    setup_logging(quiet=True)
+    result = audit(resolve_config(args))
+    print(f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
+          f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
+          f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
+          f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0 if result["epsilon_lb"] <= result["epsilon"] else 1
 
 
 def _report_parser(sub: argparse._SubParsersAction) -> None:
@@ -392,8 +433,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .deploy.launch import DeployError
     from .runtime.checkpoint import CheckpointError
     from .export import ExportError
+    from .core.accounting import PrivacyBudgetError
 
-    return (CheckpointError, CredentialsError, DeployError, ExportError,
+    return (CheckpointError, PrivacyBudgetError, CredentialsError, DeployError, ExportError,
             CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
             FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError,
             AttestationError, TaskConfigError, ImageDataError, SegDataError)

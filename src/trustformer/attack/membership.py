@@ -51,6 +51,7 @@ import torch
 from ..config import RunConfig
 from ..core.shared import Tensors, assign_tensors, derive_seed
 from ..tasks.run import load_task
+from .audit import epsilon_lower_bound
 from .lira import REFERENCE_MODELS, offline_scores, reference_models, statistic
 from .reconstruct import ObservedRun, observed_run, server_estimates
 
@@ -230,9 +231,32 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
                             "auc_ci95": server[best]["auc_mean_ci95"]} if best else None)
     result["round"] = ex.round
     result["lira"] = lira_info
+    if is_private(cfg):  # the audit of the guarantee by this attack (attack/audit.py)
+        result["audit"] = audit_from_scores(per_view["server"], cfg.privacy.delta)
+        result["audit"]["epsilon"] = (run.summary.get("privacy") or {}).get("epsilon")
     result["server_sees"] = ("nothing" if not run.protocol.exchanges else
                              "aggregate only" if cfg.secure.mode in ("secagg", "tee+secagg") else "every payload")
     return result
+
+
+def is_private(cfg: RunConfig) -> bool:
+    """A run with a DP guarantee: record-level DP-SGD, or a client-level DP baseline."""
+    return cfg.privacy.unit == "record" or cfg.federation.strategy.startswith("dp-")
+
+
+def audit_from_scores(scores: dict[str, dict[int, tuple[list[float], list[float]]]], delta: float) -> dict[str, Any]:
+    """ε_lb from the attack's ROC (Jagielski et al. 2020; Nasr et al. 2021): per score, members and non-members of
+    every client pooled (each is one record), the best threshold's Clopper-Pearson bound; the best score's."""
+    best: dict[str, Any] = {"epsilon_lb": 0.0, "score": None}
+    for score, per_client in scores.items():
+        members = [x for c in per_client for x in per_client[c][0]]
+        non_members = [x for c in per_client for x in per_client[c][1]]
+        if not members or not non_members:
+            continue
+        bound = epsilon_lower_bound(members, non_members, delta)
+        if best["score"] is None or bound["epsilon_lb"] > best["epsilon_lb"]:
+            best = {**bound, "score": score}
+    return best
 
 
 def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES,

@@ -151,6 +151,39 @@ def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], beta
             for seed in seeds]
 
 
+RECORD_DP: dict[str, Any] = {"privacy.unit": "record", "privacy.delta": 1e-5, "privacy.batch_size": 256}
+"""Every record-level DP row: DP-SGD with δ = 1e-5 (below 1/records) and an expected Poisson batch of 256 pairs
+(large batches are what make DP-SGD's noise small against the signal; Li et al. 2022)."""
+
+PAPER_DP_READING: dict[str, Any] = {"privacy.unit": "record", "privacy.epsilon": 1.0, "privacy.delta": 1e-3,
+                                    "privacy.batch_size": 256}
+"""The DP baselines' record-level reading at the paper's ε = 1 and δ = 1e-3 (per-record clip C = 0.5)."""
+
+
+def plan_record_dp_runs(epsilons: list[float], seeds: list[int], *, public: bool, lora_rank: int, beta: float = 0.5,
+                        bits: int = 2, paper: bool = True) -> list[BenchRun]:
+    """Record-level DP rows (``--record-dp``): per ε, FedAvg, FedAvg at ``bits`` and Trustformer β from scratch and
+    (``public``) from the public model with LoRA adapters of ``lora_rank`` (and FedAvg of the full public model);
+    the largest ε's rows run with every seed. ``paper``: the three DP baselines' record-level reading."""
+    lora = {**PUBLIC, "model.adapters": "lora", "model.lora_rank": lora_rank, "model.lora_alpha": 2.0 * lora_rank}
+    bases: list[tuple[str, dict[str, Any], float | None]] = [
+        ("fedavg", {"federation.strategy": "fedavg"}, None),
+        (f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None),
+        (f"trustformer β={beta:g}", {"federation.strategy": "trustformer", "federation.beta": beta}, beta),
+    ]
+    if public:
+        bases += [(f"public + {name} lora r{lora_rank}", {**lora, **values}, b) for name, values, b in bases]
+        bases.append(("public + fedavg", {**PUBLIC, "federation.strategy": "fedavg"}, None))
+    top = max(epsilons, default=None)
+    runs = [BenchRun(f"{name} dp ε={eps:g}", {**values, **RECORD_DP, "privacy.epsilon": eps}, seed, b, eps == top)
+            for eps in sorted(epsilons, reverse=True) for name, values, b in bases
+            for seed in (seeds if eps == top else seeds[:1])]
+    if paper:
+        runs += [BenchRun(f"{s} record ε=1", {"federation.strategy": s, **PAPER_DP_READING}, seeds[0], None, False)
+                 for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")]
+    return runs
+
+
 # ------------------------------------------------------------------------------ one run
 
 
@@ -241,7 +274,7 @@ def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[tuple[dict[str, An
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("test_loss", "bleu", "own_test_loss", "own_bleu", "ft_test_loss", "ft_bleu", "ft_own_test_loss",
-            "ft_own_bleu", "finetune_s", "bytes", "samples", "time_s")
+            "ft_own_bleu", "finetune_s", "bytes", "samples", "time_s", "privacy")
     return {k: summary[k] for k in keys if k in summary}
 
 
@@ -326,6 +359,8 @@ def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) 
     row["mia_score"] = mia[0].get("score")
     row["mia_ci95"] = mia[0].get("auc_ci95")
     row["true_local_auc"] = _mean([_best(res["membership"].get("true-local", {})) for _, res in group])
+    row["epsilon"] = _mean([(res["summary"].get("privacy") or {}).get("epsilon") for _, res in group])
+    row["epsilon_lb"] = _mean([(res["membership"].get("audit") or {}).get("epsilon_lb") for _, res in group])
     row["recovered"] = _mean([res["attack"]["recovered_fraction_mean"] for _, res in group])
     row["relative_error"] = _mean([res["attack"]["relative_error_mean"] for _, res in group])
     row["samples"] = (first["summary"].get("samples") or {}).get("0", [])[:2]
@@ -367,7 +402,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     public = any("pgain_loss" in r for r in rows)
     head = (f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
             + (f"{'pgain':>5} {'pgown':>5} " if public else "")
-            + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'rec.':>6} {'front':>5}")
+            + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'ε':>5} {'ε_lb':>5} {'rec.':>6} {'front':>5}")
     lines = [head, "-" * len(head)]
 
     def num(value: float, width: int, digits: int) -> str:
@@ -388,13 +423,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                         if public else "")
                      + f"{num(r['upload_vs_fedavg'], 6, 3)} "
                      f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
-                     f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r['recovered'], 6, 4)} {front:>5}")
+                     f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r.get('epsilon', math.nan), 5, 2)} "
+                     f"{num(r.get('epsilon_lb', math.nan), 5, 2)} {num(r['recovered'], 6, 4)} {front:>5}")
     lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own held-out "
                  "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
                  "BLEU, own-data loss; " + ("pgain / pgown: the same on pooled and own-data loss against the "
                  "public-start references (public + local = 0, public + fedavg = 1); " if public else "")
                  + "up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
-                 "advantage (AUC − 0.5 of its best score); TPR1%: its TPR at 1% FPR; rec.: weights it recovers "
+                 "advantage (AUC − 0.5 of its best score, LiRA included); TPR1%: its TPR at 1% FPR; ε: the DP "
+                 "guarantee the run reports (record level: the largest client's); ε_lb: the attack's empirical lower "
+                 "bound on ε (Clopper-Pearson, 95%); rec.: weights it recovers "
                  "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain")
     return "\n".join(lines)
 
@@ -484,6 +522,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "public + fedavg with LoRA adapters (--lora-ranks, at 32 bits and --bits), public + "
                         "trustformer (--betas; full model and adapters); '--only public' runs just these")
     p.add_argument("--lora-ranks", default="4,16", help="--public: LoRA ranks of the adapter rows (default: 4,16)")
+    p.add_argument("--record-dp", default="", metavar="EPSILONS",
+                   help="add record-level DP-SGD rows at these ε (comma-separated, e.g. 1,3,8; δ = 1e-5): FedAvg, "
+                        "FedAvg at the narrowest --bits, Trustformer at the largest --betas, from scratch and, with "
+                        "--public, from the public model with LoRA (largest --lora-ranks) and full; plus the DP "
+                        "baselines' record-level reading at ε = 1. '--only dp' runs just these")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -523,12 +566,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.public:
         runs += plan_public_runs(seeds, [int(r) for r in args.lora_ranks.split(",") if r.strip()], args.bits,
                                  [float(b) for b in args.betas.split(",") if b.strip()])
+    if args.record_dp:
+        runs += plan_record_dp_runs([float(e) for e in args.record_dp.split(",") if e.strip()], seeds,
+                                    public=args.public, lora_rank=max(int(r) for r in args.lora_ranks.split(",")),
+                                    beta=max(float(b) for b in args.betas.split(",")), bits=min(args.bits))
     if args.only:
         wanted = {x.strip() for x in args.only.split(",") if x.strip()}
         keep = {"local", "fedavg", *wanted}
         if any(w == PUBLIC_PREFIX or w.startswith(PUBLIC_PREFIX + " ") for w in wanted):
             keep |= {"public + local", "public + fedavg"}  # the public-start references
-        runs = [r for r in runs if r.label in keep or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))]
+        if "dp" in wanted and args.public:
+            keep |= {"public + local", "public + fedavg"}
+        runs = [r for r in runs if r.label in keep or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))
+                or ("dp" in wanted and (" dp ε=" in r.label or " record ε=" in r.label))]
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
     print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "

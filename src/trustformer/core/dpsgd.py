@@ -78,8 +78,10 @@ def calibrate(epsilon: float, delta: float, rate: float, steps: int) -> float:
     (Opacus' RDP accountant, Mironov et al. 2019)."""
     from opacus.accountants.utils import get_noise_multiplier
 
-    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate,
-                                      steps=max(1, steps), accountant="rdp", epsilon_tolerance=0.005))
+    with warnings.catch_warnings():  # the search tries σ so small that the best Rényi order is the largest one
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate,
+                                          steps=max(1, steps), accountant="rdp", epsilon_tolerance=0.005))
 
 
 def epsilon_spent(noise_multiplier: float, rate: float, steps: int, delta: float) -> float:
@@ -105,7 +107,7 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def _add_canary_rows(params: dict[str, nn.Parameter], canaries: Canaries, chosen: Sequence[int]) -> None:
-    """Append one per-example gradient row per sampled canary to every parameter's ``grad_sample``."""
+    """One per-example gradient row per sampled canary, appended to every parameter's ``grad_sample``."""
     for name, p in params.items():
         rows = torch.zeros((len(chosen), p.numel()), dtype=p.dtype, device=p.device)
         for r, i in enumerate(chosen):
@@ -134,13 +136,15 @@ def dp_sgd(
     dp: RecordDP, steps: int, sampler: torch.Generator, noise: torch.Generator,
     before_step: Callable[[int], None] | None = None, sam_rho: float = 0.0,
     penalty: Callable[[nn.Module], torch.Tensor] | None = None, canaries: Canaries | None = None,
+    physical_batch: int = 32,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
 
     ``make_batch(indices)`` gives the (inputs, targets) of those records on the model's device;
     ``example_losses(model, inputs, targets)`` one loss per record, each depending on its record alone;
-    ``before_step(i)`` sets the learning rate of step i. Returns the mean training loss over the records
-    seen, the steps, the records drawn and the time."""
+    ``before_step(i)`` sets the learning rate of step i; ``physical_batch`` bounds the records whose gradients are
+    held at once (a Poisson batch is processed in pieces, each record clipped once). Returns the mean training
+    loss over the records seen, the steps, the records drawn and the time."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
@@ -162,20 +166,26 @@ def dp_sgd(
                        and float(torch.rand((), generator=sampler)) < dp.sample_rate] if canaries else [])
             offsets = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
-            if len(indices):
-                inputs, targets = make_batch(indices)
-                losses = example_losses(model, inputs, targets)
+            pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
+            for j, piece in enumerate(pieces):  # physical batches: each record clipped once, into p.summed_grad
+                if j:
+                    for p in params.values():
+                        p.grad_sample = None
+                losses = example_losses(model, *make_batch(piece))
                 losses.mean().backward()
-                loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(indices)
-            else:  # an empty Poisson batch still releases noise
+                dp_optimizer.clip_and_accumulate()
+                loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
+            if chosen or not pieces:  # the sampled canaries' rows; an empty Poisson batch still releases noise
                 for p in params.values():
                     p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-            if chosen:
-                _add_canary_rows(params, canaries, chosen)
+                if chosen:
+                    _add_canary_rows(params, canaries, chosen)
+                dp_optimizer.clip_and_accumulate()
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)
-            dp_optimizer.pre_step()  # clip each record's gradient, sum, add N(0, σ²C²), divide by B
+            dp_optimizer.add_noise()  # N(0, σ²C²) on the sum of clipped record gradients
+            dp_optimizer.scale_grad()  # ÷ B, the expected batch
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if penalty is not None:  # a data-independent term: its exact gradient, after the noise
@@ -191,7 +201,8 @@ def dp_sgd(
     train_loss = loss_sum / max(seen, 1)
     if not math.isfinite(train_loss):
         raise FloatingPointError(f"DP-SGD diverged (train loss {train_loss}); lower train.lr or privacy.clip_norm")
-    return {"train_loss": train_loss, "steps": steps, "dp_records": seen, "train_s": elapsed}
+    return {"train_loss": train_loss, "steps": steps, "dp_records": seen, "train_s": elapsed,
+            "examples_per_s": seen / elapsed if elapsed > 0 else 0.0}
 
 
 __all__ = ["Canaries", "RecordDP", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]

@@ -4,7 +4,8 @@ run), its random sources, and its local training and fine-tuning through ``core/
 A record is one sentence pair. Its loss is its own token-averaged cross-entropy (``pair_losses``), so its
 gradient depends on it alone, as per-example clipping requires. Batches are Poisson draws of
 ``privacy.batch_size`` pairs in expectation (``train.batch_size`` when 0), not the length-bucketed token batches
-of non-private training. The run's learning-rate schedule applies per DP step.
+of non-private training. The run's learning-rate schedule applies per DP step, its warm-up scaled to cover as many
+records as without DP (``train.warmup_steps`` × ``train.batch_size`` / the expected DP batch).
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ def train(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     else:
         done, steps = optimizer_steps(optimizer), per_round
 
+        warmup = round(t.warmup_steps * t.batch_size / dp.expected_batch)  # as many records as without DP
+
         def before_step(i: int) -> None:
-            set_lr(optimizer, lr_at(done + i + 1, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
+            set_lr(optimizer, lr_at(done + i + 1, lr=t.lr, schedule=t.schedule, warmup_steps=warmup,
                                     decay_steps=t.decay_steps or total, min_lr=t.min_lr))
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
