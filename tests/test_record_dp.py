@@ -204,3 +204,19 @@ def test_the_membership_attack_audits_a_dp_run_with_lira_among_its_scores(tmp_pa
     assert 0 < audit["epsilon"] <= 1.0 + 1e-6
     assert 0.0 <= audit["epsilon_lb"] <= audit["epsilon"]
     assert audit["members"] == audit["non_members"] == 60
+
+
+def test_the_report_says_which_reading_of_the_papers_dp_rows_the_runs_fit(tmp_path):
+    from trustformer.report.builder import _dp_reading_verdict
+    from trustformer.report.runs import RunResult
+
+    def run(unit, loss):
+        return RunResult(tmp_path, {"strategy": "dp-fedavg", "config": {"privacy": {"unit": unit}},
+                                    "client_ids": [0], "test_loss": [loss],
+                                    "data": {"clients": {"0": {"vocab_size": 4000}}}})
+
+    fits_record = _dp_reading_verdict([run("client", 700.0), run("record", 4.9)])
+    assert "fit the record-level reading" in fits_record
+    assert run("record", 4.9).label.endswith("(record level)")
+    assert "cannot tell" in _dp_reading_verdict([run("client", 700.0), run("record", 9.0)])
+    assert "Only the client-level" in _dp_reading_verdict([run("client", 700.0)])

@@ -25,9 +25,10 @@ def test_default_tiny_grid_covers_the_paper_grid():
     assert "fedavg Agg_fr=1" in labels and "fedavg Agg_fr=2" in labels
     assert {"trustformer β=0.1 Agg_fr=1", "trustformer β=0.5 Agg_fr=1", "trustformer β=0.9 Agg_fr=1",
             "trustformer β=0.5 Agg_fr=2", "local", "centralized"} <= set(labels)
-    # DP baselines take part exactly when this installation has them
+    # DP baselines take part exactly when this installation has them, under both readings of the paper's clipping
     for dp in ("dp-fedavg", "dp-fedsam", "dp-blur-lus"):
-        assert (f"{dp} Agg_fr=1" in labels) == (dp in config_module.STRATEGIES)
+        for unit in ("client", "record"):
+            assert (f"{dp} ({unit} level) Agg_fr=1" in labels) == (dp in config_module.STRATEGIES)
     assert len({r.key for r in planned}) == len(planned)  # one key per distinct configuration
     assert all(r.cfg.out == str(r.folder) and r.folder.name.endswith(r.key[:8]) for r in planned)
 

@@ -56,6 +56,9 @@ class GridSpec:
     agg_strategies: tuple[str, ...] = ("fedavg", "trustformer")
     rounds: int | None = None  # None = the preset's
     settings: tuple[tuple[str, Any], ...] = ()  # (dotted key, value) for every run; --set wins over them
+    # the DP baselines under both readings of the paper's clipping (docs/privacy.md): its clients' updates
+    # (user level, privacy.unit = client) and each training record (DP-SGD, privacy.unit = record)
+    dp_units: tuple[str, ...] = ("client", "record")
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
@@ -97,6 +100,8 @@ class PlannedRun:
         text = fed.strategy
         if fed.strategy == "trustformer":
             text += f" β={fed.beta:g}"
+        if fed.strategy.startswith("dp-"):
+            text += f" ({self.cfg.privacy.unit} level)"
         if fed.strategy not in NON_EXCHANGING:
             text += f" Agg_fr={fed.agg_every}"
         return text
@@ -126,6 +131,9 @@ def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str |
         if strategy == "trustformer":
             settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1,
                           **PAPER_TRUSTFORMER} for b in grid.betas]
+        elif strategy.startswith("dp-"):
+            settings += [{"federation.strategy": strategy, "federation.agg_every": 1, "privacy.unit": unit}
+                         for unit in grid.dp_units]
         else:
             settings.append({"federation.strategy": strategy, "federation.agg_every": 1})
         if strategy in grid.agg_strategies:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from .base import FederatedProtocol
-from .dp import DifferentialPrivacy
+from .dp import DifferentialPrivacy, record_level
 from .fedavg_updates import FedAvgUpdates
 
 
@@ -14,7 +14,7 @@ def dp_fedavg(cfg: RunConfig) -> FederatedProtocol:
     """Client level: user-level DP around FedAvg of updates. Record level (``privacy.unit = "record"``): FedAvg of
     updates whose clients train with DP-SGD, per-record clip ``privacy.clip_norm`` (``tasks/record_dp.py``)."""
     if cfg.privacy.unit == "record":
-        return FedAvgUpdates(cfg)
+        return record_level(FedAvgUpdates(cfg), "dp-fedavg")
     return DifferentialPrivacy(FedAvgUpdates(cfg), cfg.privacy, name="dp-fedavg")
 
 

@@ -84,6 +84,11 @@ class RunResult:
         return paper_key(self.strategy, self.beta)
 
     @property
+    def privacy_unit(self) -> str:
+        """``client`` (user-level DP of the DP baselines) or ``record`` (DP-SGD of every record)."""
+        return str(self.config.get("privacy", {}).get("unit", "client"))
+
+    @property
     def noise_not_private(self) -> bool:
         """A DP run whose noise and client sampling were derived from the run seed
         (``privacy.noise_source = "seeded-not-private"``): anyone who knows the seed can remove the noise."""
@@ -97,6 +102,8 @@ class RunResult:
             name += f" β={self.beta:g}"
         if self.exchanges and self.agg_every != 1:
             name += f", Agg_fr={self.agg_every}"
+        if self.privacy_unit == "record" and self.strategy.startswith("dp-"):
+            name += " (record level)"
         if self.noise_not_private:
             name += " (seeded noise: NOT private)"
         return name + self.label_suffix
