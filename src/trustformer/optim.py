@@ -73,12 +73,15 @@ def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int, decay_steps
 
 
 def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
-    """Steps this optimizer has taken (from its saved state, so it survives save and load)."""
+    """Steps this optimizer has taken (from its saved state, so it survives save and load), plus the
+    ``steps_before`` of its first parameter group: the steps of a run it stands in for from the middle (the
+    learning-rate schedule then continues from there, as for LiRA's reference models, ``attack/lira.py``)."""
+    before = int(optimizer.param_groups[0].get("steps_before", 0)) if optimizer.param_groups else 0
     for state in optimizer.state.values():
         step = state.get("step")
         if step is not None:
-            return int(step)
-    return 0
+            return int(step) + before
+    return before
 
 
 def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:

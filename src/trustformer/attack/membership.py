@@ -151,11 +151,12 @@ class _Lira:
     """Offline LiRA's reference statistics for the candidates of each client (``attack/lira.py``): reference
     models trained from ``start`` for ``rounds`` rounds on halves of a pool twice a client's shard."""
 
-    def __init__(self, run: ObservedRun, task, before: Tensors, n_models: int) -> None:
+    def __init__(self, run: ObservedRun, task, before: Tensors, n_models: int, last_round: int) -> None:
         cfg = run.cfg
         self.task, self.cfg, self.n_models = task, cfg, n_models
         exchanged = bool(run.protocol.exchanges)
         self.start, self.rounds = (before, 1) if exchanged else (run.initial, cfg.federation.rounds)
+        self.rounds_before = last_round - 1 if exchanged else 0  # the target's rounds before its last one
         self.models: dict[int, list[Tensors]] = {}  # by pool size
         self.info: dict[str, Any] = {"reference_models": n_models, "rounds": self.rounds,
                                      "start": "global model before the last exchange" if exchanged else "initial",
@@ -168,7 +169,8 @@ class _Lira:
         if len(pool) not in self.models:
             self.models[len(pool)] = reference_models(
                 task, cfg, self.start, pool, n_models=self.n_models, rounds=self.rounds,
-                seed=derive_seed(cfg.seed, "lira"), cache_dir=Path(cfg.out).resolve().parent / "lira-cache")
+                seed=derive_seed(cfg.seed, "lira"), cache_dir=Path(cfg.out).resolve().parent / "lira-cache",
+                rounds_before=self.rounds_before)
         self.info["pool"][str(client)] = len(pool)
         rows = []
         for tensors in self.models[len(pool)]:
@@ -178,14 +180,15 @@ class _Lira:
         return np.stack(rows)
 
 
-def _lira(run: ObservedRun, task, before: Tensors, n_models: int) -> tuple[_Lira | None, dict[str, Any]]:
+def _lira(run: ObservedRun, task, before: Tensors, n_models: int, last_round: int
+          ) -> tuple[_Lira | None, dict[str, Any]]:
     if n_models < 1:
         return None, {"skipped": "reference_models = 0"}
     try:
         task.population_pool(1, 0)
     except NotImplementedError as exc:
         return None, {"skipped": str(exc)}
-    lira = _Lira(run, task, before, n_models)
+    lira = _Lira(run, task, before, n_models, last_round)
     return lira, lira.info
 
 
@@ -197,7 +200,7 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
     task = load_task(cfg)
     *_, last = server_estimates(cfg, run.initial, run.exchanges, run.protocol)
     ex, estimates, before, _estimator = last
-    lira, lira_info = _lira(run, task, before, reference_models)
+    lira, lira_info = _lira(run, task, before, reference_models, ex.round)
     final = _final_models(run)
     views = {"server": estimates, "true-local": ex.trained, "final": final}
     initial_model, global_model = _module(task, run.initial), _module(task, before)
