@@ -9,72 +9,22 @@ round-1 rows. Paths:
 - f == 1 (biases, LayerNorm): exact 1-D k-means by dynamic programming over the sorted values (a
   Knuth window from the previous layer, or divide and conquer over positions, vectorised; layers of one
   (r, k) share one solve in cluster_layers); when that would take over ~50 ms (a vocabulary-sized
-  bias) greedy Ward merging of sorted neighbours + sorted Lloyd steps (0–8% above the optimum measured).
-  Clusters are rank-aligned: the q-th smallest centroid sits at the index of the q-th smallest init.
-  On the real 1-D layers Lloyd (scikit-learn, faiss) ended 1.4×–20× above our optimum.
+  bias) greedy Ward merging of sorted neighbours + sorted Lloyd steps. Clusters are rank-aligned: the
+  q-th smallest centroid sits at the index of the q-th smallest init.
 - otherwise Lloyd from init. E-step in blocks of ≤ 8 MB: row chunks × all centroids, or × tiles of
   1,024 centroids with a running minimum when k > 2,048 — never an r×k matrix; ‖c‖² − 2x·c by addmm,
   ties to the lowest index. M-step by index_add_ (a sorted index_put_ off CPU); an empty cluster takes
   its init row (``empty="farthest"``: the row farthest from its centroid, as scikit-learn does). Stop
   when Σ‖shift‖² ≤ tol · mean feature variance (scikit-learn's rule), when ≤ label_tol·r labels change
-  (0.1%: 4–12 cold iterations instead of 5–19 for +0.004–0.012% inertia, as measured before this
-  module), or at max_iter.
+  (0.1%), or at max_iter.
 
-Warm start. Between rounds the weights move far: in the `small` preset's model trained with Adam on
-synthetic pairs (2,000 per client, one epoch per round — a stand-in for a `small` run), one epoch
-moved the weights by a median 0.82× their spread (rounds 2→3) and 0.52× (round 1, from the initial
-model); in real `small` FedAvg runs 1.07× (rounds 5→6) and 1.15× (14→15). From the previous
-centroids alone most clusters then go empty (2,555 of 4,304 at β 0.5, 4,567 of 7,740 at
-β 0.9) and end 1.26× / 3.0× the inertia of a cold run in 4.9 / 4.3 iterations. Passing the previous
-memberships (``init_labels``, which the client keeps) starts each cluster from the mean of the same
-rows now — the previous global centroid moved by its rows' local drift — and keeps alignment by row
-identity: 2.9 / 1.6 mean iterations at β 0.5 / 0.9 and 0.93× / 0.73× the cold inertia; at β 0.1,
-5.6 iterations (cold 5.4; the 4000-row embedding 14 instead of 28) at 0.98× the cold inertia.
-On the real rounds the full stopping rule takes 6.6–7.5 warm iterations at β 0.1 (cold 7.1–7.8):
-it needs a drift of ≲ 0.1× the spread to settle within 3. Capped at 3 iterations (``max_iter=3``)
-with ``empty="farthest"``, the warm start from memberships ends at 0.92–0.99× (β 0.1), 0.63–0.66×
-(0.5) and 0.46–0.50× (0.9) the inertia of a converged cold run (``trustformer bench kmeans
---weights``). Better clusters for one client are not a better federation, though: in a `small` run the Trustformer
-protocol moved further from FedAvg with ``init_labels`` than from the global centroids alone
-(protocols/trustformer.py), so the protocol warm-starts from the global centroids.
-
-High β. Greedy merging of the closest disjoint pairs (``method="merge"``: Ward's first merges, then
-matched onto init and refined by Lloyd) ends 11–13% below Lloyd on Gaussian 4000×256 and 13–28% below on
-real round-1 weights, but it is not alignment-safe: rows that get the same cluster index on two
-clients fall from 98.7% / 99.7% (Lloyd from the shared init, Gaussian, β 0.5 / 0.9) to 56% / 85%,
-and from 92.9% / 98.8% to 54% / 86% on two real clients after one local epoch. It is therefore not
-used by "auto" (kept opt-in, for measurement).
-
-Why our own PyTorch code rather than faiss or scikit-learn (``trustformer bench kmeans``, 2-core
-Xeon shared with other jobs, 2 threads, fp32 2048³ matrix product 66–297 GFLOP/s by load):
-
-- speed: 250,000×256, k = 25,000 (the paper's embedding at β 0.1), same init, same iterations, equal
-  inertia, three runs: ours 14.9 / 15.3 / 57.9 s per iteration (215 / 210 / 55 GFLOP/s, 71–84% of the
-  matrix product measured in the same run), scikit-learn 29.4 / 29.8 / 111 s, faiss 202 / 59 / 274 s:
-  ours 1.9–2.0× the faster library. Each worker thread runs single-threaded products over its own row
-  spans, as scikit-learn does: two torch threads splitting every product fell to 21–47 GFLOP/s when
-  other processes held the cores, this scheme kept 73–111. On the real model's 33 matrices (cold,
-  β 0.1) ours took 0.18 s against scikit-learn 0.18 s and faiss 0.48 s on a lightly loaded machine,
-  0.25 s against 1.6 s and 8.9 s under load. One thread each (faiss in its own process, see the
-  benchmark), 250,000×256: ours 29.2 s per iteration (110 GFLOP/s, 75% of the one-thread matrix
-  product), scikit-learn 54.9 s, faiss 117.8 s. On the paper's 256–512-row matrices (0.3–2 ms per
-  iteration, a few iterations) the fixed cost of a call matters: the small-problem path makes one
-  distance block, synchronises with the host only for its stopping scalars, and takes the variance
-  and the final inertia from dot products; with scikit-learn's stopping rule from the same start ours
-  took 1.02–2.65× less time per iteration than the faster library returning the same memberships
-  (faiss's training alone, without the assignment, was faster only at 256×256, β 0.1, cold: 0.34 vs
-  0.42 ms).
-- semantics the protocol needs: scikit-learn moves empty clusters to far rows and faiss splits big
-  clusters into empty ones — both re-seed cluster j away from init j; neither has the k == r
-  identity, an exact 1-D path, or a warm start from memberships. (scikit-learn's relocation is
-  available as ``empty="farthest"`` for callers that want inertia over alignment: on real weights
-  warm-started across a round it ended at 0.38–0.94× the inertia of keeping them, 0.38–0.63× at
-  β ≥ 0.5.)
-- devices and dependencies: runs on x.device with torch and numpy only (one code path; the CUDA
-  branches — bigger blocks, deterministic index_put_ sums — have not run on a GPU yet: none was lent);
-  scikit-learn is CPU-only and faiss's GPU build is a separate package.
-- memory: one full iteration at 250,000×256, k = 25,000 added 112 MB of resident memory (bound:
-  ``iteration_memory_bytes``, 177 MB), against 23,842 MB for a dense r×k matrix.
+Warm start: a round's clusters start from the previous global centroids; ``init_labels`` (the previous
+memberships) is available but the protocol does not use it. ``method="merge"`` (greedy Ward merging) is opt-in,
+since it loses the clusters' alignment across clients. The code is our own PyTorch rather than faiss or
+scikit-learn for the semantics the protocol needs (cluster j stays aligned with init row j; the k == r identity;
+an exact 1-D path; a warm start), for one code path on any device, and for bounded memory. The measurements
+behind each of these choices (speed against both libraries, inertia, alignment, memory) are in
+docs/benchmarks.md, "Clustering: design measurements".
 
 Threads: on CPU a call sets torch's intra-op threads to 1 for its duration (restored after) and runs the
 E-step on ``workers`` threads of its own (default: torch's thread count before the call).

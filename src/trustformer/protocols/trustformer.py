@@ -44,37 +44,10 @@ means something if cluster j is the same rows on every client.
 The payload is one flat float array: every exchanged layer's centroids in parameter order
 (:func:`~trustformer.wire.pack_flat`), so framing costs one array header per message.
 
-Measured on ``trustformer bench federation`` (domain partition, 3 clients × 1,000 pairs, 10 rounds,
-``small``; gain retained = (L_local − L)/(L_local − L_fedavg); docs/protocols.md has the command):
-
-===  ===================  ====================  ====  =============
-β    memberships          test loss (± spread)  BLEU  gain retained
-===  ===================  ====================  ====  =============
-—    no exchange          5.274 ± 0.112         4.04  0.00
-—    FedAvg               4.214 ± 0.000         5.09  1.00
-0.1  rotating (default)   5.009 ± 0.093         2.32  0.25
-0.1  focused              5.115 ± 0.100         2.52  0.15
-0.1  tracked              5.191 ± 0.132         3.37  0.08
-0.1  shared               5.251 ± 0.119         3.27  0.02
-0.1  local (Algorithm 2)  5.199 ± 0.092         2.81  0.07
-0.1  FedAvg every 10      5.082 ± 0.000         1.07  0.18
-0.1  top-k 0.05           4.612 ± 0.000         0.68  0.62
-0.5  rotating (default)   4.380 ± 0.014         3.81  0.84
-0.5  focused              4.404 ± 0.014         3.87  0.82
-0.5  tracked              4.729 ± 0.046         3.05  0.51
-0.5  shared               4.933 ± 0.088         3.21  0.32
-0.5  local (Algorithm 2)  5.094 ± 0.103         1.79  0.17
-0.5  FedAvg every 2       4.246 ± 0.000         4.59  0.97
-0.5  top-k 0.25           4.287 ± 0.000         3.04  0.93
-===  ===================  ====================  ====  =============
-
-Upload: 0.097 of FedAvg's at β = 0.1, 0.498 at β = 0.5 (the baselines: 0.100 and 0.500). Rotating is
-the default because it keeps the most of FedAvg's gain. What limits every mode: memberships that all
-clients compute alike without communicating cannot depend on their updates, and for any such partition
-an exchange averages k of every r row-directions of a layer, so it removes in expectation a share k/r = β
-of disagreement spread over the rows — as much per round as FedAvg every 1/β rounds. Top-k beats it at
-β = 0.1 by choosing, per client, where the update is large (and paying an index per value); grouping
-rows by where the shared reference moved (``focused``, ``tracked``) did worse than random groups.
+Rotating is the default because it keeps the most of FedAvg's gain. What limits every mode: memberships that all
+clients compute alike without communicating cannot depend on their updates, so an exchange removes in expectation
+a share k/r = β of disagreement spread over the rows, as much per round as FedAvg every 1/β rounds. The measured
+comparison of the modes, with its command, is in docs/protocols.md ("Trustformer").
 
 What the server can learn is measured by ``trustformer attack reconstruct`` and ``attack membership`` (docs/privacy.md).
 """
