@@ -29,6 +29,8 @@ ALLOWED = {
     "app": {"config", "runtime", "secure", "wire"},
     "engine": {"app", "config", "core", "deploy", "runtime", "secure", "tasks", "wire"},
     "export": {"config", "core", "data", "models", "evaluation", "tasks", "workload"},
+    "image_files": {"export"},
+    "model_commands": {"export", "image_files", "evaluation"},
     "cli_options": {"config"},
     "deploy": {"cli_options", "config", "core", "runtime", "secure", "tasks", "wire"},
     "attack": {"cli_options", "config", "core", "engine", "export", "protocols", "runtime", "tasks", "wire", "workload",

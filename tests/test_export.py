@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trustformer import export as ex
+from trustformer import model_commands as mc
 from trustformer.data.tokenizer import HFTokenizer, train_sentencepiece
 from trustformer.evaluation.translation import translate
 from trustformer.models.fixup_resnet import FixupConfig, FixupResNet
@@ -353,18 +354,18 @@ def test_find_models_errors(tmp_path: Path) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trustformer")
     sub = parser.add_subparsers(dest="command", required=True)
-    ex.add_translate_parser(sub)
-    ex.add_predict_parser(sub)
+    mc.add_translate_parser(sub)
+    mc.add_predict_parser(sub)
     return parser.parse_args(argv)
 
 
 def test_translate_arguments(run_dir: Path, model, tokenizer, capsys) -> None:
     args = parse(["translate", "--run", str(run_dir), "--beam", "2", *SOURCES[:3]])
-    assert args.func is ex.cmd_translate and args.client is None
+    assert args.func is mc.cmd_translate and args.client is None
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert out.splitlines() == translate(model, tokenizer, SOURCES[:3], max_len=MAX_LEN, beam_size=2)
-    assert parse(["translate", "--run", "x"]).beam == ex.DEFAULT_BEAM == 4
+    assert parse(["translate", "--run", "x"]).beam == mc.DEFAULT_BEAM == 4
 
 
 def test_translate_stdin_in_order(run_dir: Path, tokenizer, monkeypatch, capsys) -> None:
@@ -373,7 +374,7 @@ def test_translate_stdin_in_order(run_dir: Path, tokenizer, monkeypatch, capsys)
     text = "\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     args = parse(["translate", "--run", str(run_dir), "--client", "2", "--beam", "1", "--batch-size", "16"])
-    assert ex.cmd_translate(args) == 0
+    assert mc.cmd_translate(args) == 0
     out = capsys.readouterr().out.split("\n")
     assert out[-1] == ""
     expected = translate(other, tokenizer, lines, max_len=MAX_LEN)
@@ -382,11 +383,11 @@ def test_translate_stdin_in_order(run_dir: Path, tokenizer, monkeypatch, capsys)
 
 def test_translate_unknown_client(run_dir: Path) -> None:
     with pytest.raises(ex.ExportError, match="has no client 5: its clients are 0, 1, 2"):
-        ex.cmd_translate(parse(["translate", "--run", str(run_dir), "--client", "5", "hello"]))
+        mc.cmd_translate(parse(["translate", "--run", str(run_dir), "--client", "5", "hello"]))
 
 
 def test_translate_max_len(run_dir: Path, model, tokenizer, capsys) -> None:
-    ex.cmd_translate(parse(["translate", "--run", str(run_dir), "--beam", "1", "--max-len", "3", SOURCES[0]]))
+    mc.cmd_translate(parse(["translate", "--run", str(run_dir), "--beam", "1", "--max-len", "3", SOURCES[0]]))
     out = capsys.readouterr().out.splitlines()
     assert out == translate(model, tokenizer, SOURCES[:1], max_len=3)
 
@@ -428,7 +429,7 @@ def test_image_classification_round_trip_and_predict(tmp_path: Path, capsys) -> 
         Image.fromarray(arr).save(images / f"img{i}.png")
     Image.fromarray(rng.integers(0, 256, (20, 14, 3), dtype=np.uint8)).save(images / "big.jpg")
     (images / "notes.txt").write_text("not an image")
-    assert ex.cmd_predict(parse(["predict", "--run", str(run), str(images)])) == 0
+    assert mc.cmd_predict(parse(["predict", "--run", str(run), str(images)])) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [Path(r[0]).name for r in rows] == ["big.jpg", "img0.png", "img1.png", "img2.png"]
     x = to_float(torch.from_numpy(np.stack(pixels))[:, None], "digits")
@@ -464,7 +465,7 @@ def test_segmentation_round_trip_and_predict(tmp_path: Path, capsys) -> None:
     out = tmp_path / "masks"
     args = parse(["predict", "--run", str(run), "--out", str(out), str(tmp_path / "slice.png"),
                   str(tmp_path / "large.png")])
-    assert ex.cmd_predict(args) == 0
+    assert mc.cmd_predict(args) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [Path(r[1]) for r in rows] == [out / "slice.mask.png", out / "large.mask.png"]
     mask = np.asarray(Image.open(out / "slice.mask.png"))

@@ -1,4 +1,7 @@
-"""Trained models as self-contained folders, and the ``trustformer translate`` / ``predict`` commands.
+"""Trained models as self-contained folders: the format, its fingerprint, saving and loading.
+
+The ``trustformer translate`` / ``predict`` commands that use these folders are in ``model_commands.py``, and
+their image decoding is in ``image_files.py``.
 
 After a federated run each distinct final model is written to the run folder, so a user can use it
 without the corpus, the data set or the run configuration. A *model folder* holds:
@@ -27,18 +30,16 @@ message that names the folder and what is wrong.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -47,18 +48,12 @@ from .models.adapters import has_adapters, merged
 from .models.transformer import Seq2SeqTransformer, TransformerConfig
 
 __all__ = [
-    "DEFAULT_BEAM",
-    "DEFAULT_TRANSLATE_BATCH",
     "ExportError",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "META_FILE",
     "MODELS_DIR",
     "WEIGHTS_FILE",
-    "add_predict_parser",
-    "add_translate_parser",
-    "cmd_predict",
-    "cmd_translate",
     "export_model",
     "find_models",
     "image_input_spec",
@@ -80,10 +75,6 @@ HF_FILE = "tokenizer.json"
 MODELS_DIR = "models"  # model folders of a run: <run>/models/<fingerprint>
 SUMMARY_FILE = "summary.json"
 
-DEFAULT_BEAM = 4  # `trustformer translate --beam`
-DEFAULT_TRANSLATE_BATCH = 32  # sentences decoded together by `trustformer translate`
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-MASK_SUFFIX = ".mask.png"
 
 TASK_TRANSLATION = "translation"
 TASK_CLASSIFICATION = "image-classification"
@@ -606,293 +597,3 @@ def select_model(run_dir: Path, client: int | None = None) -> tuple[int, Path]:
         raise ExportError(f"run {run_dir} has no client {client}: its clients are "
                           f"{', '.join(str(c) for c in models)}")
     return client, models[client]
-
-
-# ======================================================================================== CLI
-
-
-def _positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-    return parse
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ExportError("--device cuda, but this process sees no CUDA device (use --device cpu)")
-    try:
-        return torch.device(name)
-    except RuntimeError as exc:
-        raise ExportError(f"--device {name!r}: {exc}") from exc
-
-
-def _common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, metavar="DIR",
-                   help="a finished run folder (the --out of `trustformer run`, holding summary.json and models/)")
-    p.add_argument("--client", type=int, metavar="K",
-                   help="use client K's final model (default: the lowest client id of the run)")
-    p.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default), cuda or auto")
-
-
-def add_translate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``trustformer translate``; its handler is :func:`cmd_translate` (``args.func``)."""
-    p = sub.add_parser(
-        "translate",
-        help="translate Russian sentences into English with a run's trained model",
-        description="Translate with the final model of one client of a finished run. The sentences are the "
-        "TEXT arguments, or, with none, the lines of standard input (one sentence per line, translated in "
-        f"batches of {DEFAULT_TRANSLATE_BATCH} as they arrive). One translation is printed per sentence, in "
-        "order, one per line; an empty input line gives an empty output line.",
-    )
-    _common_options(p)
-    p.add_argument("--beam", type=_positive("--beam"), default=DEFAULT_BEAM, metavar="N",
-                   help=f"beam size; 1 is greedy decoding (default {DEFAULT_BEAM})")
-    p.add_argument("--max-len", type=_positive("--max-len"), default=None, metavar="L",
-                   help="at most L tokens per source (longer ones are truncated) and per translation "
-                        "(default: the model's max_len, the length it was trained with)")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=DEFAULT_TRANSLATE_BATCH, metavar="B",
-                   help=f"sentences decoded together (default {DEFAULT_TRANSLATE_BATCH})")
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="sentences to translate (default: read stdin)")
-    p.set_defaults(func=cmd_translate)
-    return p
-
-
-def _clean_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _stdin_batches(stream: IO[str], size: int) -> Iterator[list[str]]:
-    """Lines of ``stream`` in batches of at most ``size``; a batch is also cut short when no further
-    input is waiting, so an interactive user gets each translation after its line."""
-    batch: list[str] = []
-    for line in stream:
-        batch.append(line.rstrip("\r\n"))
-        if len(batch) >= size or not _more_input_waiting(stream):
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _more_input_waiting(stream: IO[str]) -> bool:
-    try:
-        import select
-
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError, ImportError):  # e.g. io.StringIO: all of it is there
-        return True
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):
-        return True
-
-
-def _emit(lines: Iterable[str]) -> None:
-    out = sys.stdout
-    for line in lines:
-        out.write(line + "\n")
-    out.flush()
-
-
-def cmd_translate(args: argparse.Namespace) -> int:
-    """``trustformer translate``: print one translation per input sentence, in order."""
-    from .evaluation.translation import translate
-
-    client, folder = select_model(Path(args.run), args.client)
-    model, tokenizer, meta = load_translation_model(folder, device=_device(getattr(args, "device", "cpu")))
-    max_len = args.max_len or model.config.max_len
-    if max_len < 2:
-        raise ExportError(f"--max-len must be >= 2, got {max_len}")
-    batch_size = getattr(args, "batch_size", DEFAULT_TRANSLATE_BATCH) or DEFAULT_TRANSLATE_BATCH
-
-    def run(batch: list[str]) -> list[str]:
-        cleaned = [_clean_line(text) for text in batch]
-        todo = [text for text in cleaned if text]
-        done = iter(translate(model, tokenizer, todo, batch_size=batch_size, max_len=max_len,
-                              beam_size=args.beam)) if todo else iter(())
-        return [_clean_line(next(done)) if text else "" for text in cleaned]
-
-    try:
-        if args.texts:
-            for start in range(0, len(args.texts), batch_size):
-                _emit(run(list(args.texts[start:start + batch_size])))
-        else:
-            if sys.stdin.isatty():
-                print(f"trustformer translate: client {client}'s model ({meta.get('fingerprint')}); type one "
-                      "Russian sentence per line, Ctrl-D to end", file=sys.stderr, flush=True)
-            for batch in _stdin_batches(sys.stdin, batch_size):
-                _emit(run(batch))
-    except BrokenPipeError:  # e.g. `| head`: the reader is gone; stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    return 0
-
-
-# ------------------------------------------------------------------------------------ predict
-
-
-def add_predict_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``trustformer predict``; its handler is :func:`cmd_predict` (``args.func``)."""
-    p = sub.add_parser(
-        "predict",
-        help="classify images or segment them with a run's trained image model",
-        description="Use the final model of one client of a finished image-classification or segmentation "
-        "run on image files (PNG, JPEG, …) or folders of them (searched recursively). Images are converted "
-        "to the training data's channels and size and normalised as in training. Classification prints "
-        "`path<TAB>class<TAB>probability` per image; segmentation writes `<name>.mask.png` (0/255, the "
-        "input's size) beside each image (or into --out) and prints `path<TAB>mask<TAB>foreground fraction`.",
-    )
-    _common_options(p)
-    p.add_argument("--out", metavar="DIR", help="segmentation: write the masks here (default: beside each image)")
-    p.add_argument("--threshold", type=float, metavar="P",
-                   help="segmentation: foreground probability threshold (default: the run's)")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders")
-    p.set_defaults(func=cmd_predict)
-    return p
-
-
-def _image_files(paths: Sequence[str]) -> list[Path]:
-    files: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-                           and not p.name.lower().endswith(MASK_SUFFIX))
-            if not found:
-                raise ExportError(f"{path} holds no image file ({', '.join(IMAGE_SUFFIXES)})")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise ExportError(f"{path} does not exist")
-    return files
-
-
-def _read_image(path: Path, channels: int) -> Tensor:
-    """An image file as float32 C×H×W in 0-1 (16-bit grayscale kept at full precision)."""
-    import numpy as np
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            im = ImageOps.exif_transpose(im)
-            if im.mode.startswith("I;16") or im.mode == "I":
-                arr = np.asarray(im, dtype=np.float32) / 65535.0
-                arr = np.clip(arr, 0.0, 1.0)[None]
-                if channels == 3:
-                    arr = np.repeat(arr, 3, axis=0)
-            else:
-                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-                    im = im.convert("RGBA")
-                    background = Image.new("RGBA", im.size, (0, 0, 0, 255))  # transparent → black background
-                    im = Image.alpha_composite(background, im)
-                im = im.convert("L" if channels == 1 else "RGB")
-                arr = np.asarray(im, dtype=np.float32) / 255.0
-                arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise ExportError(f"cannot read image {path}: {exc}") from exc
-    return torch.from_numpy(np.ascontiguousarray(arr))
-
-
-def _resize(x: Tensor, height: int, width: int) -> Tensor:
-    """1×C×H×W → 1×C×height×width: area averaging when shrinking (as the LGG loader), bilinear otherwise."""
-    import torch.nn.functional as F
-
-    h, w = x.shape[-2:]
-    if (h, w) == (height, width):
-        return x
-    if h >= height and w >= width:
-        return F.interpolate(x, size=(height, width), mode="area")
-    return F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
-
-
-def _classification_input(x: Tensor, spec: dict[str, Any]) -> Tensor:
-    x = _resize(x[None], spec["height"], spec["width"])
-    scale = float(spec.get("scale", 255.0))
-    x = x * (255.0 / scale)  # the file's 0-1 values are pixel/255; training divides pixels by `scale`
-    mean = torch.tensor(spec["mean"], dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor(spec["std"], dtype=torch.float32).view(1, -1, 1, 1)
-    return (x - mean) / std
-
-
-def _segmentation_input(x: Tensor, spec: dict[str, Any]) -> Tensor:
-    intensity = spec["intensity"]
-    if "percentile" in intensity:
-        top = float(torch.quantile(x.flatten().double(), float(intensity["percentile"]) / 100.0))
-        x = x / top if top > 0 else x
-        if intensity.get("clip") is not None:
-            x = x.clamp(0.0, float(intensity["clip"]))
-    else:
-        x = x * (255.0 / float(intensity.get("scale", 255.0)))
-    return _resize(x[None].float(), spec["height"], spec["width"])
-
-
-def _mask_path(image: Path, out_dir: Path | None) -> Path:
-    name = image.name
-    stem = name[: -len(image.suffix)] if image.suffix else name
-    return (out_dir or image.parent) / f"{stem}{MASK_SUFFIX}"
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    """``trustformer predict``: classify or segment image files; 1 when some image could not be read."""
-    import numpy as np
-    import torch.nn.functional as F
-
-    _, folder = select_model(Path(args.run), args.client)
-    device = _device(getattr(args, "device", "cpu"))
-    model, meta = load_image_model(folder, device=device)
-    spec = meta["input"]
-    files = _image_files(args.paths)
-    failed = 0
-    if meta["task"] == TASK_CLASSIFICATION:
-        classes = spec["classes"]
-        for start in range(0, len(files), 64):
-            chunk, inputs = [], []
-            for path in files[start:start + 64]:
-                try:
-                    inputs.append(_classification_input(_read_image(path, spec["channels"]), spec))
-                    chunk.append(path)
-                except ExportError as exc:
-                    print(f"trustformer predict: {exc}", file=sys.stderr)
-                    failed += 1
-            if not chunk:
-                continue
-            with torch.no_grad():
-                probs = torch.softmax(model(torch.cat(inputs).to(device)).float(), dim=1).cpu()
-            best_p, best = probs.max(dim=1)
-            _emit(f"{path}\t{classes[int(k)]}\t{float(p):.4f}" for path, k, p in zip(chunk, best, best_p))
-        return 1 if failed else 0
-    given = getattr(args, "threshold", None)
-    threshold = spec["threshold"] if given is None else float(given)
-    if not 0.0 < threshold < 1.0:
-        raise ExportError(f"--threshold must be in (0, 1), got {threshold}")
-    out_dir = Path(args.out) if getattr(args, "out", None) else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    from PIL import Image
-
-    for path in files:
-        try:
-            image = _read_image(path, spec["channels"])
-        except ExportError as exc:
-            print(f"trustformer predict: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        with torch.no_grad():
-            prob = torch.sigmoid(model(_segmentation_input(image, spec).to(device)).float()).cpu()
-        prob = F.interpolate(prob, size=tuple(image.shape[-2:]), mode="bilinear", align_corners=False) \
-            if tuple(prob.shape[-2:]) != tuple(image.shape[-2:]) else prob
-        mask = (prob[0, 0] > threshold).numpy()
-        target = _mask_path(path, out_dir)
-        Image.fromarray((mask * 255).astype(np.uint8)).save(target)
-        _emit([f"{path}\t{target}\t{float(mask.mean()):.4f}"])
-    return 1 if failed else 0
