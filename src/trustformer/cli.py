@@ -466,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .deploy.attest_cli import add_attest_parser
 
     add_attest_parser(sub)
-    from .export import add_predict_parser, add_translate_parser
+    from .model_commands import add_predict_parser, add_translate_parser
 
     add_translate_parser(sub)
     add_predict_parser(sub)
