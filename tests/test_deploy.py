@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from trustformer.config import load_config
-from trustformer.deploy.launch import LocalFederation, deployment_config, flwr_cli, submit_run, wait_for_run
+from trustformer.deploy.launch import deployment_config, flwr_cli, submit_run, wait_for_run
+from trustformer.deploy.local import LocalFederation
 from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.engine.inprocess import run_in_process
 

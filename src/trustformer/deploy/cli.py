@@ -207,7 +207,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 def _cmd_local(args: argparse.Namespace) -> int:
     from ..tasks.run import load_task
-    from .launch import LocalFederation, deployment_config, preflight
+    from .launch import deployment_config, preflight
+    from .local import LocalFederation
 
     cfg = deployment_config(run_config(args))
     preflight(cfg)

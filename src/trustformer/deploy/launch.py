@@ -6,240 +6,33 @@
   ``flwr run`` (the ServerApp then runs in a process the SuperLink starts) and followed to its end;
 - the client side: ``flower-supernode`` for one data owner (TLS, its private key, its node config:
   ``partition-id``, ``state-dir``, ``output-dir``, optional ``train-file``);
-- :class:`LocalFederation`: a server and N clients as processes on 127.0.0.1, for trying it out and
-  for the tests.
-
-Every Flower process gets ``FLWR_TELEMETRY_ENABLED=0``, ``FLWR_DISABLE_UPDATE_CHECK=1`` and its own
-``FLWR_HOME`` (where Flower installs the app bundle and the CLI keeps its connection settings).
-Processes start in sessions of their own; stopping one stops its whole process tree.
+- the processes themselves (their environment, sessions, process trees, logs) are ``processes.py``'s;
+  :class:`~trustformer.deploy.local.LocalFederation` (``local.py``) runs a server and N clients on
+  127.0.0.1, for trying it out and for the tests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
 from ..config import ConfigError, RunConfig, build_config
-from .certs import Credentials, CredentialsError, check_public_key, local_runtime_tls, write_credentials
+from .certs import Credentials, CredentialsError, check_public_key, local_runtime_tls
 from .fab import write_app, write_run_config
+from .processes import FLOWER_ENV, DeployError, Proc, flower_env, free_port, spawn, wait_for_port
 
 log = logging.getLogger(__name__)
 
-FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 CONNECTION = "trustformer"  # the flwr CLI's name for the SuperLink connection
 LOOPBACK = "127.0.0.1"
-
-
-class DeployError(RuntimeError):
-    """A deployment process failed to start, a Flower command failed, or a run did not finish."""
-
-
-# ----------------------------------------------------------------------------------- processes
-
-
-def flower_env(home: str | Path | None = None) -> dict[str, str]:
-    """This process's environment plus the Flower settings (telemetry and update check off, FLWR_HOME)."""
-    env = dict(os.environ)
-    env.update(FLOWER_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    # Flower's commands (and the flwr-serverapp / flwr-clientapp processes they start) from this
-    # Python's environment, e.g. a virtualenv that is not activated, before anything else on PATH
-    scripts = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([scripts] + [d for d in env.get("PATH", "").split(os.pathsep) if d and d != scripts])
-    if home is not None:
-        env["FLWR_HOME"] = str(Path(home).resolve())
-    return env
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free right now on ``host`` (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (Linux /proc; elsewhere only ``pid``)."""
-    children = _children_map()
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-@dataclass
-class Proc:
-    """A process this module started, its log file and its role."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def signal_tree(self, sig: int) -> list[int]:
-        """Send ``sig`` to the process and every descendant (collected first: children outlive parents)."""
-        pids = process_tree(self.pid) if self.alive() else []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        return pids
-
-    def kill(self) -> None:
-        """SIGKILL the whole tree now (a crash, as far as the others can tell)."""
-        self.signal_tree(signal.SIGKILL)
-        self._reap()
-
-    def stop(self, grace_s: float = 8.0) -> None:
-        """SIGTERM the tree, then SIGKILL what is left after ``grace_s`` seconds."""
-        pids = self.signal_tree(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_exists(p) for p in pids):
-            self.popen.poll()
-            time.sleep(0.1)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._reap()
-
-    def _reap(self) -> None:
-        try:
-            self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL always ends it
-            pass
-
-
-def _exists(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): receive SIGTERM when the process that started it dies, even
-    by SIGKILL, so no Flower process outlives the command or test that started it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-_GROUP_REAPER = """
-import os, signal, sys, time
-group, parent = int(sys.argv[1]), int(sys.argv[2])
-def alive():
-    try:
-        os.killpg(group, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-def end():
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(group, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        deadline = time.monotonic() + wait
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-while alive():
-    if os.getppid() != parent:
-        end()
-        break
-    time.sleep(0.3)
-"""
-"""The reaper of one spawned process group: once the process that spawned the group is gone (even by
-SIGKILL: the reaper is then re-parented, which it checks every 0.3 s) it ends the whole group,
-grandchildren included — e.g. the ``flwr-serverapp`` a SuperLink starts, which a death signal on the
-SuperLink alone would leave behind. It exits by itself once the group is gone."""
-
-
-def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Path | None = None) -> Proc:
-    """Start ``command`` in a session of its own, stdout and stderr to ``log_path``. On Linux every
-    process of that session dies with the process that called this (``_GROUP_REAPER``)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    home.mkdir(parents=True, exist_ok=True)
-    # the death signal follows the thread that forks: only from the main thread, which lives as long as we do
-    tie = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-    with log_path.open("ab") as out:
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=flower_env(home), cwd=str(cwd or home), start_new_session=True,
-                                 preexec_fn=_die_with_parent if tie else None)
-    if tie:  # the group's own session id is the child's pid (start_new_session)
-        subprocess.Popen([sys.executable, "-c", _GROUP_REAPER, str(popen.pid), str(os.getpid())],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(command))
-    return Proc(name, popen, log_path)
-
-
-def wait_for_port(proc: Proc, host: str, port: int, timeout_s: float) -> None:
-    """Until something listens on ``host:port``; DeployError if ``proc`` exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise DeployError(f"{proc.name} exited with code {proc.popen.returncode}; its log "
-                              f"({proc.log_path}) ends with:\n{proc.tail()}")
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise DeployError(f"{proc.name} did not listen on {host}:{port} within {timeout_s:.0f} s; "
-                      f"its log ({proc.log_path}) ends with:\n{proc.tail()}")
 
 
 # ----------------------------------------------------------------------------------- server side
@@ -556,158 +349,7 @@ def connection_outcome(proc: Proc) -> str:
     return "pending" if proc.alive() else "exited"
 
 
-# ----------------------------------------------------------------------------------- one machine
-
-
-class LocalFederation:
-    """A SuperLink and N SuperNodes as processes on 127.0.0.1, all under one folder::
-
-        <root>/creds/        CA, server certificate, node keys (made if missing)
-        <root>/server/       SuperLink database, log, flwr CLI settings, the app folder
-        <root>/client-<i>/   a SuperNode: its log, node config, state/ and output/
-
-    Use as a context manager: leaving it stops every process it started.
-    """
-
-    def __init__(self, root: str | Path, clients: int, *, creds: Credentials | None = None,
-                 extra_keys: tuple[str, ...] = ()) -> None:
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.clients = clients
-        self.creds = creds or Credentials(self.root / "creds")
-        if not self.creds.ca_cert.exists():
-            write_credentials(self.creds.root, node_names=[f"client-{i}" for i in range(clients)] + list(extra_keys))
-        self.server: ServerSide | None = None
-        self.port: int | None = None
-        self._closed = False
-        # a new local federation starts from a new SuperLink state: a database left by an earlier one
-        # would still count its (dead) SuperNodes as online and refuse the new ones for a minute
-        for stale in (self.root / "server").glob("superlink.db*"):
-            stale.unlink()
-        self.nodes: dict[int, Proc] = {}
-        self.others: list[Proc] = []
-        self.pins: dict[str, str] = {}  # secure.mode tee: every client's trust anchors (one user runs both sides)
-
-    def client_dir(self, partition: int) -> Path:
-        return self.root / ("client-all" if partition < 0 else f"client-{partition}")
-
-    def start_server(self) -> ServerSide:
-        """Start (or restart, on the same port and database) the SuperLink; register client-0 … client-N-1."""
-        keys = [self.creds.node_public_key(f"client-{i}") for i in range(self.clients)]
-        self.server = start_server(self.root / "server", self.creds, port=self.port, public_keys=keys)
-        self.port = int(self.server.superlink.info["port"])
-        return self.server
-
-    def start_client(self, partition: int, *, key_name: str | None = None,
-                     train_file: str | Path | None = None, retry_refused_s: float = 0.0) -> Proc:
-        """Start client ``partition``'s SuperNode (key ``client-<partition>`` unless ``key_name``).
-
-        ``retry_refused_s``: while the SuperLink refuses the node (a SuperNode restarted after a
-        crash is refused until its old instance misses its heartbeats, up to a minute), start it
-        again every few seconds, for up to that long (in a background thread)."""
-        assert self.server is not None, "start_server first"
-        folder = self.client_dir(partition) if key_name is None else self.root / key_name
-        config = node_config(partition, folder / "state", folder / "output", train_file, pins=self.pins)
-
-        def start() -> Proc:
-            assert self.server is not None
-            proc = start_supernode(folder, self.server.address, self.creds.ca_cert,
-                                   self.creds.node_key(key_name or f"client-{partition}"), config,
-                                   name=f"SuperNode of client {partition}")
-            if key_name is None:
-                old = self.nodes.get(partition)
-                if old is not None and old.alive():
-                    old.stop()
-                self.nodes[partition] = proc
-            else:
-                self.others.append(proc)
-            return proc
-
-        proc = start()
-        if retry_refused_s > 0:
-            until = time.monotonic() + retry_refused_s
-
-            def retry(current: Proc) -> None:
-                while not self._closed and time.monotonic() < until:
-                    outcome = connection_outcome(current)
-                    if outcome == "connected" or (outcome == "exited" and not refused(current)):
-                        return
-                    if outcome == "exited":
-                        log.info("%s refused (its old instance still counts as online); trying again",
-                                 current.name)
-                        time.sleep(RETRY_S)
-                        if not self._closed:
-                            current = start()
-                    else:
-                        time.sleep(0.5)
-
-            threading.Thread(target=retry, args=(proc,), daemon=True).start()
-        return proc
-
-    def start_clients(self) -> None:
-        for partition in range(self.clients):
-            self.start_client(partition)
-
-    @classmethod
-    def for_run(cls, root: str | Path, cfg: RunConfig) -> "LocalFederation":
-        """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
-        one holding every shard). Stops what it started if starting fails."""
-        from ..runtime.server import expected_nodes
-        from ..secure.attestation import load_signing_key
-        from ..secure.provision import client_pins, uses_tee
-        from ..core.shared import ALL_SHARDS
-
-        fed = cls(root, expected_nodes(cfg))
-        if uses_tee(cfg.secure.mode):
-            fed.pins = client_pins(cfg, load_signing_key(cfg.secure.signing_key) if cfg.secure.signing_key else None)
-        try:
-            fed.start_server()
-            if cfg.federation.strategy == "centralized":
-                fed.start_client(ALL_SHARDS, key_name="client-0")
-            else:
-                fed.start_clients()
-        except BaseException:
-            fed.close()
-            raise
-        return fed
-
-    def run(self, cfg: RunConfig, *, timeout_s: float = 3600.0) -> tuple[int, str]:
-        assert self.server is not None, "start_server first"
-        return self.server.run(cfg, timeout_s=timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL every process started here at once (a hard time limit ran out)."""
-        self._closed = True
-        for proc in [*self.nodes.values(), *self.others, *([self.server.superlink] if self.server else [])]:
-            proc.kill()
-
-    def close(self) -> None:
-        """Stop every process started here (clients first)."""
-        self._closed = True
-        for proc in [*self.nodes.values(), *self.others]:
-            proc.stop(grace_s=3.0)
-        if self.server is not None:
-            self.server.stop()
-
-    def __enter__(self) -> "LocalFederation":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def run_local(cfg: RunConfig, root: str | Path, *, timeout_s: float = 3600.0) -> Path:
-    """A whole federation on this machine: SuperLink, one SuperNode per client, the run; returns the
-    path of ``summary.json``. Every process is stopped when the run ends (or fails)."""
-    with LocalFederation.for_run(root, cfg) as fed:
-        run_id, status = fed.run(cfg, timeout_s=timeout_s)
-        if status != "finished:completed":
-            reason = getattr(status, "details", "")
-            raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "") + "; see {Path(deployment_config(cfg).out) / 'server.log'} "
-                              f"and {fed.server.superlink.log_path}")
-    return Path(deployment_config(cfg).out) / "summary.json"
-
-
-__all__ = ["DeployError", "LocalFederation", "Proc", "ServerSide", "deployment_config", "flower_env", "free_port",
-           "node_config", "register_node", "run_local", "start_server", "start_superlink", "start_supernode",
-           "submit_run", "wait_for_run", "write_cli_connection"]
+__all__ = ["CONNECTION", "DeployError", "FLOWER_ENV", "LOOPBACK", "Proc", "ServerSide", "check_port_free",
+           "connection_outcome", "deployment_config", "flower_env", "flwr_cli", "free_port", "node_config", "preflight",
+           "refused", "register_node", "spawn", "start_server", "start_superlink", "start_supernode", "submit_run",
+           "wait_for_run", "write_cli_connection"]
