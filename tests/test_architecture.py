@@ -12,6 +12,7 @@ ALLOWED = {
     "__init__": set(),
     "__main__": {"cli"},
     "core": {"wire"},
+    "errors": set(),  # TrustformerError: every unit may raise it (see BELOW_ALL)
     "wire": set(),
     "config": set(),
     "config_reference": {"config"},
@@ -85,7 +86,7 @@ def test_every_import_points_down_the_layers():
         unit = unit_of(name) if name != "trustformer" else "__init__"
         for line, target in imports_of(path):
             other = unit_of(target) if target != "trustformer" else "__init__"
-            if other == unit or "*" in ALLOWED[unit] or other == "__init__":
+            if other == unit or "*" in ALLOWED[unit] or other in ("__init__", "errors"):
                 continue
             if other not in ALLOWED[unit]:
                 wrong.append(f"{path.relative_to(SRC)}:{line} ({unit}) imports {target} ({other})")
@@ -133,3 +134,22 @@ def test_the_secure_channel_names_no_protocol():
         text = path.read_text(encoding="utf-8")
         for strategy in STRATEGIES:
             assert f'"{strategy}"' not in text and f"'{strategy}'" not in text, (path.name, strategy)
+
+
+def test_every_error_class_of_the_project_derives_from_the_one_the_cli_catches():
+    """A new error class that forgets the base would print a traceback instead of its message."""
+    import importlib
+    import inspect
+
+    from trustformer.errors import TrustformerError
+
+    strays = []
+    for name, path in modules():
+        if "Error(" not in path.read_text(encoding="utf-8"):
+            continue
+        module = importlib.import_module(name)
+        for attr, obj in vars(module).items():
+            if (inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name
+                    and not issubclass(obj, TrustformerError)):
+                strays.append(f"{name}.{attr}")
+    assert not strays, f"derive these from trustformer.errors.TrustformerError: {strays}"

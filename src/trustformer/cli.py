@@ -102,6 +102,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         setup_logging(quiet=True)
         return robustness_main(args.rest)
+    if args.what == "dp-scale":
+        from .bench.dp_scale_bench import main as dp_scale_main
+
+        setup_logging(quiet=True)
+        return dp_scale_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
@@ -416,29 +421,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that describe a problem with the input or the environment: printed without a traceback
-    (set TRUSTFORMER_DEBUG=1 to see it)."""
-    from .wire import FederationError
-    from .data.corpus import CorpusUnavailableError
-    from .data.tokenizer import TokenizerUnavailableError
-    from .wire import PayloadError
-    from .secure.attestation import AttestationError
-    from .evaluation.bertscore import BERTScoreUnavailableError
-    from .evaluation.meteor import WordNetUnavailableError
-    from .report import ReportError
-    from .workload import DataError
-    from .tasks.base import TaskConfigError
-    from .tasks.image_data import ImageDataError
-    from .tasks.seg_data import SegDataError
-    from .deploy.certs import CredentialsError
-    from .deploy.launch import DeployError
-    from .runtime.checkpoint import CheckpointError
-    from .export import ExportError
-    from .core.accounting import PrivacyBudgetError
+    (set TRUSTFORMER_DEBUG=1 to see it). Every such error of the project derives from ``TrustformerError``."""
+    from .errors import TrustformerError
 
-    return (CheckpointError, PrivacyBudgetError, CredentialsError, DeployError, ExportError,
-            CorpusUnavailableError, TokenizerUnavailableError, FederationError, PayloadError, DataError,
-            FileNotFoundError, UnicodeDecodeError, WordNetUnavailableError, BERTScoreUnavailableError, ReportError,
-            AttestationError, TaskConfigError, ImageDataError, SegDataError)
+    return (TrustformerError, FileNotFoundError, UnicodeDecodeError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -454,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the reference of every key (type, default, meaning) as Markdown instead")
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness"])
+    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)

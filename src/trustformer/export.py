@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .errors import TrustformerError
 from .models.adapters import has_adapters, merged
 from .models.transformer import Seq2SeqTransformer, TransformerConfig
 
@@ -83,7 +84,7 @@ _ARCHITECTURES = {TASK_TRANSLATION: "Seq2SeqTransformer", TASK_CLASSIFICATION: "
                   TASK_SEGMENTATION: "UNet"}
 
 
-class ExportError(ValueError):
+class ExportError(TrustformerError, ValueError):
     """A model folder or a run folder cannot be written or used as asked; the message says why."""
 
 

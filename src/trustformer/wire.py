@@ -17,6 +17,8 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
+from .errors import TrustformerError
+
 # Message types. A round: ``train`` (local training; the reply carries the payload or a report), ``train.payload``
 # (a payload asked for after training), ``train.apply`` (the aggregate or the server's model; then a test
 # evaluation). ``evaluate``: the final evaluation. ``query``: which client a node is. ``query.*``: the secure
@@ -24,11 +26,11 @@ from flwr.common.serde import recorddict_to_proto
 TRAIN, PAYLOAD, APPLY, EVALUATE, QUERY = "train", "train.payload", "train.apply", "evaluate", "query"
 
 
-class PayloadError(ValueError):
+class PayloadError(TrustformerError, ValueError):
     """A received payload does not have the expected names, shapes or dtypes, or holds NaN/Inf."""
 
 
-class FederationError(RuntimeError):
+class FederationError(TrustformerError, RuntimeError):
     """The federation cannot go on (too few valid clients, nodes missing, a secure-channel step failed)."""
 
 

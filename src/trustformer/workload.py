@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import TrustformerError
 from .config import RunConfig
 from .core.shared import ALL_SHARDS, derive_seed, select_device
 from .data.batching import encode_pairs, make_batches, make_token_batches
@@ -32,7 +33,7 @@ from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
 
 log = logging.getLogger(__name__)
 
-class DataError(ValueError):
+class DataError(TrustformerError, ValueError):
     """The corpus cannot be used as configured (a malformed file, too few pairs for the split)."""
 
 

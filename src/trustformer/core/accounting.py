@@ -19,10 +19,12 @@ import dp_accounting
 from dp_accounting import mechanism_calibration
 from dp_accounting.rdp import RdpAccountant
 
+from ..errors import TrustformerError
+
 ACCOUNTANT = "rdp"
 
 
-class PrivacyBudgetError(ValueError):
+class PrivacyBudgetError(TrustformerError, ValueError):
     """The planned (or next) releases would spend more than the target ε."""
 
 

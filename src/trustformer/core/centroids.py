@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ..errors import TrustformerError
+
 
 def layer_matrix(tensor: torch.Tensor) -> torch.Tensor:
     """The rows a layer is clustered over (Algorithm 2): rows = first dimension as stored.
@@ -51,7 +53,7 @@ def check_floor(counts: torch.Tensor, min_rows: int, name: str) -> None:
                          f"federation.min_cluster_rows = {min_rows}; the payload is not sent")
 
 
-class FloorError(RuntimeError):
+class FloorError(TrustformerError, RuntimeError):
     """A client was about to send a centroid of fewer rows than ``federation.min_cluster_rows``."""
 
 

@@ -20,6 +20,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrustformerError
+
 __all__ = [
     "CorpusUnavailableError",
     "LIBREOFFICE_PACKAGES",
@@ -68,7 +70,7 @@ _CLOSES_P = frozenset(
 _APT_TIMEOUT_S = 900
 
 
-class CorpusUnavailableError(RuntimeError):
+class CorpusUnavailableError(TrustformerError, RuntimeError):
     """A corpus cannot be obtained on this machine (missing tools, network or packages)."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import sentencepiece as spm
 
+from ..errors import TrustformerError
+
 __all__ = [
     "HFTokenizer",
     "SentencePieceTokenizer",
@@ -34,7 +36,7 @@ _SPM_MODEL_TYPE = "unigram"
 _SPM_CACHE_FORMAT = "spm-v1"  # bump when the training options change, so old cache entries are not reused
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(TrustformerError, RuntimeError):
     """A tokenizer cannot be loaded (missing package, file or network)."""
 
 

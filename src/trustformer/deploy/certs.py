@@ -24,10 +24,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..errors import TrustformerError
+
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 
 
-class CredentialsError(ValueError):
+class CredentialsError(TrustformerError, ValueError):
     """A credentials folder is missing a file, or a file cannot be used."""
 
 

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrustformerError
+
 log = logging.getLogger(__name__)
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 LOOPBACK = "127.0.0.1"
 
 
-class DeployError(RuntimeError):
+class DeployError(TrustformerError, RuntimeError):
     """A deployment process failed to start, a Flower command failed, or a run did not finish."""
 
 

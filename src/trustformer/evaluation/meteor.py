@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import TrustformerError
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -52,7 +54,7 @@ LEXNAMES = "".join(f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, 
 assert len(_LEXNAMES) == 45
 
 
-class WordNetUnavailableError(RuntimeError):
+class WordNetUnavailableError(TrustformerError, RuntimeError):
     """The WordNet database METEOR needs is not installed; the message says how to install it."""
 
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import TrustformerError
 from .paper import NAMES, ORDER, paper_key
 
 # per-row phase times that are not client-side exchange work
 _NOT_EXCHANGE = {"train_s", "eval_s", "aggregate_s", "memberships_s"}  # memberships_s is part of cluster_s
 
 
-class ReportError(ValueError):
+class ReportError(TrustformerError, ValueError):
     """The folders given hold no usable run, or a run folder is malformed."""
 
 

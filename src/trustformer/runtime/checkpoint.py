@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig, build_config
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -35,7 +36,7 @@ FORMAT = 1
 OPERATIONAL = {"out", "runtime", "federation.round_timeout_s", "federation.node_wait_s"}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TrustformerError, RuntimeError):
     """A run cannot be resumed: no checkpoint, an unreadable one, or one of another configuration."""
 
 

@@ -33,6 +33,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from ..errors import TrustformerError
 from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
@@ -49,7 +50,7 @@ SERVER_KEYS = frozenset({"event", "node", "reason", "bytes_up", "bytes_down", "e
                          "beta", "pilot", "goodness", "position"})
 
 
-class ReplyError(ValueError):
+class ReplyError(TrustformerError, ValueError):
     """A client's reply is malformed: it is dropped from the round, the run goes on."""
 
 

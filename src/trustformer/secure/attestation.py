@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ..errors import TrustformerError
 from ..config import RunConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ CLOCK_SKEW_S = 60.0  # a quote issued up to this far in the client's future is s
 EMULATED_BACKEND = "software-emulation"
 
 
-class AttestationError(RuntimeError):
+class AttestationError(TrustformerError, RuntimeError):
     """The aggregator's quote does not verify; the client refuses to send anything."""
 
 

@@ -69,6 +69,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ..errors import TrustformerError
+
 __all__ = [
     "SecAggClient",
     "SecAggError",
@@ -100,7 +102,7 @@ _TAG_MASK_KEY = b"s"
 _STATE_FORMAT = "trustformer-secagg-client/1"
 
 
-class SecAggError(ValueError):
+class SecAggError(TrustformerError, ValueError):
     """A secure-aggregation step failed; the message names the client and the step."""
 
 

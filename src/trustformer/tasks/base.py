@@ -17,12 +17,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from ..errors import TrustformerError
 from ..core.shared import LocalStep, derive_seed
 
 PARTITIONS = ("iid", "stratified", "dirichlet")
 
 
-class TaskConfigError(ValueError):
+class TaskConfigError(TrustformerError, ValueError):
     """A task option has a bad value; the message names the option."""
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import TrustformerError
+
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -46,7 +48,7 @@ CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 }
 
 
-class ImageDataError(ValueError):
+class ImageDataError(TrustformerError, ValueError):
     """An image data set is missing or its files are malformed."""
 
 

@@ -27,10 +27,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import TrustformerError
+
 SCHEMES = ("iid", "stratified", "dirichlet")
 
 
-class PartitionError(ValueError):
+class PartitionError(TrustformerError, ValueError):
     """A partition cannot be made as asked (bad parameter, too few examples)."""
 
 

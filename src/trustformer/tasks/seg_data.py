@@ -28,10 +28,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import TrustformerError
+
 MRICRON_DIR = Path("/usr/share/mricron/templates")
 
 
-class SegDataError(ValueError):
+class SegDataError(TrustformerError, ValueError):
     """A segmentation data set is missing or malformed."""
 
 
