@@ -16,13 +16,15 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping, get_args, get_origin, get_type_hints
 
+from .errors import TrustformerError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(TrustformerError, ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
 
 
@@ -486,9 +488,16 @@ class PrivacyConfig:
     # where the noise and the client sampling come from: "os" = the operating system's randomness (the only
     # private choice); "seeded-not-private" = derived from the run seed, which every client knows (debugging only)
     noise_source: str = "os"
+    # unit = client: the bound C of every update: fixed (privacy.clip_norm every round) | adaptive (Andrew et al.
+    # 2021, server side: C starts at privacy.clip_norm and follows the target_quantile of the update norms)
+    clipping: str = "fixed"
+    target_quantile: float = 0.5  # adaptive: gamma, the share of the updates meant to stay unclipped
+    clip_lr: float = 0.2  # adaptive: eta_C of the geometric update C <- C * exp(-eta_C * (b - gamma))
+    clip_count_stddev: float = -1.0  # adaptive: sigma_b, noise on the unclipped count; -1 = expected participants / 20
 
     def validate(self) -> None:
         _choice("privacy.unit", self.unit, PRIVACY_UNITS)
+        self._validate_clipping()
         _at_least("privacy.batch_size", self.batch_size, 0)
         _at_least("privacy.audit_canaries", self.audit_canaries, 0)
         if self.audit_canaries and self.unit != "record":
@@ -509,6 +518,26 @@ class PrivacyConfig:
         _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
         _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
+
+    def _validate_clipping(self) -> None:
+        """Adaptive clipping (Andrew et al. 2021): its options, and the client-level DP it applies to."""
+        _choice("privacy.clipping", self.clipping, ("fixed", "adaptive"))
+        _in_range("privacy.target_quantile", self.target_quantile, 0.0, 1.0)
+        _positive("privacy.clip_lr", self.clip_lr)
+        if self.clip_count_stddev != -1.0 and self.clip_count_stddev < 0:
+            raise ConfigError(f"privacy.clip_count_stddev = {self.clip_count_stddev!r} must be >= 0, or -1 for the "
+                              "expected participants per round / 20 (Andrew et al. 2021)")
+        if self.clipping == "adaptive" and self.unit != "client":
+            raise ConfigError("privacy.clipping = 'adaptive' applies to privacy.unit = 'client' (the server adapts "
+                              "the bound of whole clients' updates); DP-SGD clips every record to privacy.clip_norm")
+
+    def check_secure(self, mode: str) -> None:
+        """Adaptive clipping counts the updates under the bound: the server must see each one."""
+        if self.clipping == "adaptive" and mode in ("secagg", "tee+secagg"):
+            raise ConfigError(f"privacy.clipping = 'adaptive' cannot run under secure.mode = {mode!r}: the server "
+                              "counts the updates whose norm is under the current bound and clips each one, and "
+                              "secure aggregation shows it only their sum; set privacy.clipping = 'fixed' or "
+                              "secure.mode = 'none' or 'tee'")
 
 
 @dataclass(frozen=True)
@@ -910,6 +939,7 @@ class RunConfig:
         self._check_public_start()
         self._check_record_privacy()
         self.secure.validate()
+        self.privacy.check_secure(self.secure.mode)
         self.secure.check_federation(self.federation)
         self.robust.validate()
         self.robust.check_federation(self.federation, self.secure.mode)
@@ -1017,15 +1047,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 # What each preset changes for an image task, on top of PRESETS[preset] and the section defaults (the `small`
-# values), and the rounds (epochs) each is meant for. Measured:
-# image-classification, `small` (one torch thread on a shared 2-core CPU, full test set): centralized 8 epochs
-# -> accuracy 0.903 in 231 s; FedAvg over 3 IID clients, 8 rounds of one local epoch -> 0.897 in 235 s (0.884
-# after 5 rounds, 145 s); FedAvg over FedPC's stratified split (17,460 / 27,510 / 15,030 images) -> 0.895 in
-# 248 s. `paper`: FedPC's ResNet-50 FIXUP on CIFAR-10 with momentum SGD, lr 0.01 decayed with the local steps,
-# batch 128 (Section 5.1), 250 epochs, for a GPU (23.5M parameters, 94 MB in float32).
-# segmentation, `small` (one torch thread, 28 held-out slices): centralized 30 epochs -> Dice 0.986 in 86 s;
-# FedAvg over 3 IID clients of 38 slices, 30 rounds -> Dice 0.972 in 53 s; FedPC's stratified split -> Dice
-# 0.970. `paper`: FedPC's U-Net (depth 4, width 64, ~31M parameters) on LGG 256x256 slices, 35 epochs, for a GPU.
+# values), and the rounds (epochs) each is meant for. `paper`: FedPC's ResNet-50 FIXUP on CIFAR-10 (momentum SGD,
+# lr 0.01 decayed with the local steps, batch 128, 250 epochs; Section 5.1) and its U-Net (depth 4, width 64) on
+# LGG 256x256 slices (35 epochs), both for a GPU. What the `small` values were chosen from: docs/benchmarks.md
+# ("Image tasks").
 TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "image-classification": {
         "tiny": {"image": {"dataset": "digits", "layers": [1, 1], "widths": [8, 16], "stem_stride": 1,

@@ -214,7 +214,45 @@ def sparse_noised_mean(
     return union, (total / denominator).to(torch.float32)
 
 
+# ----------------------------------------------------------------------- adaptive clipping
+
+
+def default_count_stddev(expected_participants: float) -> float:
+    """σ_b = m / 20 for m expected participants per round (Andrew et al. 2021, "Differentially private learning
+    with adaptive clipping", Sec. 3: the noise on the unclipped count they recommend)."""
+    return expected_participants / 20.0
+
+
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al. 2021, Thm. 1): the noise multiplier of the update sum that,
+    released together with the count noised by σ_b, spends what one Gaussian release at σ spends. 0 for σ = 0.
+
+    Raises ValueError when σ⁻² ≤ (2σ_b)⁻², i.e. 2σ_b ≤ σ: the count alone would spend more than the budget.
+    """
+    if noise_multiplier < 0 or count_stddev < 0:
+        raise ValueError(f"noise multiplier {noise_multiplier} and count stddev {count_stddev} must be >= 0")
+    if noise_multiplier == 0:
+        return 0.0
+    if not 2.0 * count_stddev > noise_multiplier:
+        raise ValueError(f"the count noise stddev sigma_b = {count_stddev:g} is too small for the noise multiplier "
+                         f"sigma = {noise_multiplier:g}: adaptive clipping needs 2 sigma_b > sigma (Andrew et al. "
+                         f"2021, Thm. 1), i.e. sigma_b > {noise_multiplier / 2:g}")
+    return (noise_multiplier ** -2 - (2.0 * count_stddev) ** -2) ** -0.5
+
+
+def unclipped_count(norms: Sequence[float], clip_norm: float) -> int:
+    """b = #{k : ‖Δ_k‖ ≤ C} (Andrew et al. 2021, Alg. 1: the indicator b_k of an update left unclipped)."""
+    return sum(1 for norm in norms if norm <= clip_norm)
+
+
+def geometric_clip_update(clip_norm: float, unclipped_fraction: float, target_quantile: float, lr: float) -> float:
+    """C_{t+1} = C_t · exp(−η_C (b̃ − γ)) (Andrew et al. 2021, Alg. 1, geometric update): C shrinks while more
+    than the share γ of the updates stays unclipped, and grows while fewer do."""
+    return clip_norm * math.exp(-lr * (unclipped_fraction - target_quantile))
+
+
 __all__ = [
+    "default_count_stddev", "update_noise_multiplier", "unclipped_count", "geometric_clip_update",
     "NOISE_SOURCES", "os_seed", "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator", "gaussian_noise", "noised_mean",
     "flatten", "unflatten", "keep_count", "top_k_sparsify", "index_dtype", "check_sparse", "sparse_noised_mean",
 ]
