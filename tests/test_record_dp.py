@@ -220,3 +220,19 @@ def test_the_report_says_which_reading_of_the_papers_dp_rows_the_runs_fit(tmp_pa
     assert run("record", 4.9).label.endswith("(record level)")
     assert "cannot tell" in _dp_reading_verdict([run("client", 700.0), run("record", 9.0)])
     assert "Only the client-level" in _dp_reading_verdict([run("client", 700.0)])
+
+
+def test_bench_plans_the_record_level_rows_public_first_and_the_papers_reading():
+    from trustformer.bench.federation_bench import plan_record_dp_runs
+
+    runs = plan_record_dp_runs([1.0, 8.0], [0, 1], public=True, lora_rank=16)
+    labels = [r.label for r in runs]
+    assert labels[0] == "public + fedavg lora r16 dp ε=8"
+    assert {r.seed for r in runs if r.label == "fedavg dp ε=8"} == {0, 1}  # the deciding ε: every seed
+    assert {r.seed for r in runs if r.label == "fedavg dp ε=1"} == {0}
+    for r in runs:
+        assert r.overrides["privacy.unit"] == "record"
+    paper = [r for r in runs if r.label.endswith("record ε=1")]
+    assert [r.overrides["federation.strategy"] for r in paper] == ["dp-fedavg", "dp-fedsam", "dp-blur-lus"]
+    assert all(r.overrides["privacy.delta"] == 1e-3 for r in paper)
+    assert all(r.overrides["privacy.delta"] == 1e-5 for r in runs if " dp ε=" in r.label)
