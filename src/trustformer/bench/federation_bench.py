@@ -255,7 +255,8 @@ def _public_model_alone(cfg: RunConfig) -> dict[str, Any]:
                "bytes": {"up_per_client_per_round": 0.0, "down_per_client_per_round": 0.0},
                "public_model": task.public().report if hasattr(task, "public") else {}}
     result = {"config": cfg.to_dict(), "summary": summary, "wall_s": time.perf_counter() - started,
-              "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": math.nan, "initial_error_mean": math.nan},
+              "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": math.nan,
+                         "initial_error_mean": math.nan},
               "membership": {"server": {"loss": loss}, "server_sees": "nothing (the public model alone)",
                              "advantage": {"score": "loss", "auc_minus_half": loss["auc_mean"] - 0.5,
                                            "tpr_at_1pct_fpr": loss["tpr_at_0.01_fpr_mean"],
@@ -432,7 +433,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
                      f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r.get('epsilon', math.nan), 5, 2)} "
                      f"{num(r.get('epsilon_lb', math.nan), 5, 2)} {num(r['recovered'], 6, 4)} {front:>5}")
-    lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own held-out "
+    lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own "
+                 "held-out "
                  "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
                  "BLEU, own-data loss; " + ("pgain / pgown: the same on pooled and own-data loss against the "
                  "public-start references (public + local = 0, public + fedavg = 1); " if public else "")
@@ -459,7 +461,8 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
                                  (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
         points = [r for r in shown if not math.isnan(r[key])]
         ax.set_title(f"gain on {title}\nred ring: Pareto front"
-                     + ("; DP runs (far below) sit on the bottom edge" if any(r["run"].startswith("dp-") for r in points)
+                     + ("; DP runs (far below) sit on the bottom edge"
+                        if any(r["run"].startswith("dp-") for r in points)
                         else ""), fontsize=9)
         if not points:  # no gain to show: FedAvg and training alone tie on this measure, or it was not measured
             ax.text(0.5, 0.5, "gain undefined (FedAvg ≈ training alone)", ha="center", transform=ax.transAxes)
@@ -468,7 +471,8 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
         clipped = [max(low + 0.05, r[key]) for r in points]  # far below training alone (the DP runs): at the edge
         scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], clipped,
                              c=[r["mia_advantage"] for r in points], cmap="viridis_r", vmin=0,
-                             vmax=max([0.3] + [r["mia_advantage"] for r in points if not math.isnan(r["mia_advantage"])]),
+                             vmax=max([0.3] + [r["mia_advantage"] for r in points
+                                               if not math.isnan(r["mia_advantage"])]),
                              s=60, edgecolors=["red" if r[flag] else "none" for r in points], linewidths=1.8)
         for r, y in zip(points, clipped):
             finetuned, dp = r["run"].endswith(" + fine-tuning"), r["run"].startswith("dp-")

@@ -189,4 +189,5 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
             "private": p.noise_source == "os" and not p.audit_canaries, "audit_canaries": p.audit_canaries}
 
 
-__all__ = ["AUDITED_CLIENT", "audit_canaries", "expected_batch", "generators", "plan", "planned_steps", "summary", "train"]
+__all__ = ["AUDITED_CLIENT", "audit_canaries", "expected_batch", "generators", "plan", "planned_steps", "summary",
+           "train"]
