@@ -16,13 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def checkout(tmp_path):
     """scripts/test.sh and .ci/ copied into an empty folder whose .venv/bin holds this Python (a wrapper)
-    and a stand-in ``flwr`` command."""
+    and stand-in ``flwr``, ``ruff`` and ``mypy`` commands (the lint and type gate passes)."""
     for rel in ("scripts/test.sh", ".ci/run", ".ci/check_skips.py", ".ci/allowed-skips"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, tmp_path / rel)
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for name, body in (("python", f'exec "{sys.executable}" "$@"'), ("flwr", "exit 0")):
+    for name, body in (("python", f'exec "{sys.executable}" "$@"'), ("flwr", "exit 0"), ("ruff", "exit 0"),
+                       ("mypy", "exit 0")):
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -67,3 +68,14 @@ def test_ci_fails_when_a_test_fails_or_nothing_is_collected(checkout):
     (checkout / "tests" / "test_bad.py").write_text("# no tests here\n", encoding="utf-8")
     done = run(checkout, ".ci/run", "tests")
     assert done.returncode == 1 and "exit code 5" in done.stderr
+
+
+@pytest.mark.parametrize("tool", ["ruff", "mypy"])
+def test_ci_fails_on_a_lint_or_type_finding_before_the_tests(checkout, tool):
+    (checkout / "tests" / "test_ok.py").write_text(
+        "def test_runs():\n    open('ran', 'w').close()\n", encoding="utf-8")
+    (checkout / ".venv" / "bin" / tool).write_text(f"#!/bin/sh\necho {tool}: 1 finding >&2\nexit 1\n",
+                                                   encoding="utf-8")
+    done = run(checkout, ".ci/run", "tests")
+    assert done.returncode == 1 and f"{tool}: 1 finding" in done.stderr
+    assert not (checkout / "ran").exists()  # the tests did not run

@@ -171,7 +171,8 @@ def runs(tmp_path_factory):
     scale = ["client=1,round=*,kind=scale,factor=-10"]
     for strategy in ("fedavg", "trustformer"):
         s = {"federation.strategy": strategy}
-        out[strategy, "honest", "none"] = loss_and_events(tiny(tmp, f"{strategy}-h-none", **s, **{"robust.bound": "none"}))
+        out[strategy, "honest", "none"] = loss_and_events(tiny(tmp, f"{strategy}-h-none", **s,
+                                                               **{"robust.bound": "none"}))
         out[strategy, "honest", "default"] = loss_and_events(tiny(tmp, f"{strategy}-h-default", **s))
         out[strategy, "scale", "none"] = loss_and_events(tiny(tmp, f"{strategy}-s-none", scale, **s,
                                                               **{"robust.bound": "none"}))

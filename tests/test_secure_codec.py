@@ -100,7 +100,8 @@ def test_codec_error_is_a_payload_error_and_there_is_no_pickle():
         encode({"x": np.array([object()], dtype=object)})
     package = Path(codec.__file__).parent
     for module in package.glob("*.py"):  # nothing in the secure exchange can unpickle what it receives
-        assert not re.search(r"import pickle|pickle\.|torch\.load|np\.load|allow_pickle=True", module.read_text()), module
+        assert not re.search(r"import pickle|pickle\.|torch\.load|np\.load|allow_pickle=True",
+                             module.read_text()), module
 
 
 @settings(max_examples=300, deadline=None)

@@ -84,7 +84,8 @@ def test_tee_changes_no_number_and_reports_counts_and_overhead(tmp_path, plain):
         assert row["seal_s"] > 0 and row["open_s"] > 0 and "payload_overhead_bytes" in row
         assert (row["attest_bytes"] > 0 and row["attest_s"] > 0) if row["round"] == 1 else "attest_bytes" not in row
     # the attestation messages are counted in the round-1 bytes as well
-    assert rows[0]["bytes_down"] - plain_rows[0]["bytes_down"] > rows[1]["bytes_down"] - plain_rows[1]["bytes_down"] - 1000
+    assert (rows[0]["bytes_down"] - plain_rows[0]["bytes_down"]
+            > rows[1]["bytes_down"] - plain_rows[1]["bytes_down"] - 1000)
     # clients attest before anything else; no payload travels in clear
     kinds = [k for _c, k, _r in spy.seen if k != "query"]  # "query": which client a node is
     assert kinds[:6] == ["query.attest"] * 6

@@ -128,7 +128,8 @@ def test_to_float_uses_fixed_dataset_statistics():
     assert torch.allclose(x, torch.full_like(x, (1.0 - 0.2860) / 0.3530))
 
 
-@pytest.mark.skipif(not (seg_data.MRICRON_DIR / "ch2bet.nii.gz").exists(), reason="Debian's mricron-data is not installed")
+@pytest.mark.skipif(not (seg_data.MRICRON_DIR / "ch2bet.nii.gz").exists(),
+                    reason="Debian's mricron-data is not installed")
 def test_mri_brain_extraction_slices():
     data = seg_data.load_brain_extraction(downsample_factor=4)
     assert data.images.shape[1:] == (1, 54, 45) and data.masks.shape == (len(data), 1, 54, 45)

@@ -82,7 +82,8 @@ def test_fixup_learns_and_gradients_reach_all_layers():
     assert model.fc.weight.grad.abs().sum() > 0
     assert model.blocks[0].conv2.weight.grad.abs().sum() == 0  # zero classifier: no signal yet…
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt.step(); opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
     loss_sum, n = model.loss(x, y)
     (loss_sum / n).backward()
     assert model.blocks[0].conv2.weight.grad.abs().sum() > 0  # …after one step, the zero layers learn
@@ -127,8 +128,10 @@ def test_unet_shapes_and_no_running_statistics(norm):
     assert has_gn == (norm == "group")
     # the same in training and evaluation mode (no batch statistics)
     x = torch.randn(3, 2, 16, 16)
-    model.train(); a = model(x)
-    model.eval(); b = model(x)
+    model.train()
+    a = model(x)
+    model.eval()
+    b = model(x)
     assert torch.allclose(a, b)
     # one example gives the same output alone as within a batch
     assert torch.allclose(model(x[:1]), b[:1], atol=1e-6)
@@ -140,7 +143,8 @@ def test_unet_loss_convention_and_soft_dice():
     x, y = torch.randn(3, 1, 8, 8), (torch.rand(3, 1, 8, 8) > 0.5).to(torch.uint8)
     loss_sum, n = model.loss(x, y)
     assert n == 3
-    assert float(loss_sum.detach()) == pytest.approx(3 * float(segmentation_loss(model(x), y.float()).detach()), rel=1e-5)
+    assert float(loss_sum.detach()) == pytest.approx(3 * float(segmentation_loss(model(x), y.float()).detach()),
+                                                     rel=1e-5)
     perfect = torch.where(y.bool(), 20.0, -20.0)
     assert float(soft_dice_loss(perfect, y.float())) == pytest.approx(0.0, abs=1e-3)
     with pytest.raises(ValueError, match="norm must be one of"):

@@ -50,7 +50,8 @@ class Spy:
         def client_apply(self, session, aggregate):
             out = real_apply(self, session, aggregate)
             spy.received[(session.round, session.client)] = {n: t.clone() for n, t in aggregate.items()}
-            spy.applied[(session.round, session.client)] = {n: p.detach().clone() for n, p in session.model.named_parameters()}
+            spy.applied[(session.round, session.client)] = {n: p.detach().clone()
+                                                            for n, p in session.model.named_parameters()}
             return out
 
         monkeypatch.setattr(Trustformer, "client_payload", client_payload)

@@ -29,7 +29,8 @@ def split_decay(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter
     """(decayed, not decayed): weight matrices of ``nn.Linear`` layers vs everything else
     (biases, LayerNorm gains and biases, embeddings, scalars)."""
     matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    decay, keep = [], []
+    decay: list[nn.Parameter] = []
+    keep: list[nn.Parameter] = []
     for p in model.parameters():
         if not p.requires_grad:
             continue

@@ -232,7 +232,8 @@ def run_grid(
     """Run every planned run that is not cached (all with ``force``), one after another, logging
     which run of how many is going, and the elapsed time and ETA of the grid."""
     if runner is None:
-        from .engine.inprocess import run_in_process as runner
+        from .engine.inprocess import run_in_process
+        runner = run_in_process
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     out = GridResult(results=results, runs=list(planned))

@@ -14,8 +14,9 @@ fault in every round (``round=*``). Measured per row, over the honest clients on
   (``server_time_s.robust_s``) as a share of the rounds' time.
 
 Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
-defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``, ``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the
-configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
+defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``,
+``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the configuration refuses
+for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: lis
             if defence == "multikrum":
                 values["robust.byzantine"] = len(malicious)
             for fault in ("honest", *faults):
-                extra = {} if fault == "honest" else {
+                extra: dict[str, Any] = {} if fault == "honest" else {
                     "federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
                 if fault == "absent":  # the reference: the malicious clients are simply not there
                     extra = {"federation.faults": [f"client={c},round={r},kind=dropout" for c in malicious

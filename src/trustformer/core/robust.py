@@ -133,5 +133,5 @@ def multikrum_mean(payloads: Sequence[Named], num_examples: Sequence[float], byz
     return weighted_mean([payloads[i] for i in chosen], [float(num_examples[i]) for i in chosen]), chosen
 
 
-__all__ = ["bounded", "clip_to_bound", "coordinate_median", "cosines_to_median", "deviation_norms", "krum_scores", "krum_select",
-           "median_bound", "multikrum_mean", "pairwise_sq_distances", "trimmed_mean"]
+__all__ = ["bounded", "clip_to_bound", "coordinate_median", "cosines_to_median", "deviation_norms", "krum_scores",
+           "krum_select", "median_bound", "multikrum_mean", "pairwise_sq_distances", "trimmed_mean"]

@@ -34,4 +34,5 @@ __all__ = [
     "pad_sequences",
     "split_corpus",
     "train_sentencepiece",
+    "write_tsv",
 ]

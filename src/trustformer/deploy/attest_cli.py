@@ -46,8 +46,8 @@ def _cmd_attest(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.keygen:
         private_path, public_path = write_key_pair(args.keygen)
-        print(f"# wrote {private_path} (aggregator: secure.signing_key) and {public_path} (clients: secure.trusted_key)",
-              file=sys.stderr)
+        print(f"# wrote {private_path} (aggregator: secure.signing_key) and {public_path} "
+              "(clients: secure.trusted_key)", file=sys.stderr)
     return 0
 
 

@@ -7,13 +7,14 @@ bytes counted are real. Clients run one after another; an exception in a client 
 reply, as it would in a deployment.
 
 ``federation.faults`` (simulation only) are applied here, at the message boundary, to a client's
-reply to the ``train`` message of a round (or the ``train.payload`` / ``train.apply`` message the entry names), so the server's real validation and drop path handles
-them: ``nan`` and ``wrong_shape`` corrupt the payload (a sealed or masked record loses its last
-byte), ``empty_reply`` sends no content, ``malformed_reply`` replaces the metrics record by one of
-strings, ``huge_num_examples`` claims 10^15 examples, ``replay`` sends the client's reply to its
-previous ``train`` message again (its previous message of any type in round 1), ``dropout`` answers
-with the SuperLink's "Node Unavailable" error without running the client, ``stall`` runs the
-client and never delivers its reply (the server stops waiting after ``federation.round_timeout_s``).
+reply to the ``train`` message of a round (or the ``train.payload`` / ``train.apply`` message the
+entry names), so the server's real validation and drop path handles them: ``nan`` and
+``wrong_shape`` corrupt the payload (a sealed or masked record loses its last byte), ``empty_reply``
+sends no content, ``malformed_reply`` replaces the metrics record by one of strings,
+``huge_num_examples`` claims 10^15 examples, ``replay`` sends the client's reply to its previous
+``train`` message again (its previous message of any type in round 1), ``dropout`` answers with the
+SuperLink's "Node Unavailable" error without running the client, ``stall`` runs the client and never
+delivers its reply (the server stops waiting after ``federation.round_timeout_s``).
 """
 
 from __future__ import annotations

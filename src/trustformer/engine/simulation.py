@@ -70,7 +70,7 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     if not cfg.runtime.resume:  # a fresh run: no client may pick up the snapshots of an earlier run here
         shutil.rmtree(out / "client-state", ignore_errors=True)
-    run_config = {CONFIG_KEY: cfg.to_json()}
+    run_config: dict[str, bool | float | int | str] = {CONFIG_KEY: cfg.to_json()}
     run_id = int(time.time_ns() % (1 << 62))
     run = Run.create_empty(run_id)
     run.override_config, run.primary_task_id, run.federation_id = dict(run_config), 1, NOOP_FEDERATION_ID

@@ -127,7 +127,8 @@ class CodedPayload(ProtocolWrapper):
         view, rest = self._split(zeros, initial)
         self.view_spec = {n: tuple(t.shape) for n, t in view.items()}
         self.rest_spec = {n: spec[n] for n in rest}
-        nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits) for s in self.view_spec.values())
+        nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits)
+                     for s in self.view_spec.values())
         rows = sum(q.num_rows(s, self._per_row(s)) for s in self.view_spec.values())
         return {**self.rest_spec, CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
 
@@ -145,7 +146,8 @@ class CodedPayload(ProtocolWrapper):
         return self._round_reference
 
     def decode(self, payload: Tensors) -> Tensors:
-        """A client's payload as the protocol sent it: reference + dequantized difference (PayloadError if malformed)."""
+        """A client's payload as the protocol sent it: reference + dequantized difference (PayloadError if
+        malformed)."""
         reference = self._server_reference()
         codes, grid = payload[CODES], payload[GRID].double()
         view, at_byte, at_row = {}, 0, 0

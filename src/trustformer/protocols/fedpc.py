@@ -51,7 +51,8 @@ from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
-from .base import ClientSession, FederatedProtocol, RoundMessages, Tensors, assign_tensors, held_global, trainable_tensors
+from .base import (ClientSession, FederatedProtocol, RoundMessages, Tensors, assign_tensors, held_global,
+                   trainable_tensors)
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,9 @@ means something if cluster j is the same rows on every client.
   exchange, seeded from (``seed``, round, layer): over ⌈1/β⌉ exchanges about every direction of the
   layer is synchronised once, and no k-means runs at all.
 - ``"focused"``: as ``rotating``, but the rows are split by how much they have moved: every client
-  keeps ``tracked``'s reference model and a per-row running mean of its squared shifts; at each exchange half of the k clusters are random groups of exactly m
-  of the rows that moved most, the other half random balanced groups of the rest, so that the rows
+  keeps ``tracked``'s reference model and a per-row running mean of its squared shifts; at each exchange
+  half of the k clusters are random groups of exactly m of the rows that moved most, the other half
+  random balanced groups of the rest, so that the rows
   where clients are expected to disagree most are averaged in the smallest groups. The first exchange
   is ``rotating``'s. Like ``tracked``, it needs every aggregate.
 - ``"local"``: the paper's Algorithm 2 as written — k-means of each client's own trained weights at
@@ -148,17 +149,21 @@ class Trustformer(FederatedProtocol):
         layout = self.clusters(initial)
         mats = {n: layer_matrix(initial[n]).detach() for n in layout}
         inits = self._seeded_rows(mats, {n: k for n, (k, _) in layout.items()})
-        return self._kmeans(mats, inits, self.cfg.federation.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared"))
+        return self._kmeans(mats, inits, self.cfg.federation.kmeans_max_iter,
+                            derive_seed(self.cfg.seed, "kmeans-shared"))
 
-    def rotating_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int) -> dict[str, torch.Tensor]:
+    def rotating_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int
+                        ) -> dict[str, torch.Tensor]:
         """``rotating``: a balanced random partition per layer and round."""
-        return {n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd)) for n, (k, _) in layout.items()}
+        return {n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd))
+                for n, (k, _) in layout.items()}
 
     def tracked_labels(self, layout: dict[str, tuple[int, int]], movement: dict[str, torch.Tensor], rnd: int
                        ) -> tuple[dict[str, torch.Tensor], list[int]]:
         """``tracked``: k-means of how far each row of the shared reference has moved from the initial
         model, from rows seeded per round (≤ kmeans_warm_max_iter Lloyd iterations)."""
-        inits = {n: x.index_select(0, choose_initial_rows(x.shape[0], layout[n][0], derive_seed(self.cfg.seed, "track", n, rnd)))
+        inits = {n: x.index_select(0, choose_initial_rows(x.shape[0], layout[n][0],
+                                                          derive_seed(self.cfg.seed, "track", n, rnd)))
                  for n, x in movement.items()}
         fed = self.cfg.federation
         return self._kmeans(movement, inits, min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
@@ -219,7 +224,8 @@ class Trustformer(FederatedProtocol):
             moved = public.get(MOVED + name)
             public[MOVED + name] = step if moved is None else MOVED_DECAY * moved + (1 - MOVED_DECAY) * step
 
-    def _labels(self, session: ClientSession, matrices: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def _labels(self, session: ClientSession, matrices: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], list[int]]:
         state = session.protocol_state
         if self.memberships != "local":
             return self.public_labels(session.initial_tensors(), state, session.round)
@@ -233,7 +239,8 @@ class Trustformer(FederatedProtocol):
             initial = {n: layer_matrix(t).detach() for n, t in session.initial_tensors().items() if n in matrices}
             inits = self._seeded_rows(initial, {n: k for n, (k, _) in layout.items()})
         max_iter = min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter) if warm else fed.kmeans_max_iter
-        return self._kmeans(matrices, inits, max_iter, derive_seed(self.cfg.seed, "kmeans", session.client, session.round))
+        return self._kmeans(matrices, inits, max_iter,
+                            derive_seed(self.cfg.seed, "kmeans", session.client, session.round))
 
     def server_labels(self, initial: Tensors, history: Sequence[tuple[int, Tensors]], rnd: int
                       ) -> dict[str, torch.Tensor] | None:
@@ -274,7 +281,8 @@ class Trustformer(FederatedProtocol):
             "cluster_s": time.perf_counter() - started,  # memberships + centroid means (the paper's Table IV column)
             "memberships_s": memberships_s,
             "kmeans_iterations": sum(iterations) / max(len(iterations), 1),  # Lloyd iterations run this exchange
-            "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),  # fewer rows than min_cluster_rows: never sent
+            # fewer rows than min_cluster_rows: never sent
+            "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),
         }
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
@@ -342,7 +350,8 @@ class Trustformer(FederatedProtocol):
         with torch.no_grad():
             for name, global_centroids in glob.items():
                 param = params[name]
-                moved = estimate_global_weights(layer_matrix(param.detach()), labels[name], state[LOCAL + name], global_centroids)
+                moved = estimate_global_weights(layer_matrix(param.detach()), labels[name], state[LOCAL + name],
+                                                global_centroids)
                 param.copy_(moved.reshape(param.shape))
                 state[GLOBAL + name] = global_centroids
         if self.memberships != "local":

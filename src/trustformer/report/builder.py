@@ -133,7 +133,7 @@ def _samples(doc: Document, runs: Sequence[RunResult], out: Path, shown: int = 2
     links = []
     for r in runs:
         samples = r.summary.get("samples") or {}
-        first = next(iter(samples.values()), []) if isinstance(samples, dict) else []
+        first: list[Any] = next(iter(samples.values()), []) if isinstance(samples, dict) else []
         for src, ref, hyp in first[:shown]:
             table.rows.append([r.label, _clip(src), _clip(ref), _clip(hyp) or "(empty)"])
         files = r.summary.get("translations") or {}
@@ -177,7 +177,8 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
         if st:
             extra = f" · {st.get('status', '')}" + (f" in {st['seconds']:.0f} s" if st.get("seconds") else "")
         run_items.append(f"{r.label}: `{r.path.name}`" + (f" ({varying})" if varying else "") + extra
-                         + f" · seed {r.seed} · {r.rounds} round(s) · wall {r.summary.get('time_s', {}).get('total', 0):.0f} s")
+                         + f" · seed {r.seed} · {r.rounds} round(s) · "
+                         f"wall {r.summary.get('time_s', {}).get('total', 0):.0f} s")
     doc.bullets(run_items)
     machines = {json.dumps(r.summary.get("machine", {}), sort_keys=True) for r in runs}
     versions = {json.dumps(r.summary.get("versions", {}), sort_keys=True) for r in runs}
@@ -185,7 +186,8 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
     items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
     if context.get("machine"):
         items.append(f"Host during the grid: {_kv(context['machine'])}")
-    data = next((r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")), {})
+    data: dict[str, Any] = next((r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")),
+                                {})
     first = next(iter(data.values()), None) if data else None
     if first:
         items.append(f"Data: {_kv(first)}")
@@ -306,7 +308,8 @@ def _total_time_note(fedavg: RunResult | None, tf: Sequence[RunResult], epochs: 
     return ("**Total time (Table V).** Computed by Eq. 5 with e = "
             f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
             "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
-            f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, {paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
+            f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, "
+            f"{paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
             "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
             "'paper / FedAvg' column inherits that.")
 
@@ -401,4 +404,5 @@ def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: S
                      + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)
                      + (": it falls as β grows, as Theorem 1 predicts (→ 0 at β = 1)" if falling else
                         ": not monotone in β here (too few rounds or too much noise to show Theorem 1's trend)"))
-    return ("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.") if parts else None
+    return (("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.")
+            if parts else None)

@@ -197,8 +197,8 @@ class RunResult:
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.fmean(values) if values else None
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else None
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
@@ -227,7 +227,8 @@ def load_run(path: str | Path) -> RunResult:
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ReportError(f"{path / 'summary.json'} cannot be read: {exc}") from None
-    records, events = [], []
+    records: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     metrics = path / "metrics.jsonl"
     if metrics.is_file():
         for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):

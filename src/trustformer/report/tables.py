@@ -251,7 +251,8 @@ def table4_time(runs: Sequence[RunResult]) -> Table:
     t.notes = [
         "Ours, per epoch: train = the slowest client's mean local-training time (clients work in parallel in a "
         "deployment, as Eq. 5 assumes; in-process they run one after another, each timed alone); cluster = "
-        f"the slowest client's clustering time per exchange, memberships plus centroid means ({clustering}); aggregate = the server's aggregation time; other = "
+        f"the slowest client's clustering time per exchange, memberships plus centroid means ({clustering}); "
+        "aggregate = the server's aggregation time; other = "
         "the rest of a client's exchange work (applying the aggregate, estimating weights, clipping and "
         "noising); total = train + max over clients of (cluster + other) + aggregate.",
         "Paper: as printed. Its DP-FedAvg total (664 s) is not the sum of its parts (574 s).",
@@ -287,7 +288,8 @@ def table5_total(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS,
             their_fedavg = paper.TABLE5_H["fedavg"][i] if i is not None else None
             run_a = measured.get((r.strategy, r.beta, a)) if a != 1 else None
             t.rows.append([
-                r.label, a if r.exchanges else None, ours, _ratio_of(ours, ref), run_a.measured_eq5_s(epochs) if run_a else None,
+                r.label, a if r.exchanges else None, ours, _ratio_of(ours, ref),
+                run_a.measured_eq5_s(epochs) if run_a else None,
                 theirs, _ratio_of(theirs, their_fedavg) if theirs else None,
                 check[i] if (check and i is not None) else None,
                 _ratio_of(ours, theirs * 3600 if theirs else None),

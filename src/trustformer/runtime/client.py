@@ -318,7 +318,8 @@ def train(msg: Message, context: Context) -> Message:
     start = _poison_start(env, session, exchange)
     metrics.update(env.task.train_local(session.model, optimizer, env.shard,
                                         seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
-                                        client=env.client, step=protocol.local_step(session), **protocol.train_options(session)))
+                                        client=env.client, step=protocol.local_step(session),
+                                        **protocol.train_options(session)))
     poison_trained_model(env, session, start)
     protocol.client_trained(session, metrics)
     content = RecordDict()

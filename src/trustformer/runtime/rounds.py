@@ -38,8 +38,8 @@ from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
 from ..protocols.base import FederatedProtocol
-from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record, payload_bytes,
-                    spec_of, to_array_record)
+from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record,
+                    payload_bytes, spec_of, to_array_record)
 
 log = logging.getLogger(__name__)
 

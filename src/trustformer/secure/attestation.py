@@ -33,8 +33,9 @@ from ..errors import TrustformerError
 from ..config import RunConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-MEASURED_FILES = ("app.py", "wire.py", "runtime/server.py", "runtime/rounds.py", "core/shared.py", "core/aggregation.py",
-                  "core/dp.py", "core/accounting.py", "core/centroids.py", "core/ternary.py", "core/quantize.py")
+MEASURED_FILES = ("app.py", "wire.py", "runtime/server.py", "runtime/rounds.py", "core/shared.py",
+                  "core/aggregation.py", "core/dp.py", "core/accounting.py", "core/centroids.py", "core/ternary.py",
+                  "core/quantize.py")
 MEASURED_PACKAGES = ("protocols", "secure")
 QUOTE_VERSION = 1
 QUOTE_DOMAIN = b"trustformer quote v1\0"
@@ -105,8 +106,9 @@ class Quote:
             quote = cls(**values)
         except (UnicodeDecodeError, ValueError, TypeError) as exc:
             raise AttestationError(f"attestation failed: the quote is malformed ({exc})") from None
-        types = {"backend": str, "measurement": str, "enclave_key": str, "client_key": str, "nonce": str,
-                 "run_id": int, "client": int, "issued_at": (int, float), "valid_for_s": (int, float), "version": int}
+        types: dict[str, type | tuple[type, ...]] = {
+            "backend": str, "measurement": str, "enclave_key": str, "client_key": str, "nonce": str,
+            "run_id": int, "client": int, "issued_at": (int, float), "valid_for_s": (int, float), "version": int}
         for name, kind in types.items():
             value = getattr(quote, name)
             if isinstance(value, bool) or not isinstance(value, kind):
@@ -147,7 +149,8 @@ def verify_quote(body: bytes, signature: bytes, trusted_key: Ed25519PublicKey, *
     if quote.issued_at > now + CLOCK_SKEW_S:
         raise AttestationError(f"attestation failed: the quote is issued {quote.issued_at - now:.0f} s in the future")
     if now > quote.issued_at + quote.valid_for_s:
-        raise AttestationError(f"attestation failed: the quote expired {now - quote.issued_at - quote.valid_for_s:.0f} s "
+        raise AttestationError("attestation failed: the quote expired "
+                               f"{now - quote.issued_at - quote.valid_for_s:.0f} s "
                                f"ago (valid for {quote.valid_for_s:.0f} s)")
     if quote.measurement != expected_measurement:
         raise AttestationError(

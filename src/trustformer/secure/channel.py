@@ -45,8 +45,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from ..config import RunConfig
 from ..metrics import RunRecorder
-from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record, payload_bytes,
-                    spec_of, to_array_record)
+from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record,
+                    payload_bytes, spec_of, to_array_record)
 from . import codec, records
 from .attestation import AttestationError, load_signing_key, measured_sources, measurement, public_key_hex
 from .provision import plain_vectors, signing_keys, uses_secagg, uses_tee
@@ -209,7 +209,8 @@ class SecureLink:
             key, self.key_origin = signing_keys[self.run_id]
         else:
             raise SecureChannelError("secure.mode = 'tee' needs the aggregator's attestation signing key: set "
-                                     "secure.signing_key to a PEM file (`trustformer attest --keygen PREFIX` writes one)")
+                                     "secure.signing_key to a PEM file "
+                                     "(`trustformer attest --keygen PREFIX` writes one)")
         self.backend = SoftwareTEE(key, measurement(self.cfg), self.run_id, quote_validity_s=sec.quote_validity_s)
         log.info("secure exchange: emulated TEE, measurement %s, attestation key %s… (%s)",
                  self.backend.measurement(), public_key_hex(key)[:16], self.key_origin)
@@ -259,7 +260,8 @@ class SecureLink:
             participants = [n for n in participants if n in self.attested]
         if not (self.secagg and exchange) or not participants:
             return self.link.prepare(rnd, participants, exchange)
-        params = SecAggParams(threshold=records.secagg_threshold(self.cfg), scale_bits=self.cfg.secure.secagg_scale_bits)
+        params = SecAggParams(threshold=records.secagg_threshold(self.cfg),
+                              scale_bits=self.cfg.secure.secagg_scale_bits)
         config = ConfigRecord({"round": rnd, "step": "keys"})
         replies, _failed = self._query(rnd, participants, "keys", lambda _n: RecordDict({"config": config}), "secagg")
         keys: dict[int, dict[str, bytes]] = {}
@@ -398,7 +400,8 @@ class SecureLink:
         """A ``train``/``train.payload`` reply as the round sees it, in place: opened (tee), its sealed metrics
         merged, its masked vector kept for the unmasking (secagg, ``train``) and shown as the payload."""
         content = reply.content
-        clear = dict(content["metrics"]) if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {}
+        clear = (dict(content["metrics"])
+                 if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {})
         if SECURE not in content and not self.tee:
             return  # secagg: a report without a payload (a round that exchanges nothing)
         client = clear.get("client")

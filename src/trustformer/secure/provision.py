@@ -63,8 +63,8 @@ def provisioned(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]]) -> Ite
         yield
     finally:
         signing_keys.pop(run_id, None)
-        for key in [k for k in plain_vectors if k[0] == run_id]:
-            del plain_vectors[key]
+        for vector_key in [k for k in plain_vectors if k[0] == run_id]:
+            del plain_vectors[vector_key]
 
 
 __all__ = ["MEASUREMENT_NODE_CONFIG", "PUBLIC_KEY_NODE_CONFIG", "TRUSTED_KEY_NODE_CONFIG", "client_pins",

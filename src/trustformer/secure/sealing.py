@@ -11,8 +11,8 @@ message never desynchronises the two ends. The AES-GCM nonce is that counter (96
 the sender refuses to seal a counter it has already used, so a nonce is never reused under a key,
 even when a request is delivered twice — except to seal exactly the same message again (same
 plaintext and associated data, hence the same ciphertext: nothing new is revealed), so a re-sent
-request that is recomputed identically is answered identically. The receiver accepts a message only if its counter is the
-slot it is waiting for *and* above every counter it accepted before.
+request that is recomputed identically is answered identically. The receiver accepts a message only
+if its counter is the slot it is waiting for *and* above every counter it accepted before.
 
 Associated data (authenticated, not encrypted): run id, round, client id, direction, message type,
 counter, and any extra fields the caller binds (e.g. the client's example count).
@@ -160,7 +160,8 @@ class Channel:
         aad = associated_data(run_id=self.run_id, round_=round_, client=self.client,
                               direction=self.receive_direction, kind=kind, counter=counter, bound=bound)
         try:
-            plaintext = AESGCM(self._key(self.receive_direction)).decrypt(_nonce(counter), bytes(sealed[HEADER.size:]), aad)
+            plaintext = AESGCM(self._key(self.receive_direction)).decrypt(_nonce(counter),
+                                                                          bytes(sealed[HEADER.size:]), aad)
         except InvalidTag:
             raise SealError("authentication", f"{what}: authentication failed (tampered or truncated, "
                             "sealed under another key, or bound to another run/round/client/type)") from None
@@ -181,7 +182,8 @@ class Channel:
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], side: str, prefix: str = "") -> "Channel":
         run_id, client, last_sent, last_accepted = (int(x) for x in tensors[prefix + "ids"].tolist())
-        keys = SessionKeys(up=bytes(tensors[prefix + "key_up"].tolist()), down=bytes(tensors[prefix + "key_down"].tolist()))
+        keys = SessionKeys(up=bytes(tensors[prefix + "key_up"].tolist()),
+                           down=bytes(tensors[prefix + "key_down"].tolist()))
         digest = bytes(tensors[prefix + "last_sent_digest"].tolist()) if prefix + "last_sent_digest" in tensors else b""
         return cls(run_id=run_id, client=client, keys=keys, side=side, last_sent=last_sent,
                    last_accepted=last_accepted, last_sent_digest=digest)

@@ -66,7 +66,8 @@ class TEEBackend(Protocol):
         """Run the protocol's aggregation on opened payloads (inside the enclave)."""
         ...
 
-    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None) -> bytes:
+    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str,
+             bound: dict[str, Any] | None = None) -> bytes:
         """Encrypt and authenticate a message for ``client``."""
         ...
 
@@ -100,9 +101,11 @@ class SoftwareTEE:
 
     def quote(self, client: int, nonce: bytes, client_key: bytes) -> tuple[bytes, bytes]:
         if len(nonce) != NONCE_BYTES:
-            raise AttestationError(f"attestation: client {client} sent a {len(nonce)}-byte nonce, expected {NONCE_BYTES}")
+            raise AttestationError(f"attestation: client {client} sent a {len(nonce)}-byte nonce, "
+                                   f"expected {NONCE_BYTES}")
         if len(client_key) != X25519_BYTES:
-            raise AttestationError(f"attestation: client {client} sent a {len(client_key)}-byte key, expected {X25519_BYTES}")
+            raise AttestationError(f"attestation: client {client} sent a {len(client_key)}-byte key, "
+                                   f"expected {X25519_BYTES}")
         try:
             shared = self._kex.exchange(X25519PublicKey.from_public_bytes(client_key))
         except ValueError as exc:
@@ -130,7 +133,8 @@ class SoftwareTEE:
     def aggregate(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
-    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None) -> bytes:
+    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str,
+             bound: dict[str, Any] | None = None) -> bytes:
         return self._channel(client).seal(plaintext, round_=round_, kind=kind, bound=bound)
 
     def clients(self) -> Sequence[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sized
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
@@ -65,14 +65,18 @@ class Task(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def seeded_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def seeded_model(factory: Callable[[], ModuleT], seed: int) -> ModuleT:
     """Build a model under ``derive_seed(seed, "model-init")`` without touching the global RNG state."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "model-init"))
         return factory()
 
 
-def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
     """SGD with momentum (FedPC's "Momentum optimizer" for the ResNet) or Adam (its U-Net optimizer)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":

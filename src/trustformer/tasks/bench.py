@@ -85,18 +85,20 @@ def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, s
                 m.load_state_dict(global_state)
             r = task.train_local(m, opt, shard, seed=seed * 1000 + epoch * 10 + k, epochs=local_epochs,
                                  batch_size=None)
-            losses.append(r["train_loss"]); sizes.append(len(shard))
+            losses.append(r["train_loss"])
+            sizes.append(len(shard))
         if clients > 1:
             model.load_state_dict(fedavg_average([m.state_dict() for m in client_models], sizes))
         train_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         metrics = task.final_metrics(model)
         eval_s = time.perf_counter() - t1
-        row = {"epoch": epoch, "train_loss": sum(l * n for l, n in zip(losses, sizes)) / sum(sizes),
+        row = {"epoch": epoch, "train_loss": sum(loss * n for loss, n in zip(losses, sizes)) / sum(sizes),
                **score_line(task, metrics), "train_s": train_s, "eval_s": eval_s,
                "elapsed_s": time.perf_counter() - started}
         rows.append(row)
-        shown = " · ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "train_s", "eval_s", "elapsed_s"))
+        shown = " · ".join(f"{k} {v:.4f}" for k, v in row.items()
+                           if k not in ("epoch", "train_s", "eval_s", "elapsed_s"))
         log(f"epoch {epoch}/{epochs} · {shown} · train {train_s:.1f} s, eval {eval_s:.1f} s · "
             f"elapsed {row['elapsed_s']:.0f} s")
     if figure:

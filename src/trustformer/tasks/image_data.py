@@ -232,7 +232,8 @@ def load_cifar10(root: str | os.PathLike) -> tuple[ImageSet, ImageSet]:
     )
 
 
-def write_cifar_batch(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, *, bytes_keys: bool = True) -> None:
+def write_cifar_batch(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, *,
+                      bytes_keys: bool = True) -> None:
     """Write images (uint8 N×3×32×32) and labels in the CIFAR-10 python batch format."""
     images = np.asarray(images, dtype=np.uint8)
     if images.ndim != 4 or images.shape[1:] != (3, 32, 32):

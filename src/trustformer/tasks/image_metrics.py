@@ -110,7 +110,10 @@ class SegmentationScores:
         fp = (p & ~t).sum(1)
         fn = (~p & t).sum(1)
         tn = p.shape[1] - tp - fp - fn
-        self.tp += int(tp.sum()); self.fp += int(fp.sum()); self.fn += int(fn.sum()); self.tn += int(tn.sum())
+        self.tp += int(tp.sum())
+        self.fp += int(fp.sum())
+        self.fn += int(fn.sum())
+        self.tn += int(tn.sum())
         for a, b, c in zip(tp.tolist(), fp.tolist(), fn.tolist()):
             if a + b + c:
                 self._dice.append(dice_from_counts(a, b, c))
@@ -130,7 +133,8 @@ class SegmentationScores:
         }
 
 
-def segmentation_scores(preds: Sequence[torch.Tensor] | torch.Tensor, truths: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, float]:
+def segmentation_scores(preds: Sequence[torch.Tensor] | torch.Tensor,
+                        truths: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, float]:
     """Pooled Dice, IoU, pixel accuracy and per-image means of masks (N×H×W tensors or lists of them)."""
     scores = SegmentationScores()
     if isinstance(preds, torch.Tensor):

@@ -22,7 +22,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,7 +91,8 @@ def _pretrain_config(cfg: RunConfig) -> RunConfig:
 def cache_key(cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]]) -> str:
     """Hash of what determines the public model: its encoded pairs (data and tokenizer), the model's sizes, the
     training recipe and the seed."""
-    recipe = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("init", "public_data", "local_epochs")}
+    recipe = {k: v for k, v in dataclasses.asdict(cfg.train).items()
+              if k not in ("init", "public_data", "local_epochs")}
     head = json.dumps({"version": VERSION, "seed": cfg.seed, "model": dataclasses.asdict(workload.model_config),
                        "recipe": recipe, "tokenizer": workload.tokenizer.name}, sort_keys=True, default=list)
     digest = hashlib.sha256(head.encode())

@@ -173,7 +173,10 @@ def load_lgg(root: str | os.PathLike, *, size: int = 256) -> SegSet:
     if not base.is_dir():
         raise SegDataError(f"LGG folder {base} does not exist")
     patients = sorted(p for p in base.iterdir() if p.is_dir())
-    images, masks, units, names = [], [], [], []
+    images: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
+    units: list[int] = []
+    names: list[str] = []
     for patient in patients:
         slices: dict[int, Path] = {}
         mask_files: dict[int, Path] = {}
@@ -207,7 +210,9 @@ def load_lgg(root: str | os.PathLike, *, size: int = 256) -> SegSet:
             x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
             y = torch.from_numpy((msk > 0).astype(np.uint8))[None, None]
             x, y = resize(x, y, size)
-            images.append(x[0]); masks.append(y[0]); units.append(unit)
+            images.append(x[0])
+            masks.append(y[0])
+            units.append(unit)
     if not images:
         raise SegDataError(f"no patient folder with <patient>_<n>.tif slices under {base}")
     return SegSet(torch.stack(images), torch.stack(masks), torch.tensor(units, dtype=torch.int64), tuple(names))
