@@ -723,7 +723,8 @@ class FedPCConfig:
         _choice("fedpc.sign", self.sign, ("paper", "flipped"))
         _at_least("fedpc.master_lr", self.master_lr, 0.0)
         _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
-        for name, values, low in (("fedpc.batch_sizes", self.batch_sizes, 1), ("fedpc.local_epochs", self.local_epochs, 1)):
+        for name, values, low in (("fedpc.batch_sizes", self.batch_sizes, 1),
+                                  ("fedpc.local_epochs", self.local_epochs, 1)):
             if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
                 raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
         if not self.local_epochs:
@@ -826,7 +827,8 @@ class RobustConfig:
             return
         if fed.strategy not in ROBUST_STRATEGIES:
             raise ConfigError(f"{explicit[0]} does not apply to federation.strategy = {fed.strategy!r}: "
-                              f"{ROBUST_WHY_NOT.get(fed.strategy, 'its server sees no update')}; leave it at its default")
+                              f"{ROBUST_WHY_NOT.get(fed.strategy, 'its server sees no update')}; leave it at its "
+                              "default")
         if secure_mode not in ("none", "tee"):
             raise ConfigError(f"{explicit[0]} cannot run under secure.mode = {secure_mode!r}: secure aggregation hides "
                               "each update from the server, which sees only their sum, so it can neither bound nor "
@@ -858,7 +860,8 @@ class SecureConfig:
     mode: str = "none"  # none | tee | secagg | tee+secagg
     expected_measurement: str = ""  # tee: aggregator measurement clients require (hex); "" = computed by each client
     signing_key: str = ""  # tee, aggregator: PEM file of its Ed25519 attestation key; "" = generated per in-process run
-    trusted_key: str = ""  # tee, clients: PEM/hex file of the aggregator's attestation public key; "" = from the runtime
+    # tee, clients: PEM/hex file of the aggregator's attestation public key; "" = from the runtime
+    trusted_key: str = ""
     quote_validity_s: float = 300.0  # tee: seconds a quote is accepted after it is issued
     secagg_threshold: int = 0  # secagg: shares needed to unmask; 0 = floor(clients / 2) + 1 (at least 2)
     secagg_scale_bits: int = 24  # secagg: fixed-point fraction bits (error of a uniform mean <= 2^-(bits+1))
@@ -1189,7 +1192,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
             continue
         key = f"{prefix}{f.name}"
         hint = hints[f.name]
-        if is_dataclass(hint):
+        if isinstance(hint, type) and is_dataclass(hint):
             kwargs[f.name] = _build(hint, values[f.name], prefix=f"{key}.")
         else:
             kwargs[f.name] = _coerce(key, values[f.name], hint)

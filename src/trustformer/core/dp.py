@@ -253,6 +253,7 @@ def geometric_clip_update(clip_norm: float, unclipped_fraction: float, target_qu
 
 __all__ = [
     "default_count_stddev", "update_noise_multiplier", "unclipped_count", "geometric_clip_update",
-    "NOISE_SOURCES", "os_seed", "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator", "gaussian_noise", "noised_mean",
+    "NOISE_SOURCES", "os_seed", "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator",
+    "gaussian_noise", "noised_mean",
     "flatten", "unflatten", "keep_count", "top_k_sparsify", "index_dtype", "check_sparse", "sparse_noised_mean",
 ]

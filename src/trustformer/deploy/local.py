@@ -161,7 +161,7 @@ def run_local(cfg: RunConfig, root: str | Path, *, timeout_s: float = 3600.0) ->
         if status != "finished:completed":
             reason = getattr(status, "details", "")
             raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "")
-                              + "; see {Path(deployment_config(cfg).out) / 'server.log'} "
+                              + f"; see {Path(deployment_config(cfg).out) / 'server.log'} "
                               f"and {fed.server.superlink.log_path}")
     return Path(deployment_config(cfg).out) / "summary.json"
 
