@@ -383,8 +383,13 @@ def _dp_reading_verdict(dp: Sequence[RunResult]) -> str:
     if record_learns and client_learns:
         return ("**Which reading the paper's DP rows fit:** both readings learn here, so these runs cannot tell "
                 "them apart.")
-    return ("**Which reading the paper's DP rows fit:** neither reading learns here at this scale, so these runs "
-            "cannot tell which one the paper used.")
+    diverged = {unit: [r.mean("test_loss") for r in dp if r.privacy_unit == unit] for unit in ("client", "record")}
+    worst = {unit: max((v for v in values if v is not None), default=None) for unit, values in diverged.items()}
+    detail = "".join(f" At the {unit} level the worst final test loss is {loss:.3g}." for unit, loss in worst.items()
+                     if loss is not None)
+    return ("**Which reading the paper's DP rows fit:** neither reading learns here at this scale (final test loss "
+            "at or above ln(vocabulary), what uniform guessing costs), so these runs cannot tell which one the paper "
+            "used." + detail)
 
 
 def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: Sequence[RunResult]) -> str | None:
