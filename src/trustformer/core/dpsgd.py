@@ -35,6 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient: added once,
+# for that message only
+warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 ExampleLosses = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -149,8 +153,6 @@ def dp_sgd(
     from opacus.optimizers import DPOptimizer
 
     params = _trainable(model)
-    # Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient
-    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
     dp_optimizer = DPOptimizer(optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip_norm,
                                expected_batch_size=dp.expected_batch, loss_reduction="mean", generator=noise)
