@@ -101,7 +101,7 @@ def test_observed_protocol_behaves_as_the_wrapped_one():
     with observe(ProtocolObserver()):
         wrapped = get_protocol(cfg)
         assert isinstance(wrapped, ObservedProtocol)
-        assert wrapped.name == "fedavg" and wrapped.exchanges
+        assert wrapped.name == "fedavg" and wrapped.spec.exchanges
         assert getattr(wrapped, "server_round", None) is None  # optional hooks stay optional
     assert not isinstance(get_protocol(cfg), ObservedProtocol)
 

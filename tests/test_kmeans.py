@@ -19,9 +19,9 @@ from trustformer.core.kmeans import (
     cluster_layers,
     iteration_memory_bytes,
     kmeans,
-    kmeans_1d,
     lloyd_assign,
 )
+from trustformer.core.kmeans_1d import kmeans_1d
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FAST = settings(max_examples=40, deadline=None)

@@ -31,7 +31,7 @@ class FakeRound:
     def initial(self):
         return self.server.initial()
 
-    def prepare(self, nodes):
+    def prepare(self, nodes, *, sampled=False):
         return nodes
 
     def train(self, nodes, *, payload, models):
@@ -42,10 +42,13 @@ class FakeRound:
         self.rows[node] = {}
         return {node: {"w": models[node]["w"] + self.client(node) + 1}}
 
-    def require(self, valid, step):
-        assert valid
+    def note(self, node, **fields):
+        self.rows[node].update(fields)
 
-    def apply(self, nodes, tensors):
+    def require(self, step):
+        assert self.rows
+
+    def apply(self, nodes, tensors, phases=None):
         self.applied = (nodes, tensors)
 
 

@@ -42,8 +42,8 @@ def test_cache_key_ignores_the_output_folder_only():
 
 
 def test_unknown_strategy_is_refused():
-    with pytest.raises(ConfigError, match="'fedprox'"):
-        rep.plan("tiny", rep.GridSpec(strategies=("fedprox",)), "results")
+    with pytest.raises(ConfigError, match="'fednova'"):
+        rep.plan("tiny", rep.GridSpec(strategies=("fednova",)), "results")
 
 
 @pytest.fixture

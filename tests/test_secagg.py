@@ -6,23 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trustformer.secure.secagg import (
-    FIELD_PRIME,
-    SecAggClient,
-    SecAggError,
-    SecAggParams,
-    SecAggServer,
-    _interpolate,
-    _pair_seed,
-    _parse_share,
-    benchmark,
-    dequantize,
-    mask_stream,
-    quantization_error_bound,
-    quantize,
-    shamir_combine,
-    shamir_split,
-)
+from trustformer.secure.masking import _pair_seed, dequantize, mask_stream, quantization_error_bound, quantize
+from trustformer.secure.secagg import SecAggClient, SecAggError, SecAggParams, SecAggServer, benchmark
+from trustformer.secure.shamir import FIELD_PRIME, _interpolate, _parse_share, shamir_combine, shamir_split
 
 SESSION = b"run-test/round-1"
 

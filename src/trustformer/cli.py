@@ -9,7 +9,7 @@ from pathlib import Path
 import sys
 from typing import Any
 
-from .cli_options import add_config_options, resolve_config, setup_logging
+from .cli_options import add_config_options, resolve_config, run_config, setup_logging
 from .config import PRESETS, ConfigError, parse_override
 
 
@@ -30,8 +30,6 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .deploy.cli import run_config
-
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
     from .runtime.client import keeps_state_on_disk
 
@@ -427,7 +425,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (TrustformerError, FileNotFoundError, UnicodeDecodeError)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand of a command line (None: none, e.g. ``--help``): its first word (the top-level parser
+    has no option but ``--help``)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``trustformer`` parser. ``command``: the subcommand about to be parsed (:func:`command_of`). The
+    deployment commands (``deploy``, ``attest``) come from ``trustformer.deploy``, which is imported only when
+    ``command`` is None or not another known command: ``trustformer run`` (one process) never imports it."""
     parser = argparse.ArgumentParser(
         prog="trustformer",
         description="Privacy-preserving, communication-efficient federated training of Transformers.",
@@ -446,23 +453,24 @@ def build_parser() -> argparse.ArgumentParser:
     _reproduce_parser(sub)
     _report_parser(sub)
     _attack_parser(sub)
-    from .deploy.cli import add_deploy_parser
-
-    add_deploy_parser(sub)
-    from .deploy.attest_cli import add_attest_parser
-
-    add_attest_parser(sub)
     from .model_commands import add_predict_parser, add_translate_parser
 
     add_translate_parser(sub)
     add_predict_parser(sub)
+    if command is None or command not in sub.choices:  # a deployment command, or help, or an unknown one
+        from .deploy.attest_cli import add_attest_parser
+        from .deploy.cli import add_deploy_parser
+
+        add_deploy_parser(sub)
+        add_attest_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_of(argv)).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

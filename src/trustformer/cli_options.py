@@ -1,6 +1,6 @@
 """The options every command that builds a run shares (``trustformer run``, ``config``, ``bench``, ``attack``,
-``deploy``, ``attest``), how they resolve into a :class:`~trustformer.config.RunConfig`, and the commands'
-logging."""
+``deploy``, ``attest``), how they resolve into a :class:`~trustformer.config.RunConfig` (:func:`resolve_config`;
+:func:`run_config` also continues a checkpointed run, ``--resume``), and the commands' logging."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, RunConfig, load_config, parse_override
+from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
+
+# options of add_config_options that --resume replaces with the checkpointed run's configuration
+RUN_OPTIONS = ("preset", "strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config",
+               "secure")
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
@@ -72,6 +77,27 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run's configuration: from the options (:func:`resolve_config`), or (``--resume DIR``, ``trustformer
+    run`` and ``trustformer deploy server|local``) from DIR's checkpoint, ``--set`` changing operational
+    settings only."""
+    if not getattr(args, "resume", None):
+        return resolve_config(args)
+    from .runtime.checkpoint import read_checkpoint, resume_config
+
+    given = [f"--{name.replace('_', '-')}" for name in RUN_OPTIONS if getattr(args, name, None) is not None]
+    if given:
+        raise ConfigError("--resume continues the checkpointed run with its own configuration; "
+                          f"drop {', '.join(given)}")
+    overrides: dict[str, Any] = dict(parse_override(item) for item in args.set)
+    cfg = resume_config(args.resume, overrides)
+    done = read_checkpoint(args.resume).round
+    if done >= cfg.federation.rounds and (Path(args.resume) / "summary.json").exists():
+        raise ConfigError(f"--resume {args.resume}: that run already finished (all {cfg.federation.rounds} "
+                          "round(s) and summary.json); nothing to resume — start a new run with another --out")
+    return cfg
+
+
 def setup_logging(*, quiet: bool) -> None:
     """Progress lines on stderr (only warnings when ``quiet``)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -83,4 +109,4 @@ def setup_logging(*, quiet: bool) -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
-__all__ = ["add_config_options", "resolve_config", "setup_logging"]
+__all__ = ["RUN_OPTIONS", "add_config_options", "resolve_config", "run_config", "setup_logging"]

@@ -1,8 +1,9 @@
 """The configuration reference (``docs/configuration.md``), generated from the config classes themselves.
 
 Every key of :class:`~trustformer.config.RunConfig` with its type, its default (the ``small`` preset's value) and
-the comment written beside its declaration in ``config.py`` (the line's trailing comment, or the comment lines
-just above it). ``trustformer config --reference`` prints it; a test fails when the committed file is stale.
+the comment written beside its declaration in the ``config`` package's section modules (the line's trailing
+comment, or the comment lines just above it). ``trustformer config --reference`` prints it; a test fails when the
+committed file is stale.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typing
 from typing import Any
 
 from .config import PRESETS, TASK_PRESETS, RunConfig
+from .registry import protocol_specs
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -61,30 +63,23 @@ def reference() -> str:
     """The whole reference as Markdown."""
     default = RunConfig()
     lines = ["# Configuration reference", "",
-             "Generated from the config classes (`src/trustformer/config.py`) by `trustformer config --reference`; "
+             "Generated from the config classes (`src/trustformer/config/`, and each protocol's own section in its "
+             "module) by `trustformer config --reference`; "
              "a test fails when this file is stale. Every key can be set in a TOML file (`--config FILE`, sections "
              "as below) or on the command line (`--set section.key=value`). Defaults are the `small` preset's; "
              "the presets change what the table at the end lists. Precedence: preset < `--config` < options.", ""]
     hints = typing.get_type_hints(RunConfig)
-    top = [f for f in dataclasses.fields(RunConfig) if not dataclasses.is_dataclass(hints[f.name])]
+    top = [f for f in dataclasses.fields(RunConfig)
+           if not dataclasses.is_dataclass(hints[f.name]) and f.name != "sections"]
     comments = _comments(RunConfig)
     lines += ["## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     lines += [f"| `{f.name}` | {_type_name(hints[f.name])} | `{_value(getattr(default, f.name))}` | "
               f"{comments.get(f.name, '').replace('|', chr(92) + '|')} |" for f in top]
-    for f in dataclasses.fields(RunConfig):
-        cls = hints[f.name]
-        if not dataclasses.is_dataclass(cls):
-            continue
-        section, doc = getattr(default, f.name), (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-        if doc.startswith(cls.__name__ + "("):  # no docstring of its own: the dataclass's generated signature
-            doc = ""
-        section_hints, section_comments = typing.get_type_hints(cls), _comments(cls)
-        lines += ["", f"## `[{f.name}]`", ""] + ([doc, ""] if doc else [])
-        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        for field in dataclasses.fields(cls):
-            meaning = section_comments.get(field.name, "").replace("|", "\\|")
-            lines.append(f"| `{f.name}.{field.name}` | {_type_name(section_hints[field.name])} | "
-                         f"`{_value(getattr(section, field.name))}` | {meaning} |")
+    sections = [(f.name, hints[f.name], getattr(default, f.name)) for f in dataclasses.fields(RunConfig)
+                if dataclasses.is_dataclass(hints[f.name])]
+    sections += [(spec.name, spec.section, spec.section()) for spec in protocol_specs() if spec.section is not None]
+    for name, cls, section in sections:
+        lines += _section_lines(name, cls, section)
     lines += ["", "## Presets", "", "What each preset changes (`--preset`; `small` is the defaults above).", ""]
     for name, values in PRESETS.items():
         lines.append(f"- `{name}`: " + (", ".join(f"`{k}`" for k in _flat(values)) or "the defaults"))
@@ -92,6 +87,21 @@ def reference() -> str:
         for name, values in presets.items():
             lines.append(f"- `{name}` with `task = \"{task}\"`: " + ", ".join(f"`{k}`" for k in _flat(values)))
     return "\n".join(lines) + "\n"
+
+
+def _section_lines(name: str, cls: type, section: Any) -> list[str]:
+    """The table of one section, ``[name]``: its docstring's first paragraph, then every key."""
+    doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+    if doc.startswith(cls.__name__ + "("):  # no docstring of its own: the dataclass's generated signature
+        doc = ""
+    section_hints, section_comments = typing.get_type_hints(cls), _comments(cls)
+    lines = ["", f"## `[{name}]`", ""] + ([doc, ""] if doc else [])
+    lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for field in dataclasses.fields(cls):
+        meaning = section_comments.get(field.name, "").replace("|", "\\|")
+        lines.append(f"| `{name}.{field.name}` | {_type_name(section_hints[field.name])} | "
+                     f"`{_value(getattr(section, field.name))}` | {meaning} |")
+    return lines
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> list[str]:

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
-from flwr.common.serde import recorddict_to_proto
 
+from .engine.flower_internals import content_wire_bytes
 from .errors import TrustformerError
 
 # Message types. A round: ``train`` (local training; the reply carries the payload or a report), ``train.payload``
@@ -91,7 +91,7 @@ def record_spec(record: ArrayRecord) -> TensorSpec:
 
 def payload_bytes(content: RecordDict) -> int:
     """Length in bytes of Flower's protobuf serialization of a message's content."""
-    return len(recorddict_to_proto(content).SerializeToString())
+    return content_wire_bytes(content)
 
 
 def _dtype_name(dtype: str) -> str:

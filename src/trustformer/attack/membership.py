@@ -154,7 +154,7 @@ class _Lira:
     def __init__(self, run: ObservedRun, task, before: Tensors, n_models: int, last_round: int) -> None:
         cfg = run.cfg
         self.task, self.cfg, self.n_models = task, cfg, n_models
-        exchanged = bool(run.protocol.exchanges)
+        exchanged = bool(run.protocol.spec.exchanges)
         self.start, self.rounds = (before, 1) if exchanged else (run.initial, cfg.federation.rounds)
         self.rounds_before = last_round - 1 if exchanged else 0  # the target's rounds before its last one
         self.models: dict[int, list[Tensors]] = {}  # by pool size
@@ -237,7 +237,7 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
     if is_private(cfg):  # the audit of the guarantee by this attack (attack/audit.py)
         result["audit"] = audit_from_scores(per_view["server"], cfg.privacy.delta)
         result["audit"]["epsilon"] = (run.summary.get("privacy") or {}).get("epsilon")
-    result["server_sees"] = ("nothing" if not run.protocol.exchanges else
+    result["server_sees"] = ("nothing" if not run.protocol.spec.exchanges else
                              "aggregate only" if cfg.secure.mode in ("secagg", "tee+secagg") else "every payload")
     return result
 

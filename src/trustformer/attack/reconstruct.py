@@ -117,6 +117,7 @@ from ..core.centroids import layer_matrix
 from ..core.dp import flatten, unflatten
 from ..protocols import ProtocolObserver, bare, make_protocol, observe
 from ..protocols.base import Tensors
+from ..registry import protocol_spec
 from ..protocols.trustformer import MODES as MEMBERSHIP_MODES
 
 log = logging.getLogger(__name__)
@@ -357,16 +358,21 @@ class Centroids(Estimator):
         super().advance(aggregate)
 
 
-ESTIMATORS: dict[str, type[Estimator]] = {
-    "fedavg": WholeModel,
-    "fedavg-topk": GlobalPlusUpdate,
-    "dp-fedavg": GlobalPlusUpdate,
-    "dp-fedsam": GlobalPlusUpdate,
-    "dp-blur-lus": GlobalPlusUpdate,
-    "trustformer": Centroids,
-    "local": NothingReceived,
-    "centralized": NothingReceived,
+ESTIMATORS: dict[str, type[Estimator]] = {  # a protocol's spec.estimator -> the server's estimator
+    "model": WholeModel,
+    "update": GlobalPlusUpdate,
+    "centroids": Centroids,
+    "none": NothingReceived,
 }
+
+
+def estimator_of(cfg: RunConfig) -> type[Estimator]:
+    """The estimator the protocol's spec names (ConfigError when the attack does not cover it)."""
+    kind = protocol_spec(cfg.federation.strategy).estimator
+    if kind is None:
+        raise ConfigError(f"the reconstruction attack does not cover federation.strategy = "
+                          f"{cfg.federation.strategy!r} (its spec declares no estimator)")
+    return ESTIMATORS[kind]
 
 
 # ------------------------------------------------------------------------------ scoring
@@ -389,7 +395,7 @@ def server_estimates(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Excha
     """Per exchange, oldest first: (the exchange, the server's estimate of every client's trained model from what
     it holds, the global model the server held before it). Under secure aggregation every client is estimated
     from the aggregate, as if it had sent it; a client dropped from a round has no estimate there."""
-    estimator = ESTIMATORS[cfg.federation.strategy](cfg, initial, protocol)
+    estimator = estimator_of(cfg)(cfg, initial, protocol)
     secagg = cfg.secure.mode in SECAGG_MODES
     for ex in sorted(exchanges, key=lambda e: e.round):
         estimator.begin(ex.round)
@@ -439,7 +445,7 @@ def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], prot
         "relative_error_mean_over_rounds": _mean([r["relative_error_mean"] for r in rounds]),
         "recovered_fraction_mean_over_rounds": _mean([r["recovered_fraction_mean"] for r in rounds]),
         "memberships_source": estimator.memberships_source,
-        "server_sees": ("nothing" if not protocol.exchanges else "aggregate only" if secagg else "every payload"),
+        "server_sees": ("nothing" if not protocol.spec.exchanges else "aggregate only" if secagg else "every payload"),
     }
 
 
@@ -460,7 +466,8 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     from ..core.shared import ALL_SHARDS
 
     store = DiskStore(Path(cfg.out) / "client-state" / run_key(cfg))
-    clients = [ALL_SHARDS] if cfg.federation.strategy == "centralized" else list(range(cfg.federation.clients))
+    pooled = protocol_spec(cfg.federation.strategy).pools_data
+    clients = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
     ex = Exchange(cfg.federation.rounds, received={})
     for client in clients:
         state = store.load("all" if client == ALL_SHARDS else f"client-{client}",
@@ -489,7 +496,7 @@ def observed_run(cfg: RunConfig) -> ObservedRun:
     """Run the federation ``cfg`` in this process and record what every party held (see the module docstring)."""
     from ..engine.inprocess import run_in_process
 
-    exchanges_model = make_protocol(cfg).exchanges
+    exchanges_model = make_protocol(cfg).spec.exchanges
     if not exchanges_model and cfg.runtime.store != "disk":  # the truth is read from the clients' state on disk
         cfg = load_config(cfg.preset, None, {**cfg.flat(), "runtime.store": "disk"})
     recorder = RunRecorder()
@@ -510,8 +517,9 @@ def run_attack(cfg: RunConfig, run: ObservedRun | None = None) -> dict[str, Any]
     result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
                   test_loss=summary.get("test_loss"),
                   up_bytes_per_client_per_round=summary.get("bytes", {}).get("up_per_client_per_round"))
-    if cfg.federation.strategy == "trustformer":
-        result.update(beta=cfg.federation.beta, memberships=cfg.federation.memberships)
+    run_fields = protocol_spec(cfg.federation.strategy).run_fields
+    if run_fields is not None:
+        result.update(run_fields(cfg))
     if run.unmatched and cfg.secure.mode not in SECAGG_MODES:  # under secagg the aggregation sees only the mean
         result["unmatched_payloads"] = run.unmatched
     return result
@@ -551,13 +559,8 @@ def plan(cfg: RunConfig, strategies: Sequence[str] | None, betas: Sequence[float
         for strategy in strategies:
             base = {"federation.strategy": strategy, "secure.mode": mode}
             variants: list[tuple[str, dict[str, Any]]]
-            if strategy == "trustformer":
-                variants = [(f"trustformer β={b:g} {m}", {"federation.beta": b, "federation.memberships": m})
-                            for b in (betas or [fed.beta]) for m in (memberships or [fed.memberships])]
-            elif strategy == "fedavg-topk" and betas:
-                variants = [(f"fedavg-topk keep={b:g}", {"federation.topk_keep": b}) for b in betas]
-            else:
-                variants = [(strategy, {})]
+            sweep = protocol_spec(strategy).variants
+            variants = (sweep(cfg, betas, memberships) if sweep is not None else None) or [(strategy, {})]
             for label, extra in variants:
                 overrides = {**base, **extra}
                 label = label if mode == "none" else f"{label} +{mode}"

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options, resolve_config
-from ..config import ConfigError, RunConfig, build_config, load_config
+from ..config import ConfigError, RunConfig, build_config, load_config, parse_override
 
 DEFAULT_SETTING: dict[str, Any] = {
     "data.partition": "domain",
@@ -114,6 +114,19 @@ def plan_runs(betas: list[float], widths: list[int], seeds: list[int], membershi
     unique = [plan for i, plan in enumerate(plans) if plan[0] not in {p[0] for p in plans[:i]}]  # βs sharing ⌈1/β⌉
     return [BenchRun(label, overrides, seed, beta, deciding) for label, overrides, beta, deciding in unique
             for seed in (seeds if deciding else seeds[:1])]
+
+
+def plan_extra_rows(rows: list[str], seeds: list[int]) -> list[BenchRun]:
+    """``--row 'LABEL: key=value ...'``: a row of any protocol and options, run with every seed."""
+    plans = []
+    for text in rows:
+        label, sep, options = text.partition(":")
+        overrides = dict(parse_override(item) for item in options.split())
+        if not sep or not label.strip() or not overrides:
+            raise ConfigError(f"--row {text!r}: expected 'LABEL: key=value ...', e.g. "
+                              "'fedprox μ=0.1: federation.strategy=fedprox fedprox.mu=0.1'")
+        plans += [BenchRun(label.strip(), overrides, seed) for seed in seeds]
+    return plans
 
 
 PUBLIC = {"train.init": "public"}
@@ -223,7 +236,7 @@ def run_one(values: dict[str, Any], reuse: bool, kind: str = "run") -> dict[str,
     run = observed_run(cfg)
     # training alone: the server holds nothing, and each LiRA reference model would repeat a whole training; LiRA's
     # check on true local models is the exchanging rows' true-local view (and `attack membership`)
-    lira = REFERENCE_MODELS if run.protocol.exchanges else 0
+    lira = REFERENCE_MODELS if run.protocol.spec.exchanges else 0
     result = {"config": cfg.to_dict(), "summary": _summary_fields(run.summary), "wall_s": time.perf_counter() - started,
               "attack": _attack_fields(run_attack(run.cfg, run)), "membership": membership(run, reference_models=lira)}
     (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
@@ -538,6 +551,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "FedAvg at the narrowest --bits, Trustformer at the largest --betas, from scratch and, with "
                         "--public, from the public model with LoRA (largest --lora-ranks) and full; plus the DP "
                         "baselines' record-level reading at ε = 1. '--only dp' runs just these")
+    p.add_argument("--row", action="append", default=[], metavar="'LABEL: key=value ...'",
+                   help="add a row of any protocol, decided with every seed: its label, a colon, then its options "
+                        "as space-separated key=value (e.g. 'fedprox μ=0.1: federation.strategy=fedprox "
+                        "fedprox.mu=0.1'); repeatable")
     p.add_argument("--no-default-setting", action="store_true",
                    help="do not apply the benchmark's non-IID setting; run the preset/config as given")
     return p.parse_args(argv)
@@ -571,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan_runs([float(b) for b in args.betas.split(",") if b.strip()], args.bits, seeds,
                      [m.strip() for m in args.memberships.split(",") if m.strip()] or None,
                      dp=not args.no_dp, secagg=not args.no_secagg)
+    runs += plan_extra_rows(args.row, seeds)
     if cfg.train.init != "scratch":  # a --public-data file given: the from-scratch rows still start from scratch
         for run in runs:
             run.overrides = {**SCRATCH, **run.overrides}

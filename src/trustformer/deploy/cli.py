@@ -11,15 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import add_config_options, resolve_config, setup_logging
-from ..config import ConfigError, RunConfig, parse_override
+from ..cli_options import add_config_options, run_config, setup_logging
+from ..config import RunConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
-# options of add_config_options that --resume replaces with the checkpointed run's configuration
-_RUN_OPTIONS = ("preset", "strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config",
-                "secure")
 
 
 def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
@@ -104,27 +101,6 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S",
                    help="give up when the run has not finished after S seconds (default 1 day)")
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
-
-
-def run_config(args: argparse.Namespace) -> RunConfig:
-    """The run's configuration: from the options, or (``--resume DIR``) from DIR's checkpoint."""
-    if not getattr(args, "resume", None):
-        return resolve_config(args)
-    from ..runtime.checkpoint import resume_config
-
-    given = [f"--{name.replace('_', '-')}" for name in _RUN_OPTIONS if getattr(args, name, None) is not None]
-    if given:
-        raise ConfigError("--resume continues the checkpointed run with its own configuration; "
-                          f"drop {', '.join(given)}")
-    overrides: dict[str, Any] = dict(parse_override(item) for item in args.set)
-    cfg = resume_config(args.resume, overrides)
-    from ..runtime.checkpoint import read_checkpoint
-
-    done = read_checkpoint(args.resume).round
-    if done >= cfg.federation.rounds and (Path(args.resume) / "summary.json").exists():
-        raise ConfigError(f"--resume {args.resume}: that run already finished (all {cfg.federation.rounds} "
-                          "round(s) and summary.json); nothing to resume — start a new run with another --out")
-    return cfg
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
@@ -325,4 +301,4 @@ def _serve_client(args: argparse.Namespace, folder: Path, config: dict[str, Any]
     return 0 if code in (0, -signal.SIGTERM) else 1
 
 
-__all__ = ["add_deploy_parser", "run_config"]
+__all__ = ["add_deploy_parser"]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..config import RunConfig
+from ..registry import protocol_spec
 from .certs import Credentials, write_credentials
 from .launch import (RETRY_S, ServerSide, connection_outcome, deployment_config, node_config, refused, start_server,
                      start_supernode)
@@ -119,7 +120,7 @@ class LocalFederation:
             fed.pins = client_pins(cfg, load_signing_key(cfg.secure.signing_key) if cfg.secure.signing_key else None)
         try:
             fed.start_server()
-            if cfg.federation.strategy == "centralized":
+            if protocol_spec(cfg.federation.strategy).pools_data:
                 fed.start_client(ALL_SHARDS, key_name="client-0")
             else:
                 fed.start_clients()

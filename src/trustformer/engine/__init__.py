@@ -3,9 +3,10 @@ Flower's Simulation Engine (``simulation``). A Flower deployment, the third, is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import RunConfig
+if TYPE_CHECKING:  # importing a submodule (wire imports flower_internals) runs this file: it imports nothing
+    from ..config import RunConfig
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:

@@ -32,20 +32,18 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
 from flwr.serverapp import Grid, ServerApp
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from .. import app as apps
 from ..config import CONFIG_KEY, Fault, RunConfig
 from ..core.shared import ALL_SHARDS
+from ..registry import protocol_spec
 from ..runtime import diagnostics
 from ..runtime.client import keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
+from .flower_internals import (NODE_UNAVAILABLE, SUPERLINK_NODE_ID, Run, empty_run, set_message_id, task_identity,
+                               wire_copy)
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +51,12 @@ CLIENT_ERROR_CODE = 500  # an exception raised while a client handled a message
 HUGE_NUM_EXAMPLES = 10**15  # what the huge_num_examples fault claims
 
 
-def _wire_copy(message: Message) -> Message:
-    """Serialize to Flower's protobuf wire format and parse back (what crossing a network does)."""
-    proto = ProtoMessage()
-    proto.ParseFromString(message_to_proto(message).SerializeToString())
-    return message_from_proto(proto)
-
-
 class InProcessGrid(Grid):
     """A Flower ``Grid`` that delivers messages to ClientApps living in this process."""
 
     def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]], run_config: dict[str, Any],
                  *, run_id: int = 1, faults: Iterable[Fault] = ()) -> None:
-        self._run = Run.create_empty(run_id)
+        self._run = empty_run(run_id)
         self._client_app = client_app
         self._contexts = {
             SUPERLINK_NODE_ID + 1 + i: Context(run_id=run_id, node_id=SUPERLINK_NODE_ID + 1 + i,
@@ -99,11 +90,11 @@ class InProcessGrid(Grid):
             node = message.metadata.dst_node_id
             if node not in self._contexts:
                 raise ValueError(f"message for unknown node {node}")
-            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            delivered = _wire_copy(message)
+            set_message_id(message, uuid.uuid4().hex)
+            delivered = wire_copy(message)
             fault = self._fault_for(node, message)
             if fault is not None and fault.kind == "dropout":  # the node is gone: the SuperLink answers for it
-                reply = Message(Error(int(ErrorCode.NODE_UNAVAILABLE), "Node Unavailable (injected fault: dropout)"),
+                reply = Message(Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: dropout)"),
                                 reply_to=delivered)
             else:
                 try:
@@ -111,14 +102,14 @@ class InProcessGrid(Grid):
                 except Exception as exc:  # the client failed: the server gets an error reply
                     log.exception("client node %d failed on %s", node, message.metadata.message_type)
                     reply = Message(Error(CLIENT_ERROR_CODE, f"{type(exc).__name__}: {exc}"), reply_to=delivered)
-            reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_message_id(reply, uuid.uuid4().hex)
             if fault is not None and not reply.has_error():
                 reply = self._inject(fault, node, delivered, reply)
             elif self._faults and not reply.has_error():  # what a replay fault may send again later
                 self._remember(node, message.metadata.message_type, reply)
             ids.append(message.metadata.message_id)
             if reply is not None:  # None: a stalled reply, never delivered
-                self._replies[message.metadata.message_id] = _wire_copy(reply)
+                self._replies[message.metadata.message_id] = wire_copy(reply)
         return ids
 
     # -- fault injection (federation.faults)
@@ -135,7 +126,7 @@ class InProcessGrid(Grid):
         return fault if fault is not None and fault.message == message.metadata.message_type else None
 
     def _remember(self, node: int, message_type: str, reply: Message) -> None:
-        content = _wire_copy(reply).content
+        content = wire_copy(reply).content
         self._history.setdefault(node, {})[message_type] = content
         self._last[node] = content
 
@@ -196,7 +187,8 @@ def _corrupt_payload(content: RecordDict, kind: str) -> None:
 def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
     """One node per client: its data partition (centralized: one node holding every shard), where it writes
     its translations and its final model, and (state on disk) where it keeps its state."""
-    partitions = [ALL_SHARDS] if cfg.federation.strategy == "centralized" else list(range(cfg.federation.clients))
+    pooled = protocol_spec(cfg.federation.strategy).pools_data
+    partitions = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
     return [{"partition-id": p, "num-partitions": cfg.federation.clients, "diagnostics": True,
              **node_defaults(cfg, p)} for p in partitions]
 
@@ -218,15 +210,14 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
     if keeps_state_on_disk(cfg) and not cfg.runtime.resume:
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
-    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     try:
-        with provisioned(cfg, run_id, nodes):  # secure.mode tee: the attestation key pair, out of band
+        # task_identity: the ServerApp's, which the messages it creates carry; provisioned: (secure.mode tee) the
+        # attestation key pair, out of band
+        with task_identity(run_id), provisioned(cfg, run_id, nodes):
             grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id, faults=cfg.federation.fault_plan())
             server_app(grid, Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                                      run_config=run_config))
     finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
         release_memory_store(run_id)
         diagnostics.clear(run_id)
     return json.loads((Path(cfg.out) / "summary.json").read_text(encoding="utf-8"))

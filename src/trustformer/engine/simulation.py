@@ -17,9 +17,10 @@ What differs from the in-process engine, and why:
 - Messages reach the clients through Ray, not Flower's protobuf wire; the bytes counted are still those of
   Flower's serialization of each message's content (``wire.payload_bytes``), so they equal the in-process ones.
 
-The Python entry point of Flower 1.41's engine that takes a run configuration is ``_run_simulation`` (the
-public ``run_simulation`` passes none); it reads the apps' configuration key from an app folder's
-``pyproject.toml``, which :func:`~trustformer.deploy.fab.write_app` writes into ``<out>/.flower-app``.
+The Python entry point of Flower's engine that takes a run configuration is the internal ``_run_simulation``
+(the public ``run_simulation`` passes none; ``flower_internals.start_simulation`` wraps it); it reads the apps'
+configuration key from an app folder's ``pyproject.toml``, which :func:`~trustformer.deploy.fab.write_app`
+writes into ``<out>/.flower-app``.
 """
 
 from __future__ import annotations
@@ -33,17 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid, ServerApp
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from .. import app as apps
 from ..config import CONFIG_KEY, ConfigError, RunConfig
 from ..deploy.fab import write_app
+from ..registry import protocol_spec
 from ..runtime.server import expected_nodes
 from ..tasks.run import load_task
 from ..wire import FederationError
+from .flower_internals import SUPERLINK_NODE_ID, simulation_run, start_simulation, task_identity
 
 
 def backend_config(cfg: RunConfig) -> dict[str, Any]:
@@ -58,13 +58,9 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("runtime.engine = 'simulation' needs Flower's simulation extra: "
                           "pip install 'flwr[simulation]==1.41.0' (it brings Ray)")
-    if cfg.federation.strategy == "centralized":
-        raise ConfigError("federation.strategy = 'centralized' is one client: run it with runtime.engine = "
-                          "'inprocess'")
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
-    from flwr.supercore.telemetry import EventType
-
+    if protocol_spec(cfg.federation.strategy).pools_data:
+        raise ConfigError(f"federation.strategy = {cfg.federation.strategy!r} trains one client on every shard: run "
+                          "it with runtime.engine = 'inprocess'")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     load_task(cfg)  # data problems surface here, before Ray starts
     out = Path(cfg.out)
@@ -72,8 +68,6 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
         shutil.rmtree(out / "client-state", ignore_errors=True)
     run_config: dict[str, bool | float | int | str] = {CONFIG_KEY: cfg.to_json()}
     run_id = int(time.time_ns() % (1 << 62))
-    run = Run.create_empty(run_id)
-    run.override_config, run.primary_task_id, run.federation_id = dict(run_config), 1, NOOP_FEDERATION_ID
     failure: list[BaseException] = []
     server_app = ServerApp()
 
@@ -85,18 +79,13 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
             failure.append(exc)
             raise
 
-    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     started = time.time()
-    try:
-        _run_simulation(num_supernodes=expected_nodes(cfg), exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                        client_app=apps.client_app, server_app=server_app, backend_name="ray",
-                        backend_config=backend_config(cfg),
-                        server_app_context=Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},
-                                                   state=RecordDict(), run_config=run_config),
-                        app_dir=str(write_app(out / ".flower-app")), run=run, is_app=True)
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+    with task_identity(run_id):
+        start_simulation(num_supernodes=expected_nodes(cfg), client_app=apps.client_app, server_app=server_app,
+                         backend_config=backend_config(cfg),
+                         server_app_context=Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},
+                                                    state=RecordDict(), run_config=run_config),
+                         app_dir=str(write_app(out / ".flower-app")), run=simulation_run(run_id, run_config))
     if failure:
         raise failure[0]
     summary = out / "summary.json"

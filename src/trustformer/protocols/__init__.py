@@ -1,7 +1,7 @@
 """Federated protocols, one module each, all driven by the same round loop (``trustformer.runtime.server``).
 
-:data:`PROTOCOLS` maps every ``federation.strategy`` to the module and factory that builds it; every
-protocol is a :class:`~trustformer.protocols.base.FederatedProtocol`.
+Each module declares its protocol in its ``SPEC`` (``spec.py``); ``trustformer/registry.py`` maps every
+``federation.strategy`` to its module. Every protocol is a :class:`~trustformer.protocols.base.FederatedProtocol`.
 
 :func:`observe` lets a measurement harness (``trustformer attack``) watch a run from the inside without
 changing it: while an observer is active, every protocol object :func:`get_protocol` returns (the
@@ -13,25 +13,12 @@ server's aggregation received and returned, and the aggregate each client applie
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator, Sequence
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
+from ..registry import PROTOCOLS, protocol_spec
 from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper, Tensors, trainable_tensors
 from .robust import with_defences
-
-PROTOCOLS: dict[str, tuple[str, str]] = {  # strategy -> (module, factory), imported on demand
-    "fedavg": ("fedavg", "FedAvg"),
-    "local": ("local", "LocalOnly"),
-    "centralized": ("centralized", "Centralized"),
-    "trustformer": ("trustformer", "Trustformer"),
-    "fedavg-topk": ("fedavg_topk", "FedAvgTopK"),
-    "dp-fedavg": ("dp_fedavg", "dp_fedavg"),
-    "dp-fedsam": ("dp_fedsam", "dp_fedsam"),
-    "dp-blur-lus": ("dp_blur_lus", "dp_blur_lus"),
-    "fedpc": ("fedpc", "FedPC"),
-    "phong": ("phong", "Phong"),
-}
 
 
 def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
@@ -40,9 +27,9 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
     protocol, inside the coding layer."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
-        raise ValueError(f"unknown strategy {name!r}")
-    module, factory = PROTOCOLS[name]
-    protocol = getattr(importlib.import_module(f".{module}", __name__), factory)(cfg)
+        raise ConfigError(f"federation.strategy = {name!r} is not a registered protocol "
+                          f"(one of: {', '.join(PROTOCOLS)})")
+    protocol = protocol_spec(name).factory(cfg)
     protocol = with_defences(protocol)  # robust.*: the update bound and the aggregation rule, where in force
     if observer is not None:
         protocol = ObservedProtocol(protocol, observer)

@@ -6,7 +6,17 @@ It runs the local protocol on a single node; the runtime gives that node every s
 from __future__ import annotations
 
 from .local import LocalOnly
+from .spec import ProtocolSpec
+
+ONE_CLIENT = "one client holds all the data"
 
 
 class Centralized(LocalOnly):
-    name = "centralized"
+    spec = ProtocolSpec(
+        name="centralized", factory=lambda cfg: Centralized(cfg), pools_data=True, exchanges=False, estimator="none",
+        summary="one client trains on every shard (the upper reference)",
+        refuses={"coding": "it sends no weights", "client_sampling": ONE_CLIENT, "defences": ONE_CLIENT,
+                 "model_poisoning": "it sends nothing"})
+
+
+SPEC = Centralized.spec

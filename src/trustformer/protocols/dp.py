@@ -33,6 +33,8 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..config import ConfigError, PrivacyConfig
@@ -42,23 +44,35 @@ from ..core.dp import (clip_by_global_norm, default_count_stddev, gaussian_noise
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec
 from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper, Tensors
+from .capabilities import CatchUp, ClientSelection, RoundReport, ServerState
+from .spec import ProtocolSpec
 
 log = logging.getLogger(__name__)
 
 INDICES, VALUES = "indices", "values"  # a sparse update's arrays
 
 
-class DifferentialPrivacy(ProtocolWrapper):
-    """``inner`` under user-level DP; ``name`` is the composed baseline's (e.g. ``dp-fedavg``)."""
+DP_REFUSES = {  # what the DP baselines do not compose with, and why (their specs' ``refuses``)
+    "coding": "quantizing the clipped update after clipping changes its norm, which the privacy accounting bounds",
+    "client_sampling": "its privacy accounting assumes Poisson sampling: use privacy.sampling_rate",
+    "defences": "differential privacy already clips every update to privacy.clip_norm on the server, and its "
+                "accountant assumes the noisy mean of clipped updates, not a median or a selection",
+}
 
-    mean_weighting = None  # a noised sum over qN: not a mean secure aggregation can compute
-    informs_left_out = True  # every client, sampled or not, adds the noised update to the global model it holds
 
-    def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, name: str) -> None:
+def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str) -> ProtocolSpec:
+    """The spec of a DP baseline: a noised sum over qN (not a mean secure aggregation can compute), that every
+    client, sampled or not, adds to the global model it holds."""
+    return ProtocolSpec(name=name, factory=factory, summary=summary, refuses=DP_REFUSES, mean_weighting=None,
+                        informs_left_out=True, estimator="update")
+
+
+class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport, ServerState):
+    """``inner`` under user-level DP; ``spec`` is the composed baseline's (e.g. ``dp-fedavg``)."""
+
+    def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
-        self.name = name  # type: ignore[misc]
-        self.mean_weighting = None  # type: ignore[misc]
-        self.informs_left_out = True  # type: ignore[misc]
+        self.spec = spec  # type: ignore[misc]
         self.privacy = privacy
         self.ledger: PrivacyLedger | None = None  # server side, from server_begin
         self.population = 0
@@ -285,11 +299,13 @@ class DifferentialPrivacy(ProtocolWrapper):
             self.clip_history = [float(c) for c in state.get("clip_history", [])]
 
 
-def record_level(inner: FederatedProtocol, name: str) -> FederatedProtocol:
+def record_level(inner: FederatedProtocol, spec: ProtocolSpec) -> FederatedProtocol:
     """A DP baseline under its record-level reading (``privacy.unit = "record"``): the inner protocol as it is, its
-    clients' DP-SGD giving the guarantee (``tasks/record_dp.py``), under the baseline's name."""
-    inner.name = name  # type: ignore[misc]
+    clients' DP-SGD giving the guarantee (``tasks/record_dp.py``), under the baseline's spec (the inner protocol's
+    aggregate and sampling)."""
+    inner.spec = replace(spec, mean_weighting=inner.spec.mean_weighting,  # type: ignore[misc]
+                         informs_left_out=inner.spec.informs_left_out)
     return inner
 
 
-__all__ = ["DifferentialPrivacy", "record_level"]
+__all__ = ["DP_REFUSES", "DifferentialPrivacy", "dp_spec", "record_level"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..config import RunConfig
 from ..core.local_rules import blur_penalty
 from .base import ClientSession, FederatedProtocol, LocalStep, held_global
-from .dp import DifferentialPrivacy, record_level
+from .dp import DifferentialPrivacy, dp_spec, record_level
 from .fedavg_topk import GLOBAL, FedAvgTopK
 
 
@@ -63,8 +63,11 @@ def dp_blur_lus(cfg: RunConfig) -> FederatedProtocol:
     inner = FedAvgTopK(cfg, keep=p.lus_keep, error_feedback=False,
                        local_step=blur_local_step(p.blur_bound or p.clip_norm, p.blur_lambda))
     if p.unit == "record":
-        return record_level(inner, "dp-blur-lus")
-    return DifferentialPrivacy(inner, p, name="dp-blur-lus")
+        return record_level(inner, SPEC)
+    return DifferentialPrivacy(inner, p, spec=SPEC)
 
+
+
+SPEC = dp_spec("dp-blur-lus", dp_blur_lus, "DP-FedAvg with a bounded-update regulariser and sparsified updates")
 
 __all__ = ["blur_local_step", "dp_blur_lus"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from .base import FederatedProtocol
-from .dp import DifferentialPrivacy, record_level
+from .dp import DifferentialPrivacy, dp_spec, record_level
 from .fedavg_updates import FedAvgUpdates
 
 
@@ -14,8 +14,11 @@ def dp_fedavg(cfg: RunConfig) -> FederatedProtocol:
     """Client level: user-level DP around FedAvg of updates. Record level (``privacy.unit = "record"``): FedAvg of
     updates whose clients train with DP-SGD, per-record clip ``privacy.clip_norm`` (``tasks/record_dp.py``)."""
     if cfg.privacy.unit == "record":
-        return record_level(FedAvgUpdates(cfg), "dp-fedavg")
-    return DifferentialPrivacy(FedAvgUpdates(cfg), cfg.privacy, name="dp-fedavg")
+        return record_level(FedAvgUpdates(cfg), SPEC)
+    return DifferentialPrivacy(FedAvgUpdates(cfg), cfg.privacy, spec=SPEC)
 
+
+
+SPEC = dp_spec("dp-fedavg", dp_fedavg, "user-level DP-FedAvg (McMahan et al. 2018)")
 
 __all__ = ["dp_fedavg"]

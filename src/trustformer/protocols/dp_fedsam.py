@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..config import RunConfig
 from ..core.local_rules import sam_step
 from .base import ClientSession, FederatedProtocol, LocalStep
-from .dp import DifferentialPrivacy, record_level
+from .dp import DifferentialPrivacy, dp_spec, record_level
 from .fedavg_updates import FedAvgUpdates
 
 
@@ -47,8 +47,11 @@ def dp_fedsam(cfg: RunConfig) -> FederatedProtocol:
     step's noisy gradient (``core/dpsgd.py``), plain averaging."""
     inner = FedAvgUpdates(cfg, local_step=sam_local_step(cfg.privacy.sam_rho))
     if cfg.privacy.unit == "record":
-        return record_level(inner, "dp-fedsam")
-    return DifferentialPrivacy(inner, cfg.privacy, name="dp-fedsam")
+        return record_level(inner, SPEC)
+    return DifferentialPrivacy(inner, cfg.privacy, spec=SPEC)
 
+
+
+SPEC = dp_spec("dp-fedsam", dp_fedsam, "DP-FedAvg whose clients train with SAM (Shi et al. 2023)")
 
 __all__ = ["dp_fedsam", "sam_local_step"]

@@ -11,17 +11,19 @@ import torch
 
 from ..core.aggregation import weighted_mean
 from .base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
+from .capabilities import CatchUp, RoundReport, ServerState
+from .spec import ProtocolSpec
 
 
 STATE_FILE = "fedavg-server.pt"  # client sampling: the last global model, beside checkpoint.json
 
 
-class FedAvg(FederatedProtocol):
+class FedAvg(FederatedProtocol, CatchUp, ServerState, RoundReport):
     """With client sampling, the server keeps the last global model: a client drawn after missing exchanges
     receives it with its ``train`` message and starts from it."""
 
-    name = "fedavg"
-    mean_weighting = "examples"
+    spec = ProtocolSpec(name="fedavg", factory=lambda cfg: FedAvg(cfg), mean_weighting="examples",
+                        summary="clients send their model; the server returns the weighted mean")
     latest: tuple[int, Tensors] | None = None  # server, client sampling: (round, the last global model)
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
@@ -30,12 +32,12 @@ class FedAvg(FederatedProtocol):
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
-        if self.samples_clients():
+        if self.cfg.federation.clients_per_round:
             self._mean = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        if self.samples_clients():
+        if self.cfg.federation.clients_per_round:
             self.latest = (rnd, self._mean)
         return {}
 
@@ -56,3 +58,6 @@ class FedAvg(FederatedProtocol):
         started = time.perf_counter()
         assign_tensors(session.model, aggregate)
         return {"apply_s": time.perf_counter() - started}
+
+
+SPEC = FedAvg.spec

@@ -20,6 +20,8 @@ import torch
 from ..config import RunConfig
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
+from .capabilities import CatchUp, CodingView, LocalTraining, PayloadCheck, RoundReport
+from .spec import ProtocolSpec
 from .base import (ClientSession, FederatedProtocol, LocalStep, Phases, Tensors, assign_tensors, held_global,
                    trainable_tensors)
 
@@ -27,9 +29,14 @@ INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
 
 
-class FedAvgTopK(FederatedProtocol):
-    name = "fedavg-topk"
-    payload_is_update = True
+class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundReport, CodingView):
+    spec = ProtocolSpec(
+        name="fedavg-topk", factory=lambda cfg: FedAvgTopK(cfg), payload_is_update=True, estimator="update",
+        variants=lambda cfg, levels, _memberships: [(f"fedavg-topk keep={b:g}", {"federation.topk_keep": b})
+                                                    for b in levels] if levels else None,
+        summary="clients send the largest coordinates of their update (with error feedback)",
+        refuses={"robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
+                                "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"})
 
     def __init__(self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None,
                  local_step=None) -> None:
@@ -99,7 +106,7 @@ class FedAvgTopK(FederatedProtocol):
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """``indices`` (int32) and ``values`` (float32) of ceil(keep·d) coordinates, d the model's dimension."""
-        if self.samples_clients() and self.global_model is None:
+        if self.cfg.federation.clients_per_round and self.global_model is None:
             self.global_model = {n: t.detach().clone() for n, t in initial.items()}
         self.dim = sum(t.numel() for t in initial.values())
         kept = keep_count(self.dim, self.keep)
@@ -142,5 +149,8 @@ class FedAvgTopK(FederatedProtocol):
     def catch_up(self) -> tuple[int, Tensors] | None:
         return (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
 
+
+
+SPEC = FedAvgTopK.spec
 
 __all__ = ["FedAvgTopK", "INDICES", "VALUES"]

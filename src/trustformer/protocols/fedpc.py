@@ -51,6 +51,8 @@ from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
+from .capabilities import LocalTraining, PayloadCheck, RoundReport, ServerState
+from .spec import ProtocolSpec
 from .base import (ClientSession, FederatedProtocol, RoundMessages, Tensors, assign_tensors, held_global,
                    trainable_tensors)
 
@@ -78,9 +80,22 @@ def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
     }
 
 
-class FedPC(FederatedProtocol):
-    name = "fedpc"
-    payload_on_request = True  # train reports the cost only; payloads come with train.payload
+class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerState):
+    # train reports the cost only; the payloads come with train.payload
+    spec = ProtocolSpec(
+        name="fedpc", factory=lambda cfg: FedPC(cfg), payload_message="train.payload", estimator=None,
+        tasks=("image-classification", "segmentation"),
+        summary="a pilot worker's model and the others' 2-bit ternary vectors (Eq. 3)",
+        refuses={"coding": "its ternary vectors are 2 bits already and the pilot's model is the master's next model",
+                 "client_sampling": "the master's update (Eq. 3) weighs every worker's report of the epoch",
+                 "secure_aggregation": "secure aggregation reveals only the sum of the payloads, and FedPC's master "
+                                       "needs the pilot worker's own model (Eq. 3), which is not a sum",
+                 "defences": "the master follows the pilot's model and takes ternary vectors, not a mean of updates",
+                 "model_poisoning": "its payloads are the pilot's model and ternary vectors, which the model-poisoning "
+                                    "faults do not cover",
+                 "agg_every": "it exchanges every epoch",
+                 "other_tasks": "it needs an image task: its workers' private hyper-parameters are FedPC's "
+                                "image-model choices"})
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -185,13 +200,13 @@ class FedPC(FederatedProtocol):
             self.last = {n: t.clone() for n, t in io.initial().items()}
         nodes = io.prepare(io.nodes)
         io.train(nodes, payload=False)
-        io.require(len(io.rows), "train")
-        reports = {n: (int(row["num_examples"]), float(row["train_loss"])) for n, row in io.rows.items()}
+        io.require("train")
+        reports = {n: (int(row["num_examples"]), float(row["train_loss"])) for n, row in io.replied().items()}
         scores = {n: self.goodness(io.client(n), size, cost) for n, (size, cost) in reports.items()}
         order = sorted(reports, key=lambda n: (scores[n] is None, -(scores[n] or 0.0), io.client(n)))
         for n, (size, cost) in reports.items():
             self.costs[io.client(n)] = cost
-            io.rows[n]["goodness"] = scores[n]
+            io.note(n, goodness=scores[n])
         self.total_examples = sum(size for size, _cost in reports.values())
         pilot = order[0]
         want = {n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1,
@@ -213,9 +228,9 @@ class FedPC(FederatedProtocol):
             if pilot is None:
                 io.event(event="no_pilot", reason="no worker sent its model: the master keeps P^{t-1}")
         for n, payload in payloads.items():
-            io.rows[n]["pilot"] = n == pilot
+            io.note(n, pilot=n == pilot)
             if TERNARY in payload:
-                io.rows[n].update(ternary.shares(ternary.unpack(payload[TERNARY], self.dim)))
+                io.note(n, **ternary.shares(ternary.unpack(payload[TERNARY], self.dim)))
         # the ternary vectors of the pilot's rivals and the pilot's model (in client order: a fixed sum order)
         ordered = {n: payloads[n] for n in sorted(payloads, key=io.client)}
         if ordered:
@@ -224,11 +239,10 @@ class FedPC(FederatedProtocol):
             model, phases = dict(self.last), {}
         self.before, self.last = self.last, {n: t.clone() for n, t in model.items()}
         self.epoch += 1
-        io.require(len(io.rows), "payload")
+        io.require("payload")
         self.pilots.append(io.client(pilot) if pilot is not None else None)
-        io.fields = {"pilot_client": self.pilots[-1] if pilot is not None else -1}
+        io.add_fields({"pilot_client": self.pilots[-1] if pilot is not None else -1})
         io.apply(list(io.nodes), model, phases)
-        io.require(len(io.rows), "apply")
         log.info("round %d: FedPC pilot client %s (goodness %s)", io.rnd, self.pilots[-1],
                  {io.client(n): None if scores[n] is None else round(scores[n], 4) for n in order})
 
@@ -274,5 +288,8 @@ class FedPC(FederatedProtocol):
             saved = torch.load(path, weights_only=True)
             self.last, self.before = saved["last"], saved["before"]
 
+
+
+SPEC = FedPC.spec
 
 __all__ = ["FedPC", "PAPER_BATCH_SIZES", "private_hyperparameters"]

@@ -24,13 +24,25 @@ import torch
 from ..config import RunConfig
 from ..core.shared import derive_seed
 from .base import ClientSession, FederatedProtocol, Phases, RoundMessages, Tensors, assign_tensors, trainable_tensors
+from .capabilities import RoundReport, ServerState
+from .spec import ProtocolSpec
 
 STATE_FILE = "phong-server.pt"  # the model the master holds between epochs, beside checkpoint.json
 
 
-class Phong(FederatedProtocol):
-    name = "phong"
-    evaluates_after_train = True  # each worker's reply carries the test loss of the model it produced
+class Phong(FederatedProtocol, RoundReport, ServerState):
+    # each worker's reply carries the test loss of the model it produced
+    spec = ProtocolSpec(
+        name="phong", factory=lambda cfg: Phong(cfg), evaluates_after_train=True, estimator=None,
+        summary="the model visits the workers one after another (Phong & Phuong 2019)",
+        refuses={"coding": "the model it passes on is the next worker's starting point, not a difference both ends "
+                           "hold",
+                 "client_sampling": "the model visits every worker in turn; a worker left out would be skipped, "
+                                    "not sampled",
+                 "secure_aggregation": "the model visits one worker at a time; there is no sum of payloads to "
+                                       "aggregate",
+                 "defences": "the model passes from worker to worker; there is no aggregate to bound",
+                 "agg_every": "it exchanges every epoch"})
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -71,12 +83,11 @@ class Phong(FederatedProtocol):
             got = io.train([node], payload=True, models={node: model})
             if node in got:
                 model = got[node]
-                io.rows[node]["position"] = position
-        io.require(len(io.rows), "train")
+                io.note(node, position=position)
+        io.require("train")
         self.model = {n: t.clone() for n, t in model.items()}
         if io.rnd == self.cfg.federation.rounds:  # every client ends with the final model
             io.apply(order, self.model)
-            io.require(len(io.rows), "apply")
 
     def server_summary(self) -> dict[str, Any]:
         return {"phong": {"order": self.cfg.phong.order, "orders": self.orders}}
@@ -92,5 +103,8 @@ class Phong(FederatedProtocol):
         if path.exists():
             self.model = torch.load(path, weights_only=True)
 
+
+
+SPEC = Phong.spec
 
 __all__ = ["Phong"]

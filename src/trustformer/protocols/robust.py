@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import lru_cache
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,14 @@ import torch
 from ..core.robust import (clip_to_bound, coordinate_median, cosines_to_median, deviation_norms, median_bound,
                            multikrum_mean, trimmed_mean)
 from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
+from .capabilities import RoundReport, ServerState, capability
 
 log = logging.getLogger(__name__)
 
 START_FILE = "robust-start.pt"  # whole-model payloads: the last aggregate, beside checkpoint.json
 
 
-class RobustAggregation(ProtocolWrapper):
+class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
     """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
 
     def __init__(self, inner: FederatedProtocol, bound: str, aggregator: str) -> None:
@@ -63,7 +65,7 @@ class RobustAggregation(ProtocolWrapper):
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
     def aggregate_events(self) -> list[dict[str, Any]]:
-        return [*self._events, *self.inner.aggregate_events()]
+        return [*self._events, *capability(self.inner, RoundReport).aggregate_events()]
 
     def _bounded(self, payloads: list[Tensors]) -> tuple[list[Tensors], list[int]]:
         """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
@@ -71,7 +73,7 @@ class RobustAggregation(ProtocolWrapper):
         if self.bound == "none" or not payloads:
             return payloads, list(range(len(payloads)))
         values = [{n: t for n, t in p.items() if t.is_floating_point()} for p in payloads]
-        center = ({n: torch.zeros_like(t) for n, t in values[0].items()} if self.payload_is_update
+        center = ({n: torch.zeros_like(t) for n, t in values[0].items()} if self.spec.payload_is_update
                   else coordinate_median(values))
         norms = deviation_norms(values, center)
         cosines = self._cosines(payloads)
@@ -122,7 +124,7 @@ class RobustAggregation(ProtocolWrapper):
     def server_state(self) -> dict[str, Any] | None:
         """The protocol's own state, and (whole-model payloads) the model the next round starts from, saved as
         ``robust-start.pt`` beside the checkpoint so a resumed run checks directions as the uninterrupted one."""
-        state = self.inner.server_state()
+        state = capability(self.inner, ServerState).server_state()
         if not self._holds_models:
             return state
         torch.save(self._start, Path(self.cfg.out) / START_FILE)
@@ -134,7 +136,7 @@ class RobustAggregation(ProtocolWrapper):
             self._start = torch.load(Path(self.cfg.out) / START_FILE, weights_only=True)
             self._holds_models = True
         if state:
-            self.inner.load_server_state(state)
+            capability(self.inner, ServerState).load_server_state(state)
 
     def expected_payload(self, initial: Tensors):
         if self._start is None:  # the model every client starts round 1 from
@@ -156,10 +158,13 @@ class RobustAggregation(ProtocolWrapper):
         return aggregate
 
 
+_in_force = lru_cache(maxsize=16)(lambda robust, fed, mode: robust.active(fed, mode))  # per configuration
+
+
 def with_defences(protocol: FederatedProtocol) -> FederatedProtocol:
     """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force."""
     cfg = protocol.cfg
-    bound, aggregator = cfg.robust.active(cfg.federation, cfg.secure.mode)
+    bound, aggregator = _in_force(cfg.robust, cfg.federation, cfg.secure.mode)
     if bound == "none" and aggregator == "mean":
         return protocol
     return RobustAggregation(protocol, bound, aggregator)

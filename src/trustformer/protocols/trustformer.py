@@ -56,11 +56,12 @@ What the server can learn is measured by ``trustformer attack reconstruct`` and 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 
 import torch
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..core.aggregation import weighted_mean
 from ..core.centroids import (
     check_floor,
@@ -75,6 +76,8 @@ from ..core.kmeans import choose_initial_rows, cluster_layers
 from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
 from .base import ClientSession, FederatedProtocol, Phases, Tensors
+from .capabilities import CodingView, RoundReport
+from .spec import ProtocolSpec
 
 LABELS, LOCAL, GLOBAL, REFERENCE, MOVED = "labels/", "local/", "global/", "reference/", "moved/"
 PAYLOAD = "centroids"
@@ -82,8 +85,33 @@ MODES = ("shared", "tracked", "rotating", "focused", "local")
 MOVED_DECAY = 0.5  # focused: weight of the older shifts in the per-row running mean
 
 
-class Trustformer(FederatedProtocol):
-    name = "trustformer"
+def check_config(cfg: RunConfig) -> None:
+    """β against the privacy floor, and client sampling against memberships a left-out client cannot follow."""
+    fed = cfg.federation
+    if fed.beta * fed.min_cluster_rows > 1.0 + 1e-9:
+        raise ConfigError(
+            f"federation.beta = {fed.beta} asks for more clusters than federation.min_cluster_rows = "
+            f"{fed.min_cluster_rows} allows: every centroid must be the mean of at least "
+            f"{fed.min_cluster_rows} rows, so beta ≤ 1/{fed.min_cluster_rows} = {1 / fed.min_cluster_rows:.3g}; "
+            f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
+            f"(beta = 1 is then exactly FedAvg)")
+    if fed.clients_per_round and fed.memberships in ("tracked", "focused"):
+        raise ConfigError(f"federation.clients_per_round needs memberships every client can compute from the "
+                          f"seed alone: federation.memberships = {fed.memberships!r} follows a reference model "
+                          "built from every aggregate, which a client left out of a round never receives; use "
+                          "'rotating', 'shared' or 'local'")
+
+
+class Trustformer(FederatedProtocol, RoundReport, CodingView):
+    spec = ProtocolSpec(name="trustformer", factory=lambda cfg: Trustformer(cfg), check=check_config,
+                        mean_weighting="examples", estimator="centroids",
+                        variants=lambda cfg, betas, memberships: [
+                            (f"trustformer β={b:g} {m}", {"federation.beta": b, "federation.memberships": m})
+                            for b in (betas or [cfg.federation.beta])
+                            for m in (memberships or [cfg.federation.memberships])],
+                        run_fields=lambda cfg: {"beta": cfg.federation.beta,
+                                                "memberships": cfg.federation.memberships},
+                        summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -92,7 +120,8 @@ class Trustformer(FederatedProtocol):
         self.min_rows = fed.min_cluster_rows
         self.weighting = fed.weighting
         self.memberships = fed.memberships
-        self.mean_weighting = "examples" if fed.weighting == "data_size" else "uniform"  # type: ignore[misc]
+        self.spec = replace(self.spec,  # type: ignore[misc]
+                            mean_weighting="examples" if fed.weighting == "data_size" else "uniform")
         # payload coding: every party keeps the consensus reference model its reference centroids come from
         self.keeps_reference = fed.payload_bits != 32 and fed.memberships != "local"
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
@@ -357,3 +386,6 @@ class Trustformer(FederatedProtocol):
         if self.memberships != "local":
             self.advance_public(initial, state, labels, glob)
         return {"estimate_s": time.perf_counter() - started}
+
+
+SPEC = Trustformer.spec

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig, build_config
+from ..protocols.capabilities import ServerState
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT = 1
@@ -60,7 +61,7 @@ def run_key(cfg: RunConfig) -> str:
     """Identifies a run across restarts: its configuration less the operational settings, and its
     output folder. A client keeps its state under ``<state-dir>/<run key>/``, so a SuperNode that
     serves several runs keeps them apart, and a resumed run finds its clients' state again."""
-    return _run_key(cfg.to_json(), os.path.normpath(os.path.abspath(cfg.out or ".")))
+    return _run_key(cfg.json, os.path.normpath(os.path.abspath(cfg.out or ".")))
 
 
 @lru_cache(maxsize=16)
@@ -154,6 +155,7 @@ class Checkpointer:
 
     def __init__(self, cfg: RunConfig, recorder: Any, protocol: Any) -> None:
         self.cfg = cfg
+        self._config = cfg.to_dict()  # what every checkpoint records of the run
         self.recorder = recorder
         self.protocol = protocol
         self.enabled = cfg.runtime.checkpoint
@@ -179,12 +181,11 @@ class Checkpointer:
         self.server_phases.update(checkpoint.server_phases)
         self.round_s = list(checkpoint.round_s)
         self.resumed = [*checkpoint.resumed, checkpoint.round]
-        load = getattr(self.protocol, "load_server_state", None)
         if checkpoint.protocol is not None:
-            if load is None:
+            if not isinstance(self.protocol, ServerState):
                 raise CheckpointError(f"the checkpoint holds server state of {self.protocol.name}, "
                                       "which cannot load it")
-            load(checkpoint.protocol)
+            self.protocol.load_server_state(checkpoint.protocol)
         rec.event(event="resumed", round=checkpoint.round,
                   reason=f"resumed after round {checkpoint.round} from {CHECKPOINT_FILE}")
 
@@ -196,11 +197,11 @@ class Checkpointer:
         self.completed = rnd
         if not self.enabled:
             return
-        state = getattr(self.protocol, "server_state", None)
+        state = self.protocol.server_state if isinstance(self.protocol, ServerState) else None
         lines = [json.loads(line) for line in
                  self.recorder.metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
         write_checkpoint(self.cfg.out, Checkpoint(
-            round=rnd, config=self.cfg.to_dict(), lines=lines,
+            round=rnd, config=self._config, lines=lines,
             clients={str(c): n for n, c in sorted(clients.items(), key=lambda kv: kv[1])},
             server_phases=dict(self.server_phases), protocol=state() if state is not None else None,
             elapsed_s=now - self.recorder.started, round_s=self.round_s, resumed=self.resumed,

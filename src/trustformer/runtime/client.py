@@ -27,12 +27,13 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..config import DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfig, run_config_of
+from ..config import CONFIG_KEY, DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfig, parse_run_config, run_config_of
 from ..core.poisoning import poisoned_model
 from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
 from ..protocols import get_protocol
 from ..protocols.base import ClientSession, FederatedProtocol
+from ..protocols.capabilities import CatchUp, LocalTraining, capability
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, from_array_record, payload_bytes, spec_of, to_array_record
@@ -99,7 +100,7 @@ class ClientEnv:
         return "all" if self.client == ALL_SHARDS else f"client-{self.client}"
 
     def initial(self):
-        return initial_tensors(self.cfg.to_json())
+        return initial_tensors(self.cfg.json)
 
 
 _memory_stores: dict[int, MemoryStore] = {}
@@ -127,7 +128,7 @@ def keeps_state_on_disk(cfg: RunConfig) -> bool:
     the simulation engine's clients live in several processes, so their state is always on disk."""
     if cfg.runtime.engine == "simulation" or cfg.runtime.store != "auto":
         return cfg.runtime.engine == "simulation" or cfg.runtime.store == "disk"
-    params = sum(t.numel() for t in initial_tensors(cfg.to_json()).values())
+    params = sum(t.numel() for t in initial_tensors(cfg.json).values())
     return cfg.federation.clients * params * 4 * 3 * 2 > cfg.runtime.memory_budget_mb * 2**20
 
 
@@ -165,10 +166,10 @@ def client_env(context: Context) -> ClientEnv:
     instead of its shard of the configured corpus), ``output-dir`` (translations), ``diagnostics``
     (simulation only)."""
     started = time.perf_counter()
-    cfg = run_config_of(context.run_config)
+    cfg = config_of(context)
     process_setup(cfg)
     client = client_id(context)
-    task, shard = _client_data(cfg.to_json(), client, str(context.node_config.get("train-file", "")))
+    task, shard = _client_data(cfg.json, client, str(context.node_config.get("train-file", "")))
     return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=client_store(cfg, context),
                      shard=shard, diagnostics=bool(context.node_config.get("diagnostics", False)),
                      load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
@@ -176,7 +177,7 @@ def client_env(context: Context) -> ClientEnv:
 
 def secure_view(context: Context) -> SecureClient:
     """What the secure channel's client mod needs to know about this client."""
-    cfg = run_config_of(context.run_config)
+    cfg = config_of(context)
     client = client_id(context)
     store = client_store(cfg, context)
     key = f"{'all' if client == ALL_SHARDS else f'client-{client}'}.secure"
@@ -190,7 +191,7 @@ def secure_view(context: Context) -> SecureClient:
 
     def layout():
         protocol = get_protocol(cfg)
-        return protocol.expected_payload(initial_tensors(cfg.to_json())), protocol.mean_weighting
+        return protocol.expected_payload(initial_tensors(cfg.json)), protocol.spec.mean_weighting
 
     return SecureClient(cfg=cfg, client=client, run_id=int(context.run_id), node_config=context.node_config,
                         load_state=load, save_state=save, payload_layout=layout,
@@ -209,6 +210,15 @@ def _process_age_s(now: float) -> float:
         return 0.0
     age_now = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
     return max(0.0, age_now - (time.perf_counter() - now))
+
+
+_poisoning = lru_cache(maxsize=64)(lambda fed, client: fed.poisoning(client))  # a client's fault, parsed once
+
+
+def config_of(context: Context) -> RunConfig:
+    """The run's configuration, parsed once per process and text (``run_config_of`` says what is missing)."""
+    text = context.run_config.get(CONFIG_KEY)
+    return parse_run_config(text) if isinstance(text, str) else run_config_of(context.run_config)
 
 
 @lru_cache(maxsize=16)
@@ -230,7 +240,7 @@ def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors 
     ``start + g(trained − start)`` before the protocol builds its payload (``core/poisoning.py``)."""
     if start is None:
         return
-    fault = env.cfg.federation.poisoning(env.client)
+    fault = _poisoning(env.cfg.federation, env.client)
     assert fault is not None
     log.warning("client %s · round %d · poisoning its update (federation.faults: %s)", env.client, session.round,
                 fault.kind)
@@ -241,7 +251,7 @@ def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors 
 
 def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool) -> Tensors | None:
     """The model a model-poisoning client starts this round from (None: it sends an honest payload)."""
-    fault = env.cfg.federation.poisoning(env.client)
+    fault = _poisoning(env.cfg.federation, env.client)
     if not exchange or fault is None or fault.kind not in MODEL_POISON_KINDS or not fault.hits(session.round):
         return None
     return trainable_tensors(session.model)
@@ -270,7 +280,8 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = env.protocol.client_optimizer(model, env.client) or env.task.new_optimizer(model)
+        optimizer = (capability(env.protocol, LocalTraining).client_optimizer(model, env.client)
+                     or env.task.new_optimizer(model))
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -281,6 +292,7 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
         protocol_state = dict(state.protocol)
     session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
                             num_examples=len(env.shard), label_smoothing=env.task.label_smoothing,
+                            grad_clip=env.task.grad_clip,
                             initial_tensors=env.initial, protocol_state=protocol_state, diagnostics=env.diagnostics)
     return session, optimizer
 
@@ -311,25 +323,26 @@ def train(msg: Message, context: Context) -> Message:
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
                                **env.timings(msg)}
     protocol = env.protocol
+    training = capability(protocol, LocalTraining)
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
         incoming = from_array_record(msg.content["model"], spec_of(trainable_tensors(session.model)),
                                      what="model from the server")
-        metrics.update(protocol.client_start_from(session, incoming))
+        metrics.update(capability(protocol, CatchUp).client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)
     metrics.update(env.task.train_local(session.model, optimizer, env.shard,
                                         seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
-                                        client=env.client, step=protocol.local_step(session),
-                                        **protocol.train_options(session)))
+                                        client=env.client, step=training.local_step(session),
+                                        **training.train_options(session)))
     poison_trained_model(env, session, start)
-    protocol.client_trained(session, metrics)
+    training.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:
         diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
                                        session.num_examples)
-    if exchange and not protocol.payload_on_request:  # FedPC: only the report now
+    if exchange and not protocol.spec.payload_on_request:  # FedPC: only the report now
         payload, phases = protocol.client_payload(session)
         metrics.update(phases)
-        if protocol.evaluates_after_train:
+        if protocol.spec.evaluates_after_train:
             _evaluate_into(env, session, metrics)
         content["payload"] = to_array_record({name: tensor.cpu() for name, tensor in payload.items()})
     elif not exchange:
@@ -408,7 +421,7 @@ def _finetuned_scores(env: ClientEnv, session: ClientSession, rnd: int) -> dict[
 
 def secure_channel_only(msg: Message, context: Context) -> Message:
     """``query.attest`` / ``query.secagg`` reach a handler only when the run's ``secure.mode`` has no such step."""
-    mode = run_config_of(context.run_config).secure.mode
+    mode = config_of(context).secure.mode
     raise FederationError(f"this client runs secure.mode = {mode!r}, which has no {msg.metadata.message_type} step")
 
 

@@ -38,6 +38,7 @@ from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
 from ..protocols.base import FederatedProtocol
+from ..protocols.capabilities import PayloadCheck, RoundReport, capability
 from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record,
                     payload_bytes, spec_of, to_array_record)
 
@@ -229,6 +230,8 @@ class RoundIO:
     def __init__(self, server: Server, rnd: int, nodes: list[int], exchange: bool) -> None:
         self.server, self.rnd, self.nodes, self.exchange = server, rnd, list(nodes), exchange
         self.cfg, self.protocol, self.clients, self.link = server.cfg, server.protocol, server.clients, server.link
+        self.report = capability(self.protocol, RoundReport)
+        self.check_payload = capability(self.protocol, PayloadCheck).check_payload
         self.synced = server.synced
         self.needed = server.min_valid
         self.rows: dict[int, dict[str, Any]] = {}
@@ -252,8 +255,32 @@ class RoundIO:
         drop(self.server.recorder, self.rnd, node, self.clients, reason)
         self.rows.pop(node, None)
 
-    def require(self, valid: int, step: str) -> None:
-        require(valid, self.needed, self.rnd, step)
+    def require(self, step: str) -> None:
+        """Fail the round when fewer clients than ``federation.min_clients`` (of those taking part) have a line."""
+        require(len(self.rows), self.needed, self.rnd, step)
+
+    def replied(self) -> dict[int, Mapping[str, Any]]:
+        """The nodes with a valid line so far, and the line (read-only: :meth:`note` adds to it)."""
+        return dict(self.rows)
+
+    def left_out(self) -> list[int]:
+        """The connected nodes without a line this round (not drawn, or dropped)."""
+        return [n for n in self.nodes if n not in self.rows]
+
+    def note(self, node: int, **fields: Any) -> None:
+        """Add ``fields`` to ``node``'s line of the round."""
+        self.rows[node].update(fields)
+
+    def add_fields(self, fields: Mapping[str, Any]) -> None:
+        """Add ``fields`` to every line of the round."""
+        self.fields.update(fields)
+
+    def behind(self, nodes: list[int], held: tuple[int, Tensors] | None) -> dict[int, Tensors] | None:
+        """For catch-up (``held`` = the round of the protocol's last global model and the model): each of ``nodes``
+        whose client last applied an aggregate before that round, with the model it must start from."""
+        if held is None:
+            return None
+        return {n: held[1] for n in nodes if self.synced.get(self.clients[n], 0) < held[0]}
 
     def event(self, **fields: Any) -> None:
         self.server.recorder.event(round=self.rnd, **fields)
@@ -299,7 +326,7 @@ class RoundIO:
                 payload = from_array_record(got.reply.content["payload"], what="payload")
                 spec = specs[node] if specs[node] is not None else self.server.payload_spec()
                 check_spec(payload, self.link.payload_spec(spec))
-                self.protocol.check_payload(payload)
+                self.check_payload(payload)
                 payloads[node] = payload
             except FederationError:
                 raise
@@ -309,10 +336,15 @@ class RoundIO:
 
     # -- messages
 
-    def prepare(self, participants: list[int]) -> list[int]:
+    def prepare(self, participants: list[int], *, sampled: bool = False) -> list[int]:
         """Before the round's ``train``: the link's setup of the round (secure channel: attest new nodes, the
-        secure-aggregation keys and shares); returns the participants still in."""
-        return self.link.prepare(self.rnd, participants, self.exchange)
+        secure-aggregation keys and shares); returns the participants still in. ``federation.min_clients`` is
+        capped at the participants; ``sampled``: the lines say which nodes were drawn."""
+        self.needed = min(self.needed, len(participants))
+        participants = self.link.prepare(self.rnd, participants, self.exchange)
+        if sampled:
+            self.sampled = participants
+        return participants
 
     def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Tensors] | None = None,
               config: Mapping[str, Any] | None = None) -> dict[int, Tensors]:
@@ -341,9 +373,9 @@ class RoundIO:
     def _combine(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
         inputs, weights, phases = self.link.combine(self.rnd, payloads,
                                                     {n: self.rows[n]["num_examples"] for n in payloads},
-                                                    self.protocol.mean_weighting)
+                                                    self.protocol.spec.mean_weighting)
         aggregate, more = self.protocol.aggregate(inputs, weights)
-        self._events = self.protocol.aggregate_events()
+        self._events = self.report.aggregate_events()
         if self._events and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
             raise FederationError("the aggregation reported events about single updates it never saw")
         return aggregate, {**phases, **more}
@@ -380,7 +412,7 @@ class RoundIO:
             for node, single in culprits.items():
                 self.drop(node, f"aggregation failed on its contribution: {describe(single)}")
                 payloads.pop(node)
-            self.require(len(self.rows), "aggregate")
+            self.require("aggregate")
             aggregate, phases = self._combine(payloads)
         self._record_aggregate_events(list(payloads))
         for key, value in phases.items():
@@ -390,12 +422,15 @@ class RoundIO:
     def apply(self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
               ) -> None:
         """``train.apply``: every node adopts ``tensors`` (the aggregate or the server's model) and evaluates;
-        ``phases`` (the server's phase times of the round) go on each of their lines."""
+        ``phases`` (the server's phase times of the round) go on each of their lines. Then at least
+        ``federation.min_clients`` must have a line, and each client that applied it is synced to this round."""
         content = RecordDict({"config": ConfigRecord({"round": self.rnd}), "aggregate": to_array_record(dict(tensors))})
         for node, got in self.link.send(nodes, APPLY, self.rnd, lambda _n: content).items():
             row = self._receive(node, got, "apply")
             if row is not None:
                 row.update(phases or {})
+        self.require("apply")
+        self.synced.update({self.clients[n]: self.rnd for n in self.rows})
 
     def finish(self) -> None:
         """Write every line of the round (client order), with the round's fields and the link's costs."""
@@ -406,7 +441,7 @@ class RoundIO:
                 row["sampled"] = node in self.sampled
             row.update(self.fields)
             self.link.finish_row(self.rnd, node, row)
-            row.update(self.protocol.line_fields())
+            row.update(self.report.line_fields())
             self.server.recorder.record(row)
 
 

@@ -21,6 +21,8 @@ from flwr.serverapp import Grid
 from ..config import RunConfig
 from ..metrics import RunRecorder
 from ..protocols import get_protocol
+from ..registry import protocol_spec
+from ..protocols.capabilities import ClientSelection, RoundReport, capability
 from ..secure.channel import secure_link
 from ..tasks.results import FINAL_METRICS, task_summary, under
 from ..tasks.run import initial_tensors
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 def expected_nodes(cfg: RunConfig) -> int:
-    return 1 if cfg.federation.strategy == "centralized" else cfg.federation.clients
+    """One node when the protocol pools every shard on it (the centralized reference), else one per client."""
+    return 1 if protocol_spec(cfg.federation.strategy).pools_data else cfg.federation.clients
 
 
 def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = None) -> dict[str, Any]:
@@ -46,24 +49,24 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     protocol, fed = get_protocol(cfg), cfg.federation
     nodes = Nodes(grid, cfg, node_wait_s)
     try:
-        protocol.server_begin(nodes.expected)
+        capability(protocol, ClientSelection).server_begin(nodes.expected)
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
-    payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.to_json())))
+    payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.json)))
     link = secure_link(cfg, PlainLink(grid, nodes.timeout), run_id=int(grid.run.run_id), recorder=recorder,
                        drop=lambda r, n, why: drop(recorder, r, n, nodes.clients, why), clients=nodes.clients,
                        payload_spec=payload_spec)
     server = Server(cfg=cfg, link=link, protocol=protocol, recorder=recorder, clients=nodes.clients,
-                    min_valid=nodes.needed, payload_spec=payload_spec, initial=lambda: initial_tensors(cfg.to_json()),
+                    min_valid=nodes.needed, payload_spec=payload_spec, initial=lambda: initial_tensors(cfg.json),
                     server_phases=checkpoints.server_phases)
     log.info("strategy %s · %d client(s) · %d round(s) · output %s%s", protocol.name, len(nodes.connected()),
              fed.rounds, cfg.out, f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "")
     link.setup(nodes.connected(), nodes.needed)  # the secure channel: every client attests the aggregator
     rounds_run = checkpoints.completed
     for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
-        io = RoundIO(server, rnd, nodes.connected(), exchange=protocol.exchanges and rnd % fed.agg_every == 0)
+        io = RoundIO(server, rnd, nodes.connected(), exchange=protocol.spec.exchanges and rnd % fed.agg_every == 0)
         protocol.run_round(io)
         if io.stopped is not None:
             break
@@ -80,7 +83,7 @@ def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Chec
     recorder, protocol = server.recorder, server.protocol
     per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
     order = sorted(per_client)
-    extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
+    extra: dict[str, Any] = {**capability(protocol, RoundReport).server_summary(), "round_time_s": checkpoints.round_s}
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
     if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)

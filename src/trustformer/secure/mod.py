@@ -35,7 +35,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..config import RunConfig, run_config_of
+from ..config import CONFIG_KEY, RunConfig, parse_run_config, run_config_of
 from ..wire import APPLY, PAYLOAD, TRAIN, TensorSpec, from_array_record, spec_of, to_array_record
 from . import codec, records
 from .attestation import AttestationError, load_trusted_key, trusted_key_from_hex, verify_quote
@@ -67,7 +67,9 @@ def make_secure_mod(describe: Callable[[Context], SecureClient]):
     """The client mod; ``describe`` tells it who the client is (called only when ``secure.mode`` is not none)."""
 
     def secure_mod(msg: Message, context: Context, call_next) -> Message:
-        if run_config_of(context.run_config).secure.mode == "none":
+        text = context.run_config.get(CONFIG_KEY)
+        config = parse_run_config(text) if isinstance(text, str) else run_config_of(context.run_config)
+        if config.secure.mode == "none":
             return call_next(msg, context)
         kind = msg.metadata.message_type
         if kind == ATTEST:

@@ -44,10 +44,8 @@ A client's own shares never leave it (``share_keys`` returns ciphertexts for the
 only). Client state spans several messages: ``SecAggClient.to_bytes``/``from_bytes`` keep it in
 the client's own state store (JSON, no pickle; it contains the client's private keys).
 
-Values are fixed-point: ``q = round(x * 2**scale_bits)`` as two's complement in Z_{2^64}. The only
-error of the result is that rounding (see ``quantization_error_bound``); masks cancel exactly.
-Crypto comes from the ``cryptography`` package: X25519, HKDF-SHA256, AES-256-GCM for the encrypted
-shares, an AES-256-CTR keystream as the mask PRG, and Shamir sharing over the prime 2^521 - 1.
+Fixed-point encoding, key derivation and the mask PRG are in ``masking.py``, Shamir sharing over the
+prime 2^521 - 1 in ``shamir.py``; the encrypted shares use AES-256-GCM (``cryptography`` package).
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import secrets
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -63,13 +60,26 @@ from dataclasses import dataclass
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import TrustformerError
+from .masking import (
+    _DOMAIN,
+    KEY_BYTES,
+    SecAggError,
+    _agree,
+    _check_scale_bits,
+    _derive_key,
+    _lp,
+    _pair_mask,
+    _self_mask_context,
+    _u64,
+    dequantize,
+    mask_stream,
+    quantization_error_bound,
+    quantize,
+)
+from .shamir import _check_ids, _parse_share, shamir_combine, shamir_split
 
 __all__ = [
     "SecAggClient",
@@ -77,33 +87,15 @@ __all__ = [
     "SecAggParams",
     "SecAggServer",
     "benchmark",
-    "dequantize",
-    "mask_stream",
     "quantization_error_bound",
-    "quantize",
-    "shamir_combine",
-    "shamir_split",
 ]
 
-KEY_BYTES = 32
 SEED_BYTES = 32
-FIELD_PRIME = 2**521 - 1  # Mersenne prime; field elements fit in 66 bytes
-_FIELD_BYTES = 66
-_MAX_ID = 2**64 - 1
-_RANGE_LIMIT = 2**62
-_DOMAIN = b"trustformer/secagg/v1/"
-_SHARE_MAGIC = b"S"
-_SHARE_HEADER = struct.Struct(">cHBQ")  # magic, threshold, secret length, share id
-_SHARE_BYTES = _SHARE_HEADER.size + _FIELD_BYTES
 _ENVELOPE_MAGIC = b"SAE1"
 _NONCE_BYTES = 12
 _TAG_SELF_SEED = b"b"
 _TAG_MASK_KEY = b"s"
 _STATE_FORMAT = "trustformer-secagg-client/1"
-
-
-class SecAggError(TrustformerError, ValueError):
-    """A secure-aggregation step failed; the message names the client and the step."""
 
 
 @dataclass(frozen=True)
@@ -117,227 +109,6 @@ class SecAggParams:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 2:
             raise SecAggError(f"secagg threshold must be an integer >= 2, got {self.threshold!r}")
         _check_scale_bits(self.scale_bits)
-
-
-# ---------------------------------------------------------------------------------------------
-# fixed point
-
-
-def _check_scale_bits(scale_bits: int) -> None:
-    if isinstance(scale_bits, bool) or not isinstance(scale_bits, int) or not 0 <= scale_bits <= 60:
-        raise SecAggError(f"secagg scale_bits must be an integer in [0, 60], got {scale_bits!r}")
-
-
-def quantize(x: np.ndarray, scale_bits: int, num_clients: int = 1) -> np.ndarray:
-    """Fixed-point encode ``round(x * 2**scale_bits)`` as two's complement uint64 (mod 2^64).
-
-    Refuses NaN/Inf and values with ``|x| * 2**scale_bits * num_clients >= 2**62``, so that a sum
-    over ``num_clients`` inputs cannot wrap around.
-    """
-    _check_scale_bits(scale_bits)
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
-        raise SecAggError(f"secagg quantize: num_clients must be a positive integer, got {num_clients!r}")
-    values = np.asarray(x, dtype=np.float64)
-    if not np.all(np.isfinite(values)):
-        raise SecAggError(f"secagg quantize: input has {int(np.count_nonzero(~np.isfinite(values)))} NaN/Inf values")
-    limit = _RANGE_LIMIT / (2.0**scale_bits * num_clients)
-    largest = float(np.max(np.abs(values))) if values.size else 0.0
-    if largest >= limit:
-        raise SecAggError(
-            f"secagg quantize: value {largest:g} is too large for the fixed-point range: need "
-            f"|x| * 2**{scale_bits} * {num_clients} clients < 2**62, i.e. |x| < {limit:g}"
-        )
-    return np.rint(values * 2.0**scale_bits).astype(np.int64).view(np.uint64)
-
-
-def dequantize(q: np.ndarray, scale_bits: int) -> np.ndarray:
-    """Decode uint64 fixed-point values (two's complement) back to signed float64."""
-    _check_scale_bits(scale_bits)
-    arr = np.asarray(q)
-    if arr.dtype != np.uint64:
-        raise SecAggError(f"secagg dequantize: expected uint64 values, got dtype {arr.dtype}")
-    return arr.view(np.int64).astype(np.float64) / 2.0**scale_bits
-
-
-def quantization_error_bound(num_clients: int, scale_bits: int) -> float:
-    """Max abs error per coordinate of the SUM of ``num_clients`` quantised vectors.
-
-    Each input is rounded to the grid ``2**-scale_bits`` (error <= 0.5 * 2**-scale_bits), masks
-    cancel exactly, so the sum is off by at most ``num_clients * 0.5 / 2**scale_bits`` (plus the
-    float64 rounding of the result itself, relative 2**-53). A uniform mean divides the sum by
-    ``num_clients``, so its error is at most ``0.5 / 2**scale_bits``; a weighted mean computed as
-    ``sum(w_i * x_i) / sum(w_i)`` (clients pre-scale by w_i) is off by at most this bound divided
-    by ``sum(w_i)``.
-    """
-    _check_scale_bits(scale_bits)
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
-        raise SecAggError(f"secagg: num_clients must be a positive integer, got {num_clients!r}")
-    return num_clients * 0.5 / 2.0**scale_bits
-
-
-# ---------------------------------------------------------------------------------------------
-# key derivation and mask PRG
-
-
-def _u64(value: int) -> bytes:
-    return struct.pack(">Q", value)
-
-
-def _lp(data: bytes) -> bytes:
-    """Length-prefixed bytes, so concatenated fields cannot be confused."""
-    return struct.pack(">I", len(data)) + data
-
-
-def _derive_key(secret: bytes, purpose: bytes, session: bytes, *ids: int) -> bytes:
-    """HKDF-SHA256 of ``secret`` with info binding purpose, session and client ids."""
-    info = _DOMAIN + _lp(purpose) + _lp(session) + b"".join(_u64(i) for i in ids)
-    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
-
-
-def mask_stream(seed: bytes, length: int, context: bytes) -> np.ndarray:
-    """PRG expanding ``seed`` into ``length`` uint64 values: AES-256-CTR keystream.
-
-    The AES key is HKDF-SHA256(seed, info=context), so one seed gives independent streams for
-    different contexts (e.g. sessions); the counter starts at zero under each derived key.
-    """
-    if not isinstance(seed, (bytes, bytearray)) or len(seed) < 16:
-        raise SecAggError("secagg mask_stream: seed must be at least 16 bytes")
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
-        raise SecAggError(f"secagg mask_stream: length must be a non-negative integer, got {length!r}")
-    if not isinstance(context, (bytes, bytearray)):
-        raise SecAggError("secagg mask_stream: context must be bytes")
-    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_DOMAIN + b"prg" + bytes(context)).derive(
-        bytes(seed)
-    )
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    stream = bytearray(encryptor.update(bytes(8 * int(length))) + encryptor.finalize())
-    return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)
-
-
-def _self_mask_context(session: bytes, owner: int) -> bytes:
-    return b"self" + _lp(session) + _u64(owner)
-
-
-def _pair_mask_context(session: bytes, a: int, b: int) -> bytes:
-    return b"pair" + _lp(session) + _u64(min(a, b)) + _u64(max(a, b))
-
-
-def _agree(private: X25519PrivateKey, public_raw: bytes) -> bytes:
-    return private.exchange(X25519PublicKey.from_public_bytes(public_raw))
-
-
-def _pair_seed(shared: bytes, session: bytes, a: int, b: int) -> bytes:
-    return _derive_key(shared, b"pair-mask", session, min(a, b), max(a, b))
-
-
-def _pair_mask(private: X25519PrivateKey, public_raw: bytes, session: bytes, a: int, b: int, length: int) -> np.ndarray:
-    seed = _pair_seed(_agree(private, public_raw), session, a, b)
-    return mask_stream(seed, length, _pair_mask_context(session, a, b))
-
-
-# ---------------------------------------------------------------------------------------------
-# Shamir secret sharing over GF(2^521 - 1)
-
-
-def _check_ids(ids: Sequence[int], what: str) -> list[int]:
-    out = []
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= int(i) <= _MAX_ID:
-            raise SecAggError(f"secagg: {what} {i!r} is not an integer in [0, 2**64)")
-        out.append(int(i))
-    if len(set(out)) != len(out):
-        raise SecAggError(f"secagg: duplicate {what}s in {sorted(out)}")
-    return out
-
-
-def shamir_split(secret: bytes, threshold: int, share_ids: Sequence[int]) -> dict[int, bytes]:
-    """Shamir-share ``secret`` (<= 64 bytes) so that any ``threshold`` of the shares recover it.
-
-    Share ``i`` is the random degree-(t-1) polynomial evaluated at ``x = i + 1`` over
-    GF(2^521 - 1), encoded with threshold, secret length and share id so that
-    ``shamir_combine`` can check them.
-    """
-    if not isinstance(secret, (bytes, bytearray)) or not 1 <= len(secret) <= 64:
-        raise SecAggError("secagg shamir_split: secret must be 1..64 bytes")
-    ids = _check_ids(share_ids, "share id")
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= len(ids):
-        raise SecAggError(
-            f"secagg shamir_split: threshold {threshold!r} must be in [1, {len(ids)}] for {len(ids)} shares"
-        )
-    if threshold > 0xFFFF:
-        raise SecAggError(f"secagg shamir_split: threshold {threshold} exceeds 65535")
-    # Coefficients come from the OS CSPRNG, not from the config seed: a seeded (reproducible)
-    # polynomial would let anyone who knows the config recompute the secret from one share.
-    coefficients = [int.from_bytes(secret, "big")] + [secrets.randbelow(FIELD_PRIME) for _ in range(threshold - 1)]
-    shares = {}
-    for i in ids:
-        x = i + 1
-        y = 0
-        for c in reversed(coefficients):
-            y = (y * x + c) % FIELD_PRIME
-        shares[i] = _SHARE_HEADER.pack(_SHARE_MAGIC, threshold, len(secret), i) + y.to_bytes(_FIELD_BYTES, "big")
-    return shares
-
-
-def _parse_share(share_id: int, share: bytes) -> tuple[int, int, int]:
-    if not isinstance(share, (bytes, bytearray)) or len(share) != _SHARE_BYTES:
-        raise SecAggError(f"secagg shamir_combine: share {share_id} is not a {_SHARE_BYTES}-byte share")
-    magic, threshold, secret_len, labelled = _SHARE_HEADER.unpack_from(share)
-    if magic != _SHARE_MAGIC:
-        raise SecAggError(f"secagg shamir_combine: share {share_id} has an unknown format")
-    if labelled != share_id:
-        raise SecAggError(f"secagg shamir_combine: share given as id {share_id} is labelled id {labelled}")
-    y = int.from_bytes(share[_SHARE_HEADER.size :], "big")
-    if y >= FIELD_PRIME or threshold < 1 or not 1 <= secret_len <= 64:
-        raise SecAggError(f"secagg shamir_combine: share {share_id} is malformed")
-    return threshold, secret_len, y
-
-
-def _interpolate(points: Sequence[tuple[int, int]], at: int) -> int:
-    """Lagrange interpolation over GF(p) of the polynomial through ``points`` evaluated at ``at``."""
-    total = 0
-    for k, (xk, yk) in enumerate(points):
-        num, den = 1, 1
-        for m, (xm, _) in enumerate(points):
-            if m != k:
-                num = num * (at - xm) % FIELD_PRIME
-                den = den * (xk - xm) % FIELD_PRIME
-        total = (total + yk * num * pow(den, -1, FIELD_PRIME)) % FIELD_PRIME
-    return total
-
-
-def shamir_combine(shares: Mapping[int, bytes]) -> bytes:
-    """Recover the secret from ``{share_id: share}``.
-
-    Each share carries its threshold t, so fewer than t shares raise SecAggError (the
-    interpolation through fewer points would give an unrelated value). With more than t shares the
-    extra ones must lie on the same polynomial, otherwise the shares are inconsistent
-    (SecAggError). Shares with different thresholds or secret lengths, or a reconstruction that
-    does not fit the secret length, also raise SecAggError.
-    """
-    if not isinstance(shares, Mapping) or not shares:
-        raise SecAggError("secagg shamir_combine: no shares given")
-    ids = _check_ids(list(shares), "share id")
-    parsed = {i: _parse_share(i, shares[i]) for i in ids}
-    thresholds = {t for t, _, _ in parsed.values()}
-    lengths = {n for _, n, _ in parsed.values()}
-    if len(thresholds) != 1 or len(lengths) != 1:
-        raise SecAggError(
-            f"secagg shamir_combine: inconsistent shares (thresholds {sorted(thresholds)}, "
-            f"secret lengths {sorted(lengths)})"
-        )
-    threshold, secret_len = thresholds.pop(), lengths.pop()
-    if len(ids) < threshold:
-        raise SecAggError(f"secagg shamir_combine: {len(ids)} shares given, {threshold} needed")
-    points = [(i + 1, parsed[i][2]) for i in sorted(ids)]
-    basis, extra = points[:threshold], points[threshold:]
-    for x, y in extra:
-        if _interpolate(basis, x) != y:
-            raise SecAggError(f"secagg shamir_combine: share {x - 1} is inconsistent with the others")
-    secret = _interpolate(basis, 0)
-    if secret >= 2 ** (8 * secret_len):
-        raise SecAggError("secagg shamir_combine: shares do not reconstruct a valid secret (wrong or tampered shares)")
-    return secret.to_bytes(secret_len, "big")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ class RunTask(Protocol):
       ``len()`` is the ``num_examples`` the client reports;
     - ``describe(client)``: JSON values recorded in ``summary.json["data"]``;
     - ``initial_model()``: the identical initial model (seeded from the run seed) on ``runtime.device``;
-    - ``new_optimizer(model)``; ``label_smoothing``: of the task's loss, for a protocol's own step;
+    - ``new_optimizer(model)``; ``label_smoothing``: of the task's loss, and ``grad_clip``: the L2 bound its own
+      step clips gradients to (0: none), for a protocol's own step;
     - ``train_local(model, optimizer, shard, *, seed, step=None, client=None)``: one round of local training
       (``client``: whose shard it is), returning at least ``train_loss``, ``steps`` and ``train_s``; with
       ``privacy.unit = "record"`` it is DP-SGD (``tasks/record_dp.py``) and also returns ``record_epsilon``;
@@ -60,6 +61,9 @@ class RunTask(Protocol):
 
     @property
     def label_smoothing(self) -> float: ...
+
+    @property
+    def grad_clip(self) -> float: ...
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
                     step: LocalStep | None = None, client: int | None = None) -> dict[str, float]: ...
@@ -212,6 +216,10 @@ class ImageRunTask:
     @property
     def label_smoothing(self) -> float:
         return float(self.task.config.label_smoothing)
+
+    @property
+    def grad_clip(self) -> float:
+        return 0.0  # the image tasks' steps do not clip
 
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
                     step: LocalStep | None = None, client: int | None = None, epochs: int | None = None,

@@ -133,6 +133,10 @@ class TranslationTask:
     def label_smoothing(self) -> float:
         return self.cfg.train.label_smoothing
 
+    @property
+    def grad_clip(self) -> float:
+        return self.cfg.train.clip_norm
+
     def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
                     step: LocalStep | None = None, client: int | None = None) -> dict[str, float]:
         if self.cfg.privacy.unit == "record":  # DP-SGD (tasks/record_dp.py)

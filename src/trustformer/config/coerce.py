@@ -1,0 +1,77 @@
+"""Plain (TOML/JSON) values to config dataclasses and back: each value coerced to its field's type, unknown keys
+refused."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, is_dataclass
+from typing import Any, Mapping, get_args, get_origin, get_type_hints
+
+from .checks import ConfigError
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a table, got {values!r}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!s} (valid keys here: {', '.join(sorted(known))})"
+        )
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        key = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        if isinstance(hint, type) and is_dataclass(hint):
+            kwargs[f.name] = _build(hint, values[f.name], prefix=f"{key}.")
+        else:
+            kwargs[f.name] = _coerce(key, values[f.name], hint)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    origin = get_origin(hint)
+    if origin is tuple and get_args(hint)[-1:] == (Ellipsis,):  # tuple[T, ...]: a list of any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r} must be a list")
+        return tuple(_coerce(key, v, get_args(hint)[0]) for v in value)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r} must be a list")
+        item_types = get_args(hint)
+        if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[T, ...]: any length
+            return tuple(_coerce(key, v, item_types[0]) for v in value)
+        if len(value) != len(item_types):
+            raise ConfigError(f"{key} = {list(value)!r} must have {len(item_types)} items")
+        return tuple(_coerce(key, v, t) for v, t in zip(value, item_types))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r} must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r} must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} = {value!r} must be a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} = {value!r} must be finite")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} must be a string")
+        return value
+    raise TypeError(f"unsupported config type {hint!r} for {key}")  # pragma: no cover
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value

