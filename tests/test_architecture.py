@@ -35,12 +35,37 @@ ALLOWED = {
     "model_commands": {"export", "image_files", "evaluation"},
     "cli_options": {"config", "runtime"},  # runtime.checkpoint: the configuration of a resumed run (--resume)
     "deploy": {"cli_options", "config", "core", "registry", "runtime", "secure", "tasks", "wire"},
-    "attack": {"cli_options", "config", "core", "engine", "export", "protocols", "registry", "runtime", "tasks", "wire",
-               "workload",
-               "data", "models", "evaluation"},
+    "attack": {
+        "cli_options",
+        "config",
+        "core",
+        "engine",
+        "export",
+        "protocols",
+        "registry",
+        "runtime",
+        "tasks",
+        "wire",
+        "workload",
+        "data",
+        "models",
+        "evaluation",
+    },
     "report": {"config", "core", "tasks"},
-    "bench": {"attack", "cli_options", "config", "core", "engine", "report", "tasks", "workload", "protocols", "data",
-              "models", "evaluation"},
+    "bench": {
+        "attack",
+        "cli_options",
+        "config",
+        "core",
+        "engine",
+        "report",
+        "tasks",
+        "workload",
+        "protocols",
+        "data",
+        "models",
+        "evaluation",
+    },
     "reproduce": {"config", "engine", "metrics", "report", "tasks", "core"},
     "cli": {"*"},
 }
@@ -118,7 +143,7 @@ def test_no_import_cycles_between_modules():
         state[node] = 1
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -151,7 +176,11 @@ def test_every_error_class_of_the_project_derives_from_the_one_the_cli_catches()
             continue
         module = importlib.import_module(name)
         for attr, obj in vars(module).items():
-            if (inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name
-                    and not issubclass(obj, TrustformerError)):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, Exception)
+                and obj.__module__ == name
+                and not issubclass(obj, TrustformerError)
+            ):
                 strays.append(f"{name}.{attr}")
     assert not strays, f"derive these from trustformer.errors.TrustformerError: {strays}"

@@ -12,8 +12,13 @@ from trustformer.protocols import ObservedProtocol, ProtocolObserver, get_protoc
 
 
 def tiny(root, name, **overrides):
-    values = {"out": str(root / name), "runtime.progress": False, "eval.meteor": False,
-              "eval.bertscore": False, "eval.bleu_size": 4}
+    values = {
+        "out": str(root / name),
+        "runtime.progress": False,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "eval.bleu_size": 4,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -51,8 +56,9 @@ def test_secure_aggregation_leaves_only_the_mean(attacked):
 
 
 def test_trustformer_at_beta_one_is_fedavg_and_recovered_exactly(attacked):
-    result = attacked("tf-1", **{"federation.strategy": "trustformer", "federation.beta": 1.0,
-                                 "federation.min_cluster_rows": 1})
+    result = attacked(
+        "tf-1", **{"federation.strategy": "trustformer", "federation.beta": 1.0, "federation.min_cluster_rows": 1}
+    )
     assert result["recovered_fraction_mean"] == 1.0
     assert result["relative_error_mean"] < 1e-6
 
@@ -114,8 +120,9 @@ def test_plan_refuses_unknown_names_and_skips_unsupported_combinations():
         rec.plan(cfg, ["fedavg"], None, None, ["magic"])
     with pytest.raises(ConfigError, match="--memberships"):
         rec.plan(cfg, ["trustformer"], None, ["global"], None)
-    runs, skipped = rec.plan(cfg, ["fedavg", "trustformer", "fedavg-topk"], [0.1, 0.5], ["shared", "local"],
-                             ["none", "secagg"])
+    runs, skipped = rec.plan(
+        cfg, ["fedavg", "trustformer", "fedavg-topk"], [0.1, 0.5], ["shared", "local"], ["none", "secagg"]
+    )
     labels = [r.label for r in runs]
     assert "fedavg +secagg" in labels and "trustformer β=0.1 local +secagg" in labels
     assert "fedavg-topk keep=0.5" in labels
@@ -125,16 +132,37 @@ def test_plan_refuses_unknown_names_and_skips_unsupported_combinations():
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "attack.json"
-    code = main(["attack", "reconstruct", "--preset", "tiny", "--strategies", "fedavg,local", "--quiet",
-                 "--set", "eval.bleu_size=4", "--out", str(tmp_path / "runs"), "--json", str(out)])
+    code = main(
+        [
+            "attack",
+            "reconstruct",
+            "--preset",
+            "tiny",
+            "--strategies",
+            "fedavg,local",
+            "--quiet",
+            "--set",
+            "eval.bleu_size=4",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "fedavg" in printed and "rel. error" in printed
     body = json.loads(out.read_text())
     fedavg, local = body["runs"]
     assert fedavg["recovered_fraction_mean"] == 1.0
-    assert set(fedavg) >= {"relative_error", "recovered_fraction", "relative_error_mean", "recovered_fraction_mean",
-                           "rounds", "clients"}
+    assert set(fedavg) >= {
+        "relative_error",
+        "recovered_fraction",
+        "relative_error_mean",
+        "recovered_fraction_mean",
+        "rounds",
+        "clients",
+    }
     assert local["server_sees"] == "nothing"
     assert local["relative_error_mean"] == pytest.approx(local["initial_error_mean"])
 

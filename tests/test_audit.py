@@ -30,8 +30,7 @@ def test_clopper_pearson_known_values():
 
 def test_identical_distributions_audit_to_zero():
     rng = np.random.default_rng(0)
-    bounds = [epsilon_lower_bound(rng.normal(size=2000), rng.normal(size=2000), DELTA)["epsilon_lb"]
-              for _ in range(5)]
+    bounds = [epsilon_lower_bound(rng.normal(size=2000), rng.normal(size=2000), DELTA)["epsilon_lb"] for _ in range(5)]
     assert max(bounds) < 0.1 and sum(b == 0.0 for b in bounds) >= 4
 
 

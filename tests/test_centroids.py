@@ -32,11 +32,13 @@ def test_estimate_global_weights_matches_row_by_row_reference(r, f, k, seed):
 
 def test_estimate_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="differ in shape"):
-        estimate_global_weights(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2),
-                                torch.zeros(3, 2))
+        estimate_global_weights(
+            torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2), torch.zeros(3, 2)
+        )
     with pytest.raises(ValueError, match="labels"):
-        estimate_global_weights(torch.zeros(4, 2), torch.zeros(3, dtype=torch.long), torch.zeros(2, 2),
-                                torch.zeros(2, 2))
+        estimate_global_weights(
+            torch.zeros(4, 2), torch.zeros(3, dtype=torch.long), torch.zeros(2, 2), torch.zeros(2, 2)
+        )
 
 
 def test_num_clusters_is_eq_3():
@@ -63,8 +65,9 @@ def _sizes(labels, k):
 
 
 @settings(max_examples=40, deadline=None)
-@given(r=st.integers(2, 60), f=st.integers(1, 5), m=st.integers(1, 4), beta=st.floats(0.01, 1.0),
-       seed=st.integers(0, 99))
+@given(
+    r=st.integers(2, 60), f=st.integers(1, 5), m=st.integers(1, 4), beta=st.floats(0.01, 1.0), seed=st.integers(0, 99)
+)
 def test_partitions_respect_the_floor(r, f, m, beta, seed):
     from trustformer.core.centroids import balanced_partition, enforce_min_rows, random_partition
 

@@ -17,8 +17,12 @@ from trustformer.runtime.store import ROUND_END, TRAINED, ClientState, DiskStore
 
 
 def _state(value: float, rounds: int) -> ClientState:
-    return ClientState(model={"w": torch.full((2, 2), value)}, optimizer={"state": {}, "param_groups": []},
-                       protocol={"labels": torch.tensor([rounds])}, rounds_done=rounds)
+    return ClientState(
+        model={"w": torch.full((2, 2), value)},
+        optimizer={"state": {}, "param_groups": []},
+        protocol={"labels": torch.tensor([rounds])},
+        rounds_done=rounds,
+    )
 
 
 @pytest.mark.parametrize("make_store", [MemoryStore, DiskStore], ids=["memory", "disk"])
@@ -46,8 +50,16 @@ def test_snapshots_load_the_latest_point_at_or_before_and_keep_two_rounds(tmp_pa
 
 def test_run_key_ignores_operational_settings_only(tmp_path):
     cfg = load_config("tiny", None, {"out": str(tmp_path / "a")})
-    same = load_config("tiny", None, {"out": str(tmp_path / "a" / ".." / "a"), "runtime.resume": True,
-                                      "federation.round_timeout_s": 30.0, "runtime.threads": 2})
+    same = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path / "a" / ".." / "a"),
+            "runtime.resume": True,
+            "federation.round_timeout_s": 30.0,
+            "runtime.threads": 2,
+        },
+    )
     assert run_key(cfg) == run_key(same)
     assert run_key(cfg) != run_key(load_config("tiny", None, {"out": str(tmp_path / "b")}))
     assert run_key(cfg) != run_key(load_config("tiny", None, {"out": str(tmp_path / "a"), "seed": 1}))
@@ -59,8 +71,11 @@ class Crash(BaseException):
 
 def _crash_at(message_type: str, rnd: int, partition: int):
     def call(message, context):
-        if (message.metadata.message_type == message_type and message.metadata.group_id == str(rnd)
-                and context.node_config["partition-id"] == partition):
+        if (
+            message.metadata.message_type == message_type
+            and message.metadata.group_id == str(rnd)
+            and context.node_config["partition-id"] == partition
+        ):
             raise Crash()
         return client_app(message, context)
 
@@ -76,18 +91,34 @@ def _results(line):
     return {k: v for k, v in line.items() if not k.endswith("_s")}
 
 
-@pytest.mark.parametrize("strategy,extra", [
-    ("trustformer", {}),  # client-side protocol state (memberships, centroids) in the snapshots
-    ("dp-fedavg", {"privacy.noise_multiplier": 0.5, "privacy.sampling_rate": 0.7,  # server-side accountant
-                   "privacy.noise_source": "seeded-not-private",  # the same noise and sampling again
-                   "privacy.on_exceed": "continue"}),
-    # the server's defence keeps the model the next round starts from (its direction check): a sign-flipping
-    # client is refused in every round of the resumed run as in the uninterrupted one
-    ("fedavg", {"federation.faults": ["client=1,round=*,kind=sign_flip"]}),
-])
+@pytest.mark.parametrize(
+    "strategy,extra",
+    [
+        ("trustformer", {}),  # client-side protocol state (memberships, centroids) in the snapshots
+        (
+            "dp-fedavg",
+            {
+                "privacy.noise_multiplier": 0.5,
+                "privacy.sampling_rate": 0.7,  # server-side accountant
+                "privacy.noise_source": "seeded-not-private",  # the same noise and sampling again
+                "privacy.on_exceed": "continue",
+            },
+        ),
+        # the server's defence keeps the model the next round starts from (its direction check): a sign-flipping
+        # client is refused in every round of the resumed run as in the uninterrupted one
+        ("fedavg", {"federation.faults": ["client=1,round=*,kind=sign_flip"]}),
+    ],
+)
 def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
-    values = {"federation.strategy": strategy, "federation.rounds": 3, "runtime.store": "disk",
-              "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False, **extra}
+    values = {
+        "federation.strategy": strategy,
+        "federation.rounds": 3,
+        "runtime.store": "disk",
+        "runtime.progress": False,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        **extra,
+    }
     full = run_in_process(load_config("tiny", None, {**values, "out": str(tmp_path / "full")}))
     stopped = load_config("tiny", None, {**values, "out": str(tmp_path / "stopped")})
     # the run dies in round 2, after clients 0 (and 2) already trained it: they get round 2 again
@@ -108,15 +139,25 @@ def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
     full_events = [_results(x) for x in _lines(tmp_path / "full" / "metrics.jsonl") if "event" in x]
     assert events == full_events  # round 1's as first written, then rounds 2-3's once
     assert [e["event"] for e in full_events] == (["refused"] * 3 if "federation.faults" in extra else [])
-    assert [_results(x) for x in lines if "event" not in x] == [_results(x) for x in _lines(tmp_path / "full" /
-                                                                                          "metrics.jsonl")
-                                                                 if "event" not in x]
+    assert [_results(x) for x in lines if "event" not in x] == [
+        _results(x) for x in _lines(tmp_path / "full" / "metrics.jsonl") if "event" not in x
+    ]
     assert read_checkpoint(stopped.out).round == 3
 
 
 def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
-    cfg = load_config("tiny", None, {"out": str(tmp_path / "run"), "federation.rounds": 1, "runtime.store": "disk",
-                                     "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False})
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path / "run"),
+            "federation.rounds": 1,
+            "runtime.store": "disk",
+            "runtime.progress": False,
+            "eval.meteor": False,
+            "eval.bertscore": False,
+        },
+    )
     run_in_process(cfg)
     with pytest.raises(ConfigError, match="federation.rounds"):
         resume_config(cfg.out, {"federation.rounds": 2})
@@ -131,8 +172,25 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
 
 def test_cli_resume_needs_client_state_on_disk(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(out), "--quiet",
-                 "--set", "eval.meteor=false", "--set", "eval.bertscore=false"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--preset",
+                "tiny",
+                "--rounds",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                "eval.meteor=false",
+                "--set",
+                "eval.bertscore=false",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     (out / "summary.json").unlink()  # as if it died before its summary (a finished run is refused anyway)
     assert main(["run", "--resume", str(out)]) == 2
@@ -142,8 +200,16 @@ def test_cli_resume_needs_client_state_on_disk(tmp_path, capsys):
 
 
 def test_too_few_nodes_at_the_start_is_a_clear_error_not_a_hang(tmp_path):
-    cfg = load_config("tiny", None, {"out": str(tmp_path / "few"), "federation.node_wait_s": 1.0,
-                                     "federation.min_clients": 3, "runtime.progress": False})
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path / "few"),
+            "federation.node_wait_s": 1.0,
+            "federation.min_clients": 3,
+            "runtime.progress": False,
+        },
+    )
     grid = InProcessGrid(client_app, node_configs(cfg)[:2], {CONFIG_KEY: cfg.to_json()})  # 2 of the 3 clients
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={CONFIG_KEY: cfg.to_json()})
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)

@@ -22,8 +22,12 @@ def checkout(tmp_path):
         shutil.copy2(ROOT / rel, tmp_path / rel)
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for name, body in (("python", f'exec "{sys.executable}" "$@"'), ("flwr", "exit 0"), ("ruff", "exit 0"),
-                       ("mypy", "exit 0")):
+    for name, body in (
+        ("python", f'exec "{sys.executable}" "$@"'),
+        ("flwr", "exit 0"),
+        ("ruff", "exit 0"),
+        ("mypy", "exit 0"),
+    ):
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -34,24 +38,28 @@ def checkout(tmp_path):
 def run(checkout, *command):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["TRUSTFORMER_SKIP_INSTALL"] = "1"
-    return subprocess.run(["bash", *command, "-p", "no:cacheprovider"], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", *command, "-p", "no:cacheprovider"], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_test_script_puts_the_environments_commands_first_on_path(checkout):
     (checkout / "tests" / "test_path.py").write_text(
         "import os, shutil\n"
         "def test_flwr_is_the_environments():\n"
-        "    assert shutil.which('flwr') == os.path.join(os.getcwd(), '.venv', 'bin', 'flwr')\n", encoding="utf-8")
+        "    assert shutil.which('flwr') == os.path.join(os.getcwd(), '.venv', 'bin', 'flwr')\n",
+        encoding="utf-8",
+    )
     done = run(checkout, "scripts/test.sh", "tests/test_path.py")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_ci_fails_on_a_skip_that_is_not_allowed_and_prints_every_reason(checkout):
     test = checkout / "tests" / "test_some.py"
-    test.write_text("import pytest\n"
-                    "def test_runs():\n    pass\n"
-                    "def test_skipped():\n    pytest.skip('the network is down')\n", encoding="utf-8")
+    test.write_text(
+        "import pytest\ndef test_runs():\n    pass\ndef test_skipped():\n    pytest.skip('the network is down')\n",
+        encoding="utf-8",
+    )
     done = run(checkout, ".ci/run", "tests")
     assert done.returncode == 1
     assert "SKIPPED, NOT ALLOWED" in done.stderr and "the network is down" in done.stderr
@@ -72,10 +80,19 @@ def test_ci_fails_when_a_test_fails_or_nothing_is_collected(checkout):
 
 @pytest.mark.parametrize("tool", ["ruff", "mypy"])
 def test_ci_fails_on_a_lint_or_type_finding_before_the_tests(checkout, tool):
-    (checkout / "tests" / "test_ok.py").write_text(
-        "def test_runs():\n    open('ran', 'w').close()\n", encoding="utf-8")
-    (checkout / ".venv" / "bin" / tool).write_text(f"#!/bin/sh\necho {tool}: 1 finding >&2\nexit 1\n",
-                                                   encoding="utf-8")
+    (checkout / "tests" / "test_ok.py").write_text("def test_runs():\n    open('ran', 'w').close()\n", encoding="utf-8")
+    (checkout / ".venv" / "bin" / tool).write_text(f"#!/bin/sh\necho {tool}: 1 finding >&2\nexit 1\n", encoding="utf-8")
     done = run(checkout, ".ci/run", "tests")
     assert done.returncode == 1 and f"{tool}: 1 finding" in done.stderr
     assert not (checkout / "ran").exists()  # the tests did not run
+
+
+def test_ci_fails_on_unformatted_code_before_the_tests(checkout):
+    (checkout / "tests" / "test_ok.py").write_text("def test_runs():\n    open('ran', 'w').close()\n", encoding="utf-8")
+    (checkout / ".venv" / "bin" / "ruff").write_text(
+        '#!/bin/sh\nif [ "$1" = format ]; then echo "would reformat: src/x.py" >&2; exit 1; fi\nexit 0\n',
+        encoding="utf-8",
+    )
+    done = run(checkout, ".ci/run", "tests")
+    assert done.returncode == 1 and "would reformat" in done.stderr
+    assert not (checkout / "ran").exists()

@@ -37,8 +37,18 @@ def test_own_corpus_too_small_for_the_split_is_explained(tmp_path, capsys):
 def test_own_corpus_without_domains_runs_iid_and_dirichlet_says_it_needs_domains(tmp_path, capsys):
     corpus = tmp_path / "plain.tsv"
     corpus.write_text("".join(f"привет номер {i}\thello number {i}\n" for i in range(1800)), encoding="utf-8")
-    base = ["run", "--preset", "tiny", "--data", str(corpus), "--set", "eval.meteor=false",
-            "--set", "eval.bertscore=false", "--quiet"]
+    base = [
+        "run",
+        "--preset",
+        "tiny",
+        "--data",
+        str(corpus),
+        "--set",
+        "eval.meteor=false",
+        "--set",
+        "eval.bertscore=false",
+        "--quiet",
+    ]
     assert main(base + ["--out", str(tmp_path / "iid")]) == 0
     assert main(base + ["--out", str(tmp_path / "dir"), "--set", "data.partition=dirichlet"]) == 1
     err = capsys.readouterr().err
@@ -49,11 +59,30 @@ def test_own_corpus_with_domains_partitions_by_them(tmp_path):
     import json
 
     corpus = tmp_path / "domains.tsv"
-    corpus.write_text("".join(f"привет номер {i}\thello number {i}\t{'abc'[i % 3]}\n" for i in range(1800)),
-                      encoding="utf-8")
-    assert main(["run", "--preset", "tiny", "--data", str(corpus), "--set", "eval.meteor=false", "--set",
-                 "eval.bertscore=false", "--set", "data.partition=domain", "--quiet",
-                 "--out", str(tmp_path / "dom")]) == 0
+    corpus.write_text(
+        "".join(f"привет номер {i}\thello number {i}\t{'abc'[i % 3]}\n" for i in range(1800)), encoding="utf-8"
+    )
+    assert (
+        main(
+            [
+                "run",
+                "--preset",
+                "tiny",
+                "--data",
+                str(corpus),
+                "--set",
+                "eval.meteor=false",
+                "--set",
+                "eval.bertscore=false",
+                "--set",
+                "data.partition=domain",
+                "--quiet",
+                "--out",
+                str(tmp_path / "dom"),
+            ]
+        )
+        == 0
+    )
     clients = json.loads((tmp_path / "dom" / "summary.json").read_text())["data"]["clients"]
     held = [set(c["domains"]) for c in clients.values()]
     assert sorted(map(sorted, held)) == [["a"], ["b"], ["c"]]

@@ -16,8 +16,14 @@ from trustformer.tasks.run import load_task
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.bleu_size": 4,
-              "eval.meteor": False, "eval.bertscore": False}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "eval.bleu_size": 4,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -56,8 +62,12 @@ def test_the_server_decodes_each_payload_within_one_step_of_the_difference_from_
         run_in_process(cfg)
     initial = trainable_tensors(load_task(cfg).initial_model())
     for decoded in watch.received[1]:  # round 2: the difference from round 1's global model
-        client = min(watch.sent, key=lambda k: sum(float((watch.sent[k][n] - decoded[n]).abs().max())
-                                                  for n in decoded) if k[0] == 2 else float("inf"))
+        client = min(
+            watch.sent,
+            key=lambda k: (
+                sum(float((watch.sent[k][n] - decoded[n]).abs().max()) for n in decoded) if k[0] == 2 else float("inf")
+            ),
+        )
         sent = watch.sent[client]
         for name in ("encoder.layers.0.ffn.0.weight", "embedding.weight"):
             if name not in sent:
@@ -73,8 +83,14 @@ def test_error_feedback_keeps_what_was_not_sent(tmp_path):
     assert isinstance(protocol, CodedPayload) and bare(protocol).name == "fedavg"
     task = load_task(cfg)
     model = task.initial_model()
-    session = ClientSession(cfg=cfg, client=0, round=1, model=model, num_examples=10,
-                            initial_tensors=lambda: trainable_tensors(task.initial_model()))
+    session = ClientSession(
+        cfg=cfg,
+        client=0,
+        round=1,
+        model=model,
+        num_examples=10,
+        initial_tensors=lambda: trainable_tensors(task.initial_model()),
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1e-3 * torch.randn_like(p))

@@ -75,8 +75,27 @@ def test_parse_override():
 def test_cli_options_map_to_config(tmp_path):
     tsv = tmp_path / "c.tsv"
     args = build_parser().parse_args(
-        ["run", "--preset", "tiny", "--strategy", "local", "--rounds", "4", "--clients", "2", "--seed", "3",
-         "--data", str(tsv), "--beta", "0.3", "--agg-every", "2", "--set", "train.lr=0.01"]
+        [
+            "run",
+            "--preset",
+            "tiny",
+            "--strategy",
+            "local",
+            "--rounds",
+            "4",
+            "--clients",
+            "2",
+            "--seed",
+            "3",
+            "--data",
+            str(tsv),
+            "--beta",
+            "0.3",
+            "--agg-every",
+            "2",
+            "--set",
+            "train.lr=0.01",
+        ]
     )
     cfg = resolve_config(args)
     f = cfg.federation

@@ -243,8 +243,7 @@ def test_tsv_domain_column(tmp_path: Path) -> None:
 
     path = tmp_path / "d.tsv"
     path.write_text("Привет\tHello\tgreetings\nКак дела?\tHow are you?\tsmall talk\n", encoding="utf-8")
-    assert load_tsv_domains(path) == ([("Привет", "Hello"), ("Как дела?", "How are you?")],
-                                      ["greetings", "small talk"])
+    assert load_tsv_domains(path) == ([("Привет", "Hello"), ("Как дела?", "How are you?")], ["greetings", "small talk"])
     assert load_tsv(path) == [("Привет", "Hello"), ("Как дела?", "How are you?")]
     write_tsv([("а", "a")], tmp_path / "w.tsv", ["x"])
     assert load_tsv_domains(tmp_path / "w.tsv") == ([("а", "a")], ["x"])

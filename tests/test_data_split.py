@@ -9,10 +9,7 @@ from trustformer.data.split import Splits, split_corpus
 
 def make_corpus(n: int) -> list[tuple[str, str]]:
     """n distinct pairs whose length in words grows with the index."""
-    return [
-        (f"предложение {i} " + "слово " * (i % 7), f"sentence {i} " + "word " * (i % 5))
-        for i in range(n)
-    ]
+    return [(f"предложение {i} " + "слово " * (i % 7), f"sentence {i} " + "word " * (i % 5)) for i in range(n)]
 
 
 def sources(pairs: list[tuple[str, str]]) -> set[str]:
@@ -114,6 +111,7 @@ def test_invalid_arguments(kwargs: dict) -> None:
 
 # ----------------------------------------------------------------------------- non-IID partitions
 
+
 def labelled_corpus(n: int, domains: tuple[str, ...] = ("calc", "writer", "impress", "math", "base")):
     pairs = make_corpus(n)
     return pairs, [domains[i % len(domains)] if i % 3 else domains[0] for i in range(n)]
@@ -121,8 +119,16 @@ def labelled_corpus(n: int, domains: tuple[str, ...] = ("calc", "writer", "impre
 
 def test_domain_partition_gives_each_client_whole_disjoint_domains() -> None:
     pairs, domains = labelled_corpus(2000)
-    splits = split_corpus(pairs, n_clients=3, client_size=None, test_size=200, public_size=100, seed=0,
-                          domains=domains, partition="domain")
+    splits = split_corpus(
+        pairs,
+        n_clients=3,
+        client_size=None,
+        test_size=200,
+        public_size=100,
+        seed=0,
+        domains=domains,
+        partition="domain",
+    )
     held = [set(d) for d in splits.client_domains]
     assert all(held) and not (held[0] & held[1]) and not (held[0] & held[2]) and not (held[1] & held[2])
     assert set().union(*held) == set(domains)  # every domain of the pool went to somebody
@@ -136,21 +142,47 @@ def test_domain_partition_gives_each_client_whole_disjoint_domains() -> None:
 
 def test_domain_partition_truncates_to_requested_sizes_or_says_which_option() -> None:
     pairs, domains = labelled_corpus(2000)
-    splits = split_corpus(pairs, n_clients=3, client_size=None, test_size=200, public_size=100, seed=0,
-                          domains=domains, partition="domain", client_sizes=[50, 80, 120])
+    splits = split_corpus(
+        pairs,
+        n_clients=3,
+        client_size=None,
+        test_size=200,
+        public_size=100,
+        seed=0,
+        domains=domains,
+        partition="domain",
+        client_sizes=[50, 80, 120],
+    )
     assert splits.sizes()["clients"] == [50, 80, 120]
     with pytest.raises(ValueError, match="data.client_size"):
-        split_corpus(pairs, n_clients=3, client_size=1500, test_size=200, public_size=100, seed=0,
-                     domains=domains, partition="domain")
+        split_corpus(
+            pairs,
+            n_clients=3,
+            client_size=1500,
+            test_size=200,
+            public_size=100,
+            seed=0,
+            domains=domains,
+            partition="domain",
+        )
     with pytest.raises(ValueError, match="at least as many domains as clients"):
-        split_corpus(pairs, n_clients=6, client_size=None, test_size=200, public_size=100, seed=0,
-                     domains=domains, partition="domain")
+        split_corpus(
+            pairs,
+            n_clients=6,
+            client_size=None,
+            test_size=200,
+            public_size=100,
+            seed=0,
+            domains=domains,
+            partition="domain",
+        )
 
 
 def test_dirichlet_skews_domains_with_small_alpha_and_is_deterministic() -> None:
     pairs, domains = labelled_corpus(3000)
-    kw = dict(n_clients=4, client_size=None, test_size=200, public_size=100, seed=5, domains=domains,
-              partition="dirichlet")
+    kw = dict(
+        n_clients=4, client_size=None, test_size=200, public_size=100, seed=5, domains=domains, partition="dirichlet"
+    )
     skewed = split_corpus(pairs, alpha=0.1, **kw)
     assert skewed == split_corpus(pairs, alpha=0.1, **kw)
     even = split_corpus(pairs, alpha=1000.0, **kw)
@@ -161,8 +193,9 @@ def test_dirichlet_skews_domains_with_small_alpha_and_is_deterministic() -> None
             for k, v in d.items():
                 pool[k] = pool.get(k, 0) + v
         n = sum(pool.values())
-        return sum(0.5 * sum(abs(d.get(k, 0) / sum(d.values()) - pool[k] / n) for k in pool)
-                   for d in splits.client_domains) / len(splits.client_domains)
+        return sum(
+            0.5 * sum(abs(d.get(k, 0) / sum(d.values()) - pool[k] / n) for k in pool) for d in splits.client_domains
+        ) / len(splits.client_domains)
 
     assert skew(skewed) > 0.3 and skew(even) < 0.05
     assert sum(len(s) for s in skewed.clients) == 3000 - 300  # the whole pool, disjointly
@@ -174,14 +207,29 @@ def test_dirichlet_skews_domains_with_small_alpha_and_is_deterministic() -> None
 
 def test_non_iid_partitions_need_domains() -> None:
     with pytest.raises(ValueError, match="third column `domain`"):
-        split_corpus(make_corpus(500), n_clients=2, client_size=None, test_size=50, public_size=50, seed=0,
-                     partition="dirichlet")
+        split_corpus(
+            make_corpus(500), n_clients=2, client_size=None, test_size=50, public_size=50, seed=0, partition="dirichlet"
+        )
 
 
 def test_unequal_iid_sizes() -> None:
-    splits = split_corpus(make_corpus(1000), n_clients=3, client_size=None, test_size=100, public_size=100,
-                          seed=0, client_sizes=[100, 300, 50])
+    splits = split_corpus(
+        make_corpus(1000),
+        n_clients=3,
+        client_size=None,
+        test_size=100,
+        public_size=100,
+        seed=0,
+        client_sizes=[100, 300, 50],
+    )
     assert splits.sizes()["clients"] == [100, 300, 50]
     with pytest.raises(ValueError, match="corpus too small"):
-        split_corpus(make_corpus(1000), n_clients=2, client_size=None, test_size=100, public_size=100, seed=0,
-                     client_sizes=[500, 500])
+        split_corpus(
+            make_corpus(1000),
+            n_clients=2,
+            client_size=None,
+            test_size=100,
+            public_size=100,
+            seed=0,
+            client_sizes=[500, 500],
+        )

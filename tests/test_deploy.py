@@ -66,8 +66,13 @@ def completed_round(out: Path) -> int:
 
 
 def tiny(out: Path, **overrides):
-    values = {"federation.strategy": "fedavg", "eval.meteor": False, "eval.bertscore": False,
-              "runtime.progress": True, "out": str(out)}
+    values = {
+        "federation.strategy": "fedavg",
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "runtime.progress": True,
+        "out": str(out),
+    }
     values.update(overrides)
     return deployment_config(load_config("tiny", None, values))
 
@@ -75,8 +80,14 @@ def tiny(out: Path, **overrides):
 def run_and_wait(fed: LocalFederation, cfg, seconds: float) -> str:
     submitted = time.time() - 1.0
     run_id = submit_run(fed.server.home, cfg)
-    return wait_for_run(fed.server.home, run_id, Path(cfg.out) / "summary.json", submitted_at=submitted,
-                        timeout_s=seconds, server=fed.server.superlink)
+    return wait_for_run(
+        fed.server.home,
+        run_id,
+        Path(cfg.out) / "summary.json",
+        submitted_at=submitted,
+        timeout_s=seconds,
+        server=fed.server.superlink,
+    )
 
 
 def lines(cfg):
@@ -96,8 +107,14 @@ def federation(tmp_path_factory):
         with hard_limit(fed, 120):
             fed.start_server()
             fed.start_clients()
-            wait_until(lambda: [n["status"] for n in flwr_cli(fed.server.home, "supernode", "ls", "trustformer")
-                                ["nodes"]] == ["online"] * 3, 90, "the 3 SuperNodes to be online")
+            wait_until(
+                lambda: (
+                    [n["status"] for n in flwr_cli(fed.server.home, "supernode", "ls", "trustformer")["nodes"]]
+                    == ["online"] * 3
+                ),
+                90,
+                "the 3 SuperNodes to be online",
+            )
         yield fed
     finally:
         fed.close()
@@ -144,8 +161,10 @@ def test_unregistered_client_is_refused(federation):
 
 def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     fed = federation
-    cfg = tiny(tmp_path / "dropout", **{"federation.rounds": 4, "federation.min_clients": 2,
-                                        "federation.round_timeout_s": 45.0})
+    cfg = tiny(
+        tmp_path / "dropout",
+        **{"federation.rounds": 4, "federation.min_clients": 2, "federation.round_timeout_s": 45.0},
+    )
     with hard_limit(fed, 450):
         submitted = time.time() - 1.0
         run_id = submit_run(fed.server.home, cfg)
@@ -155,8 +174,14 @@ def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
         # it comes back with its state folder and key (same node id); the SuperLink accepts it once the
         # crashed instance has missed its heartbeats (at most a minute after the crash)
         fed.start_client(1, retry_refused_s=150)
-        status = wait_for_run(fed.server.home, run_id, Path(cfg.out) / "summary.json", submitted_at=submitted,
-                              timeout_s=300, server=fed.server.superlink)
+        status = wait_for_run(
+            fed.server.home,
+            run_id,
+            Path(cfg.out) / "summary.json",
+            submitted_at=submitted,
+            timeout_s=300,
+            server=fed.server.superlink,
+        )
     assert status == "finished:completed"
     rows = {(x["round"], x["client"]) for x in lines(cfg) if "event" not in x}
     dropped = [x for x in lines(cfg) if x.get("event") == "dropped"]
@@ -184,8 +209,9 @@ def test_server_killed_after_round_1_resumes_to_the_same_result(federation, tmp_
         fed.server.superlink.kill()  # SuperLink, its SuperExec and the ServerApp, mid-run
         fed.start_server()  # same port and database; the SuperNodes reconnect by themselves
         assert run_and_wait(fed, deployment_config(resume_config(cfg.out)), 200) == "finished:completed"
-    reference = run_in_process(tiny(tmp_path / "uninterrupted", **{"federation.strategy": "trustformer",
-                                                                    "runtime.progress": False}))
+    reference = run_in_process(
+        tiny(tmp_path / "uninterrupted", **{"federation.strategy": "trustformer", "runtime.progress": False})
+    )
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["test_loss"] == reference["test_loss"]
     assert summary["resumed_after_rounds"] == [1]

@@ -66,12 +66,18 @@ def test_deployment_paths_are_absolute_and_node_config_is_checked(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "pairs.tsv"
     data.write_text("привет\thello\n", encoding="utf-8")
-    cfg = deployment_config(load_config("tiny", None, {"out": "runs/x", "data.source": "tsv",
-                                                       "data.path": "pairs.tsv"}))
+    cfg = deployment_config(
+        load_config("tiny", None, {"out": "runs/x", "data.source": "tsv", "data.path": "pairs.tsv"})
+    )
     assert cfg.out == str(tmp_path / "runs" / "x") and cfg.data.path == str(data)
     node = node_config(2, "c2/state", "c2/out", data)
-    assert node == {"partition-id": 2, "state-dir": str(tmp_path / "c2" / "state"), "diagnostics": False,
-                    "output-dir": str(tmp_path / "c2" / "out"), "train-file": str(data)}
+    assert node == {
+        "partition-id": 2,
+        "state-dir": str(tmp_path / "c2" / "state"),
+        "diagnostics": False,
+        "output-dir": str(tmp_path / "c2" / "out"),
+        "train-file": str(data),
+    }
     with pytest.raises(DeployError, match="no such file"):
         node_config(0, "s", train_file="missing.tsv")
     assert 0 < free_port() < 65536
@@ -80,12 +86,41 @@ def test_deployment_paths_are_absolute_and_node_config_is_checked(tmp_path, monk
 def test_cli_certs_and_clear_errors(tmp_path, capsys):
     assert main(["deploy", "certs", "--out", str(tmp_path / "creds"), "--clients", "1"]) == 0
     assert "1 client key pair(s)" in capsys.readouterr().out
-    assert main(["deploy", "server", "--creds", str(tmp_path / "nowhere"), "--preset", "tiny",
-                 "--out", str(tmp_path / "run")]) == 1
+    assert (
+        main(
+            [
+                "deploy",
+                "server",
+                "--creds",
+                str(tmp_path / "nowhere"),
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 1
+    )
     assert "trustformer deploy certs" in capsys.readouterr().err
-    assert main(["deploy", "client", "--superlink", "127.0.0.1:1", "--ca", str(tmp_path / "creds" / "ca.crt"),
-                 "--key", str(tmp_path / "creds" / "nodes" / "client-9.key"), "--partition", "0",
-                 "--dir", str(tmp_path / "c0")]) == 1
+    assert (
+        main(
+            [
+                "deploy",
+                "client",
+                "--superlink",
+                "127.0.0.1:1",
+                "--ca",
+                str(tmp_path / "creds" / "ca.crt"),
+                "--key",
+                str(tmp_path / "creds" / "nodes" / "client-9.key"),
+                "--partition",
+                "0",
+                "--dir",
+                str(tmp_path / "c0"),
+            ]
+        )
+        == 1
+    )
     assert "client-9.key does not exist" in capsys.readouterr().err
     assert main(["deploy", "local", "--resume", str(tmp_path / "never-ran")]) == 1
     assert "completed no round" in capsys.readouterr().err
@@ -101,18 +136,33 @@ def test_client_trains_on_its_own_tsv_file(tmp_path):
     from trustformer.engine.inprocess import InProcessGrid, node_configs
 
     own = tmp_path / "own.tsv"
-    own.write_text("".join(f"это строка номер {i}\tthis is line number {i}\n" for i in range(25))
-                   + "слишком длинная строка " * 5 + "\ttoo long\n", encoding="utf-8")
-    cfg = load_config("tiny", None, {"out": str(tmp_path / "run"), "federation.rounds": 1, "runtime.progress": False,
-                                     "eval.meteor": False, "eval.bertscore": False})
+    own.write_text(
+        "".join(f"это строка номер {i}\tthis is line number {i}\n" for i in range(25))
+        + "слишком длинная строка " * 5
+        + "\ttoo long\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path / "run"),
+            "federation.rounds": 1,
+            "runtime.progress": False,
+            "eval.meteor": False,
+            "eval.bertscore": False,
+        },
+    )
     nodes = node_configs(cfg)
     nodes[1]["train-file"] = str(own)
     grid = InProcessGrid(client_app, nodes, {CONFIG_KEY: cfg.to_json()})
     previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     try:
-        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                                 run_config={CONFIG_KEY: cfg.to_json()}))
+        server_app(
+            grid,
+            Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={CONFIG_KEY: cfg.to_json()}),
+        )
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8")]

@@ -13,8 +13,9 @@ import pytest
 
 from trustformer.cli import main
 
-needs_flower = pytest.mark.skipif(not shutil.which("flower-supernode"),
-                                  reason="Flower's deployment commands are not installed")
+needs_flower = pytest.mark.skipif(
+    not shutil.which("flower-supernode"), reason="Flower's deployment commands are not installed"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,21 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path, creds, capsys):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        code = main(["deploy", "server", "--creds", str(creds), "--port", str(port), "--preset", "tiny",
-                     "--out", str(tmp_path / "run"), "--quiet"])
+        code = main(
+            [
+                "deploy",
+                "server",
+                "--creds",
+                str(creds),
+                "--port",
+                str(port),
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path / "run"),
+                "--quiet",
+            ]
+        )
     assert code != 0
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
@@ -38,16 +52,50 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path, creds, capsys):
 
 
 def test_tee_without_a_signing_key_is_refused_before_anything_starts(tmp_path, creds, capsys):
-    code = main(["deploy", "server", "--creds", str(creds), "--port", "0", "--preset", "tiny", "--secure", "tee",
-                 "--out", str(tmp_path / "run"), "--quiet"])
+    code = main(
+        [
+            "deploy",
+            "server",
+            "--creds",
+            str(creds),
+            "--port",
+            "0",
+            "--preset",
+            "tiny",
+            "--secure",
+            "tee",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ]
+    )
     assert code != 0 and "secure.signing_key" in capsys.readouterr().err
     assert not (tmp_path / "run" / "superlink").exists()
 
 
 def test_resume_refuses_a_preset_and_a_finished_run(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(out), "--quiet", "--set",
-                 "runtime.store=disk", "--set", "eval.meteor=false", "--set", "eval.bertscore=false"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--preset",
+                "tiny",
+                "--rounds",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                "runtime.store=disk",
+                "--set",
+                "eval.meteor=false",
+                "--set",
+                "eval.bertscore=false",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["run", "--resume", str(out), "--preset", "tiny"]) == 2
     assert "drop --preset" in capsys.readouterr().err
@@ -61,10 +109,29 @@ def _client(tmp_path, creds, *extra):
         port = s.getsockname()[1]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "trustformer.cli", "deploy", "client", "--superlink", f"127.0.0.1:{port}",
-         "--ca", str(creds / "ca.crt"), "--key", str(creds / "nodes" / "client-0.key"), "--partition", "0",
-         "--dir", str(tmp_path / "client"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "trustformer.cli",
+            "deploy",
+            "client",
+            "--superlink",
+            f"127.0.0.1:{port}",
+            "--ca",
+            str(creds / "ca.crt"),
+            "--key",
+            str(creds / "nodes" / "client-0.key"),
+            "--partition",
+            "0",
+            "--dir",
+            str(tmp_path / "client"),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 @needs_flower

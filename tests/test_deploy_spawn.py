@@ -36,8 +36,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_sigkilled_parent_takes_the_whole_spawned_group_with_it(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
     try:
         child = int(parent.stdout.readline())
         log = tmp_path / "child.log"

@@ -17,8 +17,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def test_the_configuration_reference_is_current():
-    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == reference(), \
+    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == reference(), (
         "docs/configuration.md is stale: run `trustformer config --reference > docs/configuration.md`"
+    )
 
 
 def test_every_key_has_a_meaning():

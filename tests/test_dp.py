@@ -48,8 +48,7 @@ def test_clipping_bounds_the_update_norm_exactly(clip_norm):
 
 def test_server_clips_again_and_divides_by_the_fixed_denominator():
     big, small = _update(2, scale=10.0), _update(3, scale=1e-3)
-    mean = noised_mean([big, small], clip_norm=1.0, noise_multiplier=0.0, denominator=4.0,
-                       generator=noise_generator(0))
+    mean = noised_mean([big, small], clip_norm=1.0, noise_multiplier=0.0, denominator=4.0, generator=noise_generator(0))
     expected = {n: (big[n].double() / global_norm(big) + small[n].double()) / 4.0 for n in big}
     for n in big:
         assert torch.allclose(mean[n].double(), expected[n], atol=1e-7)
@@ -63,8 +62,9 @@ def test_noise_has_the_configured_standard_deviation():
     std σC/(qN). 400k coordinates: the sample std is within 0.4% (3.5 standard errors) of it."""
     sigma, clip, n_clients = 1.7, 0.5, 3
     zeros = [{"w": torch.zeros(400, 1000)} for _ in range(n_clients)]
-    mean = noised_mean(zeros, clip_norm=clip, noise_multiplier=sigma, denominator=float(n_clients),
-                       generator=noise_generator())["w"].double()
+    mean = noised_mean(
+        zeros, clip_norm=clip, noise_multiplier=sigma, denominator=float(n_clients), generator=noise_generator()
+    )["w"].double()
     target = sigma * clip / n_clients
     n = mean.numel()
     assert float(mean.std()) == pytest.approx(target, rel=3.5 / math.sqrt(2 * n))
@@ -85,13 +85,21 @@ def test_noise_comes_from_os_randomness_and_sparse_noise_stays_on_kept_coordinat
 
     dim, sigma, clip = 10_000, 2.0, 0.25
     updates = [(torch.arange(0, 4000, 2), torch.zeros(2000)), (torch.arange(1000, 5000, 4), torch.zeros(1000))]
-    union, values = sparse_noised_mean(updates, dim, clip_norm=clip, noise_multiplier=sigma, denominator=2.0,
-                                       generator=noise_generator())
+    union, values = sparse_noised_mean(
+        updates, dim, clip_norm=clip, noise_multiplier=sigma, denominator=2.0, generator=noise_generator()
+    )
     expected_union = torch.unique(torch.cat([u for u, _ in updates]))
     assert torch.equal(union, expected_union)  # noise only where some client kept a coordinate
     assert float(values.double().std()) == pytest.approx(sigma * clip / 2.0, rel=0.05)
-    none, dense = sparse_noised_mean(updates, dim, clip_norm=clip, noise_multiplier=sigma, denominator=2.0,
-                                     generator=noise_generator(), noise_on="dense")
+    none, dense = sparse_noised_mean(
+        updates,
+        dim,
+        clip_norm=clip,
+        noise_multiplier=sigma,
+        denominator=2.0,
+        generator=noise_generator(),
+        noise_on="dense",
+    )
     assert none is None and dense.shape == (dim,) and int((dense == 0).sum()) == 0
 
 
@@ -108,16 +116,27 @@ def _dp_run(tmp_path, name, **overrides):
         reply = client_app(message, context)
         kind = message.metadata.message_type
         if kind == "train.apply":
-            seen["aggregate"].append({k: torch.from_numpy(message.content["aggregate"][k].numpy().copy())
-                                      for k in message.content["aggregate"]})
+            seen["aggregate"].append(
+                {
+                    k: torch.from_numpy(message.content["aggregate"][k].numpy().copy())
+                    for k in message.content["aggregate"]
+                }
+            )
         elif kind == "train" and "payload" in reply.content:
             seen["updates"][context.node_config["partition-id"]] = {
-                k: torch.from_numpy(reply.content["payload"][k].numpy().copy()) for k in reply.content["payload"]}
+                k: torch.from_numpy(reply.content["payload"][k].numpy().copy()) for k in reply.content["payload"]
+            }
         return reply
 
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 1,
-              "federation.strategy": "dp-fedavg", "eval.bleu_size": 2, "eval.meteor": False,
-              "eval.bertscore": False}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "federation.rounds": 1,
+        "federation.strategy": "dp-fedavg",
+        "eval.bleu_size": 2,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
     values.update(overrides)
     summary = run_in_process(load_config("tiny", None, values), client_app=capture)
     return summary, seen
@@ -140,9 +159,13 @@ def test_two_runs_with_the_same_seed_draw_different_noise_that_no_client_can_rec
     sigma, clip, n = first["privacy"]["noise_multiplier"], first["privacy"]["clip_norm"], 3
     total = sum(seen1["updates"][c][name].double() for c in range(3))
     noise = seen1["aggregate"][0][name].double() * n - total  # what the server added, exactly
-    guess = noised_mean([{k: torch.zeros_like(v) for k, v in seen1["aggregate"][0].items()}], clip_norm=clip,
-                        noise_multiplier=sigma, denominator=1.0,
-                        generator=noise_generator(derive_seed(0, "dp-noise", 1)))[name].double()
+    guess = noised_mean(
+        [{k: torch.zeros_like(v) for k, v in seen1["aggregate"][0].items()}],
+        clip_norm=clip,
+        noise_multiplier=sigma,
+        denominator=1.0,
+        generator=noise_generator(derive_seed(0, "dp-noise", 1)),
+    )[name].double()
     assert float((noise - guess).norm()) > 0.5 * float(noise.norm())
     assert float(noise.std()) == pytest.approx(sigma * clip, rel=0.2)  # it is the configured noise
 
@@ -162,9 +185,17 @@ def test_client_sampling_comes_from_os_randomness():
     from trustformer.protocols import get_protocol
 
     def choices(source):
-        cfg = load_config("tiny", None, {"federation.strategy": "dp-fedavg", "federation.rounds": 40,
-                                         "privacy.sampling_rate": 0.5, "privacy.on_exceed": "continue",
-                                         "privacy.noise_source": source})
+        cfg = load_config(
+            "tiny",
+            None,
+            {
+                "federation.strategy": "dp-fedavg",
+                "federation.rounds": 40,
+                "privacy.sampling_rate": 0.5,
+                "privacy.on_exceed": "continue",
+                "privacy.noise_source": source,
+            },
+        )
         protocol = get_protocol(cfg)
         protocol.server_begin(3)
         return [tuple(protocol.participants(r, [0, 1, 2], True)) for r in range(1, 41)]
@@ -270,8 +301,9 @@ def gaussian_epsilon_closed_form(sigma, releases, delta, orders):
     return best
 
 
-@pytest.mark.parametrize("epsilon, delta, q, releases", [(1.0, 1e-3, 1.0, 6), (2.0, 1e-5, 1.0, 20),
-                                                         (1.0, 1e-3, 0.5, 6)])
+@pytest.mark.parametrize(
+    "epsilon, delta, q, releases", [(1.0, 1e-3, 1.0, 6), (2.0, 1e-5, 1.0, 20), (1.0, 1e-3, 0.5, 6)]
+)
 def test_solved_sigma_gives_back_epsilon_through_the_accountant(epsilon, delta, q, releases):
     sigma = solve_noise_multiplier(epsilon, delta, q, releases)
     spent = epsilon_after(sigma, q, releases, delta)
@@ -301,14 +333,17 @@ def test_edge_cases_of_the_accountant():
 # --------------------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("overrides, pattern", [
-    ({"privacy.noise_multiplier": -0.5}, r"privacy\.noise_multiplier = -0\.5 must be >= 0, or -1"),
-    ({"privacy.delta": 1.0}, r"privacy\.delta = 1\.0 must be in \(0\.0, 1\.0\)"),
-    ({"privacy.clip_norm": 0.0}, r"privacy\.clip_norm = 0\.0 must be > 0"),
-    ({"privacy.sampling_rate": 0.0}, r"privacy\.sampling_rate"),
-    ({"privacy.on_exceed": "ignore"}, r"privacy\.on_exceed = 'ignore' is not one of: refuse, stop, continue"),
-    ({"privacy.lus_keep": 1.5}, r"privacy\.lus_keep"),
-])
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        ({"privacy.noise_multiplier": -0.5}, r"privacy\.noise_multiplier = -0\.5 must be >= 0, or -1"),
+        ({"privacy.delta": 1.0}, r"privacy\.delta = 1\.0 must be in \(0\.0, 1\.0\)"),
+        ({"privacy.clip_norm": 0.0}, r"privacy\.clip_norm = 0\.0 must be > 0"),
+        ({"privacy.sampling_rate": 0.0}, r"privacy\.sampling_rate"),
+        ({"privacy.on_exceed": "ignore"}, r"privacy\.on_exceed = 'ignore' is not one of: refuse, stop, continue"),
+        ({"privacy.lus_keep": 1.5}, r"privacy\.lus_keep"),
+    ],
+)
 def test_privacy_options_are_validated(overrides, pattern):
     from trustformer.config import ConfigError, load_config
 

@@ -22,8 +22,12 @@ ADAPTIVE = {"federation.strategy": "dp-fedavg", "privacy.clipping": "adaptive", 
 
 def _wrapper(clients: int, q: float, **privacy):
     """A dp-fedavg server (the DP wrapper, driven directly) for ``clients`` clients sampled with rate q."""
-    values = {**ADAPTIVE, "federation.rounds": 200, "privacy.sampling_rate": q,
-              **{f"privacy.{k}": v for k, v in privacy.items()}}
+    values = {
+        **ADAPTIVE,
+        "federation.rounds": 200,
+        "privacy.sampling_rate": q,
+        **{f"privacy.{k}": v for k, v in privacy.items()},
+    }
     protocol = get_protocol(load_config("tiny", None, values))
     protocol.server_begin(clients)
     return protocol
@@ -70,8 +74,9 @@ def test_geometric_update_against_a_hand_computed_reference():
 
 def test_the_count_noise_is_drawn_with_sigma_b_and_enters_the_update():
     """Seeded (not private) noise, so the count's noise can be regenerated: b̃ = (b + σ_b·z) / (qN)."""
-    protocol = _wrapper(20, 0.5, noise_multiplier=1.0, clip_count_stddev=3.0, clip_norm=1.0,
-                        noise_source="seeded-not-private")
+    protocol = _wrapper(
+        20, 0.5, noise_multiplier=1.0, clip_count_stddev=3.0, clip_norm=1.0, noise_source="seeded-not-private"
+    )
     _, fields = _round(protocol, 1, _updates([0.5] * 6 + [4.0] * 4))
     z = float(torch.randn((), generator=noise_generator(derive_seed(0, "dp-clip-count", 1)), dtype=torch.float64))
     fraction = (6 + 3.0 * z) / 10
@@ -87,8 +92,14 @@ def test_the_count_noise_is_drawn_with_sigma_b_and_enters_the_update():
 def test_the_bound_moves_to_the_target_quantile_of_the_update_norms(gamma, sigma):
     """Norms uniform on [0, 2] (γ-quantile 2γ), 200 updates a round, C_1 = 0.05: after 80 rounds C stays within
     10% of 2γ (with σ = 1 the count carries the default noise σ_b = 200/20 = 10, 5% of the count)."""
-    protocol = _wrapper(200, 1.0, noise_multiplier=sigma, clip_norm=0.05, target_quantile=gamma,
-                        **({} if sigma else {"clip_count_stddev": 0.0}))
+    protocol = _wrapper(
+        200,
+        1.0,
+        noise_multiplier=sigma,
+        clip_norm=0.05,
+        target_quantile=gamma,
+        **({} if sigma else {"clip_count_stddev": 0.0}),
+    )
     assert protocol.count_stddev == (10.0 if sigma else 0.0)
     g = torch.Generator().manual_seed(1)
     bounds = []
@@ -111,7 +122,7 @@ def test_update_noise_and_count_noise_spend_what_one_release_at_sigma_spends(sig
     with the count (sensitivity ½, noise σ_b: multiplier 2σ_b) gives the ε of one Gaussian release at σ."""
     sigma_delta = update_noise_multiplier(sigma, sigma_b)
     assert sigma_delta > sigma
-    assert sigma_delta ** -2 + (2 * sigma_b) ** -2 == pytest.approx(sigma ** -2)
+    assert sigma_delta**-2 + (2 * sigma_b) ** -2 == pytest.approx(sigma**-2)
 
     def eps(*events):
         accountant = RdpAccountant()
@@ -135,31 +146,53 @@ def test_a_count_noise_too_small_for_sigma_is_refused():
     assert _wrapper(1000, 0.1, noise_multiplier=1.0).count_stddev == pytest.approx(5.0)  # qN / 20
 
 
-@pytest.mark.parametrize("overrides, pattern", [
-    ({"privacy.clipping": "median"}, r"privacy\.clipping = 'median' is not one of: fixed, adaptive"),
-    ({"privacy.target_quantile": 1.5}, r"privacy\.target_quantile = 1\.5 must be in \[0\.0, 1\.0\]"),
-    ({"privacy.clip_lr": 0.0}, r"privacy\.clip_lr = 0\.0 must be > 0"),
-    ({"privacy.clip_count_stddev": -0.5}, r"privacy\.clip_count_stddev = -0\.5 must be >= 0, or -1"),
-    ({"privacy.clipping": "adaptive", "privacy.unit": "record"}, r"applies to privacy\.unit = 'client'"),
-    ({"privacy.clipping": "adaptive", "secure.mode": "secagg"},
-     r"privacy\.clipping = 'adaptive' cannot run under secure\.mode = 'secagg'.*only their sum"),
-    ({"privacy.clipping": "adaptive", "secure.mode": "tee+secagg"}, r"cannot run under secure\.mode = 'tee\+secagg'"),
-])
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        ({"privacy.clipping": "median"}, r"privacy\.clipping = 'median' is not one of: fixed, adaptive"),
+        ({"privacy.target_quantile": 1.5}, r"privacy\.target_quantile = 1\.5 must be in \[0\.0, 1\.0\]"),
+        ({"privacy.clip_lr": 0.0}, r"privacy\.clip_lr = 0\.0 must be > 0"),
+        ({"privacy.clip_count_stddev": -0.5}, r"privacy\.clip_count_stddev = -0\.5 must be >= 0, or -1"),
+        ({"privacy.clipping": "adaptive", "privacy.unit": "record"}, r"applies to privacy\.unit = 'client'"),
+        (
+            {"privacy.clipping": "adaptive", "secure.mode": "secagg"},
+            r"privacy\.clipping = 'adaptive' cannot run under secure\.mode = 'secagg'.*only their sum",
+        ),
+        (
+            {"privacy.clipping": "adaptive", "secure.mode": "tee+secagg"},
+            r"cannot run under secure\.mode = 'tee\+secagg'",
+        ),
+    ],
+)
 def test_adaptive_clipping_options_are_validated(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config("tiny", None, {"federation.strategy": "dp-fedavg", **overrides})
     defaults = load_config("tiny", None, {}).privacy
-    assert (defaults.clipping, defaults.target_quantile, defaults.clip_lr, defaults.clip_count_stddev) == \
-        ("fixed", 0.5, 0.2, -1.0)
+    assert (defaults.clipping, defaults.target_quantile, defaults.clip_lr, defaults.clip_count_stddev) == (
+        "fixed",
+        0.5,
+        0.2,
+        -1.0,
+    )
 
 
 # ------------------------------------------------------------------------------- (d) end to end
 
 
 def _tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "federation.rounds": 3,
-              "eval.bleu_size": 2, "eval.meteor": False, "eval.bertscore": False, **ADAPTIVE,
-              "privacy.noise_multiplier": 0.5, "privacy.clip_count_stddev": 1.0, "privacy.clip_norm": 0.05}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "federation.rounds": 3,
+        "eval.bleu_size": 2,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        **ADAPTIVE,
+        "privacy.noise_multiplier": 0.5,
+        "privacy.clip_count_stddev": 1.0,
+        "privacy.clip_norm": 0.05,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -186,7 +219,7 @@ def test_a_run_with_adaptive_clipping_records_the_bound_of_every_round(tmp_path)
     privacy = summary["privacy"]
     assert privacy["clipping"] == "adaptive" and privacy["clip_norm_per_round"] == [b[1] for b in bounds]
     assert privacy["noise_multiplier"] == 0.5  # the accountant keeps σ ...
-    assert privacy["update_noise_multiplier"] == pytest.approx((0.5 ** -2 - 2.0 ** -2) ** -0.5)  # ... the sum σ_Δ
+    assert privacy["update_noise_multiplier"] == pytest.approx((0.5**-2 - 2.0**-2) ** -0.5)  # ... the sum σ_Δ
     assert privacy["epsilon_per_round"][-1] == privacy["epsilon"] > 0
 
 
@@ -202,8 +235,11 @@ def test_a_resumed_run_continues_with_the_same_bound(tmp_path):
     stopped = _tiny(tmp_path, "stopped", **options)
 
     def crash_in_round_2(message, context):
-        if (message.metadata.message_type == "train.apply" and message.metadata.group_id == "2"
-                and context.node_config["partition-id"] == 1):
+        if (
+            message.metadata.message_type == "train.apply"
+            and message.metadata.group_id == "2"
+            and context.node_config["partition-id"] == 1
+        ):
             raise Crash()
         return client_app(message, context)
 

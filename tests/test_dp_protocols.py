@@ -16,8 +16,13 @@ from trustformer.workload import initial_model, load_workload
 
 def tiny(tmp_path, name, **overrides):
     # one torch thread: on a busy 2-core machine, spinning worker threads make tiny runs several times slower
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1,
-              "federation.rounds": 1, "eval.bleu_size": 4}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "federation.rounds": 1,
+        "eval.bleu_size": 4,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -31,9 +36,17 @@ def test_dp_fedavg_without_noise_and_clipping_equals_fedavg(tmp_path):
     """σ = 0 and C = ∞ (far above any update norm): W_global + mean(W_k − W_global) = mean(W_k),
     round after round (the global model is carried in every client's protocol state)."""
     fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.rounds": 2}))
-    cfg = tiny(tmp_path, "dp", **{"federation.rounds": 2, "federation.strategy": "dp-fedavg",
-                                  "privacy.noise_multiplier": 0.0, "privacy.clip_norm": 1e12,
-                                  "privacy.on_exceed": "continue"})
+    cfg = tiny(
+        tmp_path,
+        "dp",
+        **{
+            "federation.rounds": 2,
+            "federation.strategy": "dp-fedavg",
+            "privacy.noise_multiplier": 0.0,
+            "privacy.clip_norm": 1e12,
+            "privacy.on_exceed": "continue",
+        },
+    )
     dp = run_in_process(cfg)
     assert dp["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-5, abs=1e-5)
     assert max(dp["fedavg_distance"]) < 1e-5
@@ -80,8 +93,12 @@ def test_dp_blur_lus_sends_the_sparse_encoding_and_reports_the_privacy_object(tm
     assert privacy["noise_multiplier"] == pytest.approx(sigma, rel=1e-9)
     assert privacy["epsilon"] == pytest.approx(epsilon_after(sigma, 1.0, 1, 1e-3), rel=1e-12)
     assert 0.999 < privacy["epsilon"] <= 1.0
-    assert {k: privacy[k] for k in ("delta", "clip_norm", "sampling_rate", "rounds")} == \
-        {"delta": 1e-3, "clip_norm": 0.5, "sampling_rate": 1.0, "rounds": 1}
+    assert {k: privacy[k] for k in ("delta", "clip_norm", "sampling_rate", "rounds")} == {
+        "delta": 1e-3,
+        "clip_norm": 0.5,
+        "sampling_rate": 1.0,
+        "rounds": 1,
+    }
     assert "rdp" in privacy["accountant"] and "dp-accounting" in privacy["accountant"]
     rows, _ = read_rows(cfg)
     assert all(r["kept"] == kept and {"clip_s", "aggregate_s", "apply_s", "train_s"} <= set(r) for r in rows)
@@ -89,11 +106,19 @@ def test_dp_blur_lus_sends_the_sparse_encoding_and_reports_the_privacy_object(tm
 
 def test_dp_fedsam_with_client_sampling(tmp_path):
     """q = 0.5: each round only the sampled clients train and send; every client adopts the result."""
-    cfg = tiny(tmp_path, "sam", **{"federation.strategy": "dp-fedsam", "federation.rounds": 2,
-                                   "privacy.sampling_rate": 0.5, "privacy.noise_multiplier": 1.0,
-                                   "privacy.epsilon": 100.0,
-                                   # the seed's sampling, known to take some clients and leave others out
-                                   "privacy.noise_source": "seeded-not-private"})
+    cfg = tiny(
+        tmp_path,
+        "sam",
+        **{
+            "federation.strategy": "dp-fedsam",
+            "federation.rounds": 2,
+            "privacy.sampling_rate": 0.5,
+            "privacy.noise_multiplier": 1.0,
+            "privacy.epsilon": 100.0,
+            # the seed's sampling, known to take some clients and leave others out
+            "privacy.noise_source": "seeded-not-private",
+        },
+    )
     summary = run_in_process(cfg)
     rows, events = read_rows(cfg)
     assert summary["privacy"]["sampling_rate"] == 0.5 and summary["privacy"]["rounds"] == 2
@@ -111,20 +136,46 @@ def test_dp_fedsam_with_client_sampling(tmp_path):
 
 def test_budget_refuses_to_start_or_stops_the_run(tmp_path, capsys):
     # sigma 0.5 for 2 rounds spends far more than epsilon = 1: nothing starts
-    cfg = tiny(tmp_path, "refuse", **{"federation.strategy": "dp-fedavg", "federation.rounds": 2,
-                                      "privacy.noise_multiplier": 0.5})
+    cfg = tiny(
+        tmp_path,
+        "refuse",
+        **{"federation.strategy": "dp-fedavg", "federation.rounds": 2, "privacy.noise_multiplier": 0.5},
+    )
     with pytest.raises(FederationError, match=r"refuses to start.*epsilon = .* more than privacy.epsilon = 1"):
         run_in_process(cfg)
     assert not (tmp_path / "refuse" / "metrics.jsonl").exists()
-    code = cli_main(["run", "--preset", "tiny", "--strategy", "dp-fedavg", "--rounds", "2", "--quiet",
-                     "--out", str(tmp_path / "refuse-cli"), "--set", "privacy.noise_multiplier=0.5",
-                     "--set", "runtime.threads=1"])
+    code = cli_main(
+        [
+            "run",
+            "--preset",
+            "tiny",
+            "--strategy",
+            "dp-fedavg",
+            "--rounds",
+            "2",
+            "--quiet",
+            "--out",
+            str(tmp_path / "refuse-cli"),
+            "--set",
+            "privacy.noise_multiplier=0.5",
+            "--set",
+            "runtime.threads=1",
+        ]
+    )
     assert code == 1 and "refuses to start" in capsys.readouterr().err
 
     # sigma enough for one round only, on_exceed = stop: round 1 runs, the run stops before round 2
     sigma = solve_noise_multiplier(1.0, 1e-3, 1.0, 1)
-    cfg = tiny(tmp_path, "stop", **{"federation.strategy": "dp-fedavg", "federation.rounds": 2,
-                                    "privacy.noise_multiplier": sigma, "privacy.on_exceed": "stop"})
+    cfg = tiny(
+        tmp_path,
+        "stop",
+        **{
+            "federation.strategy": "dp-fedavg",
+            "federation.rounds": 2,
+            "privacy.noise_multiplier": sigma,
+            "privacy.on_exceed": "stop",
+        },
+    )
     summary = run_in_process(cfg)
     rows, events = read_rows(cfg)
     assert summary["rounds"] == 1 and summary["privacy"]["rounds"] == 1

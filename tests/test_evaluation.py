@@ -32,9 +32,19 @@ TOK = CharTokenizer()
 
 def tiny_model(seed: int = 0, dropout: float = 0.0) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
-    config = TransformerConfig(vocab_size=TOK.vocab_size, pad_id=TOK.pad_id, bos_id=TOK.bos_id,
-                               eos_id=TOK.eos_id, d_model=16, n_heads=2, n_encoder_layers=1,
-                               n_decoder_layers=1, d_ff=32, max_len=12, dropout=dropout)
+    config = TransformerConfig(
+        vocab_size=TOK.vocab_size,
+        pad_id=TOK.pad_id,
+        bos_id=TOK.bos_id,
+        eos_id=TOK.eos_id,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        d_ff=32,
+        max_len=12,
+        dropout=dropout,
+    )
     return Seq2SeqTransformer(config)
 
 
@@ -104,8 +114,9 @@ def test_translate_encodes_batches_and_restores_order(monkeypatch):
 def test_translate_uses_beam_search_when_asked(monkeypatch):
     model = tiny_model()
     calls = []
-    monkeypatch.setattr(model, "beam_search", lambda src, *, beam_size, max_len: calls.append(beam_size)
-                        or [[3]] * len(src))
+    monkeypatch.setattr(
+        model, "beam_search", lambda src, *, beam_size, max_len: calls.append(beam_size) or [[3]] * len(src)
+    )
     assert translate(model, TOK, ["ab", "cd", "e"], max_len=8, beam_size=3) == ["a", "a", "a"]
     assert calls == [3]
 

@@ -26,8 +26,9 @@ torch.set_num_threads(1)
 
 RU = ["кошка", "собака", "дом", "книга", "окно", "стол", "город", "река", "море", "лес"]
 EN = ["cat", "dog", "house", "book", "window", "table", "city", "river", "sea", "forest"]
-TEXTS = ([f"{a} и {b} номер {i}" for i in range(15) for a, b in zip(RU, RU[1:])]
-         + [f"the {a} and the {b} number {i}" for i in range(15) for a, b in zip(EN, EN[1:])])
+TEXTS = [f"{a} и {b} номер {i}" for i in range(15) for a, b in zip(RU, RU[1:])] + [
+    f"the {a} and the {b} number {i}" for i in range(15) for a, b in zip(EN, EN[1:])
+]
 SOURCES = [f"{a} и {b}" for a, b in zip(RU, RU[1:])] + ["дом", "книга и река номер 3"]
 MAX_LEN = 16
 
@@ -42,9 +43,20 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 def tiny_model(tokenizer, seed: int, **overrides) -> Seq2SeqTransformer:
     """A tiny Transformer whose weights no fresh initialisation reproduces (noise from its own generator)."""
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
-                               eos_id=tokenizer.eos_id, d_model=16, n_heads=2, n_encoder_layers=1,
-                               n_decoder_layers=1, d_ff=32, max_len=MAX_LEN, dropout=0.0, **overrides)
+    config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        d_ff=32,
+        max_len=MAX_LEN,
+        dropout=0.0,
+        **overrides,
+    )
     torch.manual_seed(seed)
     model = Seq2SeqTransformer(config)
     gen = torch.Generator().manual_seed(1000 + seed)
@@ -61,8 +73,12 @@ def model(tokenizer) -> Seq2SeqTransformer:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, model, tokenizer) -> Path:
-    return ex.save_translation_model(tmp_path_factory.mktemp("saved") / "m", model, tokenizer,
-                                     extra={"strategy": "fedavg", "round": 3, "clients": [0, 1]})
+    return ex.save_translation_model(
+        tmp_path_factory.mktemp("saved") / "m",
+        model,
+        tokenizer,
+        extra={"strategy": "fedavg", "round": 3, "clients": [0, 1]},
+    )
 
 
 def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
@@ -139,8 +155,7 @@ def test_untied_and_shared_tensors(tmp_path: Path, tokenizer) -> None:
     shared.lm_head.weight = shared.src_embedding.weight
     folder = ex.save_translation_model(tmp_path / "shared", shared, tokenizer)
     meta = json.loads((folder / "model.json").read_text())
-    assert meta["aliases"] == {"tgt_embedding.weight": "src_embedding.weight",
-                               "lm_head.weight": "src_embedding.weight"}
+    assert meta["aliases"] == {"tgt_embedding.weight": "src_embedding.weight", "lm_head.weight": "src_embedding.weight"}
     assert "lm_head.weight" not in load_file(str(folder / "model.safetensors"))
     loaded, tok, _ = ex.load_translation_model(folder)
     assert_same_state(shared, loaded)
@@ -197,8 +212,9 @@ def test_hf_tokenizer_round_trip(tmp_path: Path) -> None:
     loaded, tok2, meta = ex.load_translation_model(folder)
     assert meta["tokenizer"]["kind"] == "hf" and tok2.name == "hf:test"
     assert_same_state(m, loaded)
-    assert translate(loaded, tok2, SOURCES, max_len=MAX_LEN, beam_size=2) == \
-        translate(m, tok, SOURCES, max_len=MAX_LEN, beam_size=2)
+    assert translate(loaded, tok2, SOURCES, max_len=MAX_LEN, beam_size=2) == translate(
+        m, tok, SOURCES, max_len=MAX_LEN, beam_size=2
+    )
 
 
 # --------------------------------------------------------------------------------- fingerprint
@@ -317,8 +333,9 @@ def test_export_error_is_a_value_error() -> None:
 def make_run(root: Path, models: dict[str, Path]) -> Path:
     run = root / "run"
     run.mkdir(parents=True, exist_ok=True)
-    (run / "summary.json").write_text(json.dumps(
-        {"strategy": "fedavg", "models": {k: str(v.relative_to(run)) for k, v in models.items()}}))
+    (run / "summary.json").write_text(
+        json.dumps({"strategy": "fedavg", "models": {k: str(v.relative_to(run)) for k, v in models.items()}})
+    )
     return run
 
 
@@ -403,8 +420,16 @@ def noisy(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-DIGITS_SPEC = {"dataset": "digits", "channels": 1, "height": 8, "width": 8, "scale": 255.0, "mean": [0.3068],
-               "std": [0.3757], "classes": [str(i) for i in range(10)]}
+DIGITS_SPEC = {
+    "dataset": "digits",
+    "channels": 1,
+    "height": 8,
+    "width": 8,
+    "scale": 255.0,
+    "mean": [0.3068],
+    "std": [0.3757],
+    "classes": [str(i) for i in range(10)],
+}
 
 
 def test_image_classification_round_trip_and_predict(tmp_path: Path, capsys) -> None:
@@ -452,8 +477,7 @@ def test_segmentation_round_trip_and_predict(tmp_path: Path, capsys) -> None:
 
     torch.manual_seed(0)
     net = noisy(UNet(UNetConfig(in_channels=3, depth=2, base_width=4, groups=4)), 2)
-    spec = {"dataset": "lgg", "channels": 3, "height": 16, "width": 16, "intensity": {"scale": 255.0},
-            "threshold": 0.5}
+    spec = {"dataset": "lgg", "channels": 3, "height": 16, "width": 16, "intensity": {"scale": 255.0}, "threshold": 0.5}
     folder = ex.save_image_model(tmp_path / "run" / "models" / "u", net, spec)
     loaded, meta = ex.load_image_model(folder)
     assert_same_state(net, loaded)
@@ -463,8 +487,9 @@ def test_segmentation_round_trip_and_predict(tmp_path: Path, capsys) -> None:
     Image.fromarray(arr).save(tmp_path / "slice.png")
     Image.fromarray(rng.integers(0, 256, (40, 24, 3), dtype=np.uint8)).save(tmp_path / "large.png")
     out = tmp_path / "masks"
-    args = parse(["predict", "--run", str(run), "--out", str(out), str(tmp_path / "slice.png"),
-                  str(tmp_path / "large.png")])
+    args = parse(
+        ["predict", "--run", str(run), "--out", str(out), str(tmp_path / "slice.png"), str(tmp_path / "large.png")]
+    )
     assert mc.cmd_predict(args) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [Path(r[1]) for r in rows] == [out / "slice.mask.png", out / "large.mask.png"]

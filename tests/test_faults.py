@@ -25,9 +25,17 @@ REASONS = {  # what the dropped event says for each kind
 
 
 def tiny(tmp_path, name, faults=(), **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 2,
-              "federation.min_clients": 2, "federation.round_timeout_s": 1.0, "eval.bleu_size": 4,
-              "eval.meteor": False, "eval.bertscore": False, "federation.faults": list(faults)}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "federation.rounds": 2,
+        "federation.min_clients": 2,
+        "federation.round_timeout_s": 1.0,
+        "eval.bleu_size": 4,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "federation.faults": list(faults),
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -35,8 +43,9 @@ def tiny(tmp_path, name, faults=(), **overrides):
 def read(cfg):
     lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
     rows = [x for x in lines if "event" not in x]
-    return {(r["round"], r["client"]): {k: v for k, v in r.items() if not k.endswith("_s")} for r in rows}, \
-        [x for x in lines if "event" in x]
+    return {(r["round"], r["client"]): {k: v for k, v in r.items() if not k.endswith("_s")} for r in rows}, [
+        x for x in lines if "event" in x
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +83,13 @@ def test_a_faulty_client_is_dropped_in_its_round_and_nothing_else_changes(baseli
         assert rows[key] == clean_rows[key]
     for key in [(2, 0), (2, 2)]:
         # the others trained as in the fault-free run, then got the mean of the two of them: as with a dropout
-        assert {k: rows[key][k] for k in ("train_loss", "num_examples", "steps")} == \
-            {k: clean_rows[key][k] for k in ("train_loss", "num_examples", "steps")}
+        assert {k: rows[key][k] for k in ("train_loss", "num_examples", "steps")} == {
+            k: clean_rows[key][k] for k in ("train_loss", "num_examples", "steps")
+        }
         # (fedavg_distance, a simulation diagnostic, averages every model trained in the round, the dropped one's too)
-        assert {k: v for k, v in rows[key].items() if k != "fedavg_distance"} == \
-            {k: v for k, v in ref_rows[key].items() if k != "fedavg_distance"}
+        assert {k: v for k, v in rows[key].items() if k != "fedavg_distance"} == {
+            k: v for k, v in ref_rows[key].items() if k != "fedavg_distance"
+        }
     assert summary["client_ids"] == [0, 1, 2]  # the faulty client rejoins for the final evaluation
     assert [summary["test_loss"][i] for i in (0, 2)] == [ref_summary["test_loss"][i] for i in (0, 2)]
     assert all(math.isfinite(x) for x in summary["test_loss"])
@@ -86,8 +97,12 @@ def test_a_faulty_client_is_dropped_in_its_round_and_nothing_else_changes(baseli
 
 def test_faults_in_several_rounds_and_clients(baseline):
     tmp = baseline[0]
-    cfg = tiny(tmp, "several", ["client=0,round=1,kind=nan", "client=2,round=2,kind=replay"],
-               **{"federation.strategy": "trustformer"})
+    cfg = tiny(
+        tmp,
+        "several",
+        ["client=0,round=1,kind=nan", "client=2,round=2,kind=replay"],
+        **{"federation.strategy": "trustformer"},
+    )
     summary = run_in_process(cfg)
     _rows, events = read(cfg)
     assert [(e["round"], e["client"]) for e in events] == [(1, 0), (2, 2)]
@@ -96,8 +111,12 @@ def test_faults_in_several_rounds_and_clients(baseline):
 
 def test_the_expected_payload_comes_from_the_configuration_not_a_vote(tmp_path):
     """Two clients, the first sends a wrong shape: a majority vote kept whichever arrived first."""
-    cfg = tiny(tmp_path, "two", ["client=0,round=1,kind=wrong_shape"],
-               **{"federation.clients": 2, "federation.min_clients": 1, "federation.rounds": 1})
+    cfg = tiny(
+        tmp_path,
+        "two",
+        ["client=0,round=1,kind=wrong_shape"],
+        **{"federation.clients": 2, "federation.min_clients": 1, "federation.rounds": 1},
+    )
     run_in_process(cfg)
     rows, events = read(cfg)
     assert [(e["round"], e["client"]) for e in events] == [(1, 0)]
@@ -133,13 +152,16 @@ def _sparse_index_past_the_model(content):
     content["payload"] = ArrayRecord(arrays)
 
 
-@pytest.mark.parametrize("case, change, strategy, reason", [
-    ("negative", _set_examples(-1), "fedavg", "num_examples = -1"),
-    ("nan", _set_examples(float("nan")), "fedavg", "num_examples = nan"),
-    ("huge-float", _set_examples(1e30), "fedavg", "num_examples = 1e+30"),
-    ("no-metrics", _no_metrics, "fedavg", "no 'metrics' record"),
-    ("sparse-index", _sparse_index_past_the_model, "dp-blur-lus", "indices must lie in [0,"),
-])
+@pytest.mark.parametrize(
+    "case, change, strategy, reason",
+    [
+        ("negative", _set_examples(-1), "fedavg", "num_examples = -1"),
+        ("nan", _set_examples(float("nan")), "fedavg", "num_examples = nan"),
+        ("huge-float", _set_examples(1e30), "fedavg", "num_examples = 1e+30"),
+        ("no-metrics", _no_metrics, "fedavg", "no 'metrics' record"),
+        ("sparse-index", _sparse_index_past_the_model, "dp-blur-lus", "indices must lie in [0,"),
+    ],
+)
 def test_replies_that_used_to_crash_the_server_drop_the_client(tmp_path, case, change, strategy, reason):
     cfg = tiny(tmp_path, case, **{"federation.rounds": 1, "federation.strategy": strategy})
     summary = run_in_process(cfg, client_app=_rewrite(change))
@@ -152,12 +174,15 @@ def test_replies_that_used_to_crash_the_server_drop_the_client(tmp_path, case, c
     assert "train_loss" not in rows.get((1, 1), {})
 
 
-@pytest.mark.parametrize("faults, pattern", [
-    (["client=1,round=2"], "must read client=C,round=R,kind=KIND"),
-    (["client=1,round=2,kind=melt"], "kind 'melt' is not one of"),
-    (["client=3,round=1,kind=nan"], "federation.clients = 3"),
-    (["client=0,round=1,kind=stall"], "federation.round_timeout_s > 0"),
-])
+@pytest.mark.parametrize(
+    "faults, pattern",
+    [
+        (["client=1,round=2"], "must read client=C,round=R,kind=KIND"),
+        (["client=1,round=2,kind=melt"], "kind 'melt' is not one of"),
+        (["client=3,round=1,kind=nan"], "federation.clients = 3"),
+        (["client=0,round=1,kind=stall"], "federation.round_timeout_s > 0"),
+    ],
+)
 def test_fault_plans_are_validated(faults, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config("tiny", None, {"federation.faults": faults})

@@ -80,7 +80,9 @@ def test_same_seed_same_result_and_disk_store_equals_memory(tmp_path, runs):
     assert again["test_loss"] == pytest.approx(summary["test_loss"], abs=1e-6)
     # per-round snapshots (runtime/store.py) under <state-dir>/<run key>/: the last two rounds are kept
     assert sorted(p.name for p in (tmp_path / "again" / "client-state").glob("*/client-0/*")) == [
-        "r00001-end.pt", "r00002-end.pt"]
+        "r00001-end.pt",
+        "r00002-end.pt",
+    ]
 
 
 def _failing_client_app(fail):
@@ -95,8 +97,11 @@ def _failing_client_app(fail):
 
 def test_client_crash_is_dropped_and_the_round_goes_on(tmp_path):
     def fail(message, context):
-        if context.node_config["partition-id"] == 1 and message.metadata.group_id == "2" \
-                and message.metadata.message_type == "train":
+        if (
+            context.node_config["partition-id"] == 1
+            and message.metadata.group_id == "2"
+            and message.metadata.message_type == "train"
+        ):
             raise RuntimeError("simulated crash")
         return None
 

@@ -12,11 +12,28 @@ from trustformer.cli import main
 def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
     runs = plan_runs([0.1, 0.5], [4, 2], [0, 1])
     labels = {r.label for r in runs}
-    assert {"local", "fedavg", "fedavg 4-bit", "fedavg 2-bit", "trustformer β=0.1", "trustformer β=0.5",
-            "trustformer β=0.1 4-bit", "trustformer β=0.5 4-bit", "trustformer β=0.1 2-bit", "trustformer β=0.5 2-bit",
-            "fedavg every 10", "fedavg every 2", "top-k 0.05", "top-k 0.25",
-            "trustformer β=0.1 +secagg", "trustformer β=0.5 +secagg", "fedavg +secagg", "dp-fedavg", "dp-fedsam",
-            "dp-blur-lus"} == labels
+    assert {
+        "local",
+        "fedavg",
+        "fedavg 4-bit",
+        "fedavg 2-bit",
+        "trustformer β=0.1",
+        "trustformer β=0.5",
+        "trustformer β=0.1 4-bit",
+        "trustformer β=0.5 4-bit",
+        "trustformer β=0.1 2-bit",
+        "trustformer β=0.5 2-bit",
+        "fedavg every 10",
+        "fedavg every 2",
+        "top-k 0.05",
+        "top-k 0.25",
+        "trustformer β=0.1 +secagg",
+        "trustformer β=0.5 +secagg",
+        "fedavg +secagg",
+        "dp-fedavg",
+        "dp-fedsam",
+        "dp-blur-lus",
+    } == labels
     seeds = {}
     for r in runs:
         seeds.setdefault(r.label, []).append(r.seed)
@@ -35,8 +52,13 @@ def row(name, gain, up, adv, spread=math.nan):
 
 
 def test_the_pareto_front_calls_differences_below_the_seed_spread_ties():
-    rows = [row("a", 1.0, 1.0, 0.3, 0.05), row("b", 0.97, 0.5, 0.3, 0.05), row("c", 0.5, 0.5, 0.3),
-            row("d", 0.5, 0.1, 0.0), row("e", 0.9, 0.5, 0.3)]
+    rows = [
+        row("a", 1.0, 1.0, 0.3, 0.05),
+        row("b", 0.97, 0.5, 0.3, 0.05),
+        row("c", 0.5, 0.5, 0.3),
+        row("d", 0.5, 0.1, 0.0),
+        row("e", 0.9, 0.5, 0.3),
+    ]
     mark_pareto(rows, "gain_loss", "front")
     assert [r["run"] for r in rows if r["front"]] == ["b", "d"]
     assert rows[0]["front_by"] == ["b"]  # a: 0.03 more gain than b is within the seed spread, and b is cheaper
@@ -46,20 +68,49 @@ def test_the_pareto_front_calls_differences_below_the_seed_spread_ties():
 
 def test_tiny_benchmark_prints_writes_and_draws_the_frontier(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--seeds", "0", "--rounds", "2",
-                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(out),
-                 "--figure", str(tmp_path / "frontier.png")])
+    code = main(
+        [
+            "bench",
+            "federation",
+            "--preset",
+            "tiny",
+            "--betas",
+            "0.5",
+            "--seeds",
+            "0",
+            "--rounds",
+            "2",
+            "--no-dp",
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out),
+            "--figure",
+            str(tmp_path / "frontier.png"),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "front" in printed and "FedAvg − local" in printed
     rows = {r["run"]: r for r in json.loads(out.read_text())["rows"]}
-    assert {"local", "fedavg", "fedavg + fine-tuning", "trustformer β=0.5 4-bit", "fedavg every 2",
-            "top-k 0.25", "trustformer β=0.5 +secagg"} <= set(rows)
+    assert {
+        "local",
+        "fedavg",
+        "fedavg + fine-tuning",
+        "trustformer β=0.5 4-bit",
+        "fedavg every 2",
+        "top-k 0.25",
+        "trustformer β=0.5 +secagg",
+    } <= set(rows)
     assert rows["fedavg"]["upload_vs_fedavg"] == 1.0 and rows["local"]["upload_vs_fedavg"] < 0.05
     assert rows["fedavg every 2"]["upload_vs_fedavg"] == pytest.approx(0.5, abs=0.05)
     assert 0.4 < rows["trustformer β=0.5"]["upload_vs_fedavg"] < 0.7
-    assert (rows["trustformer β=0.5 4-bit"]["upload_vs_fedavg"]
-            < 0.25 * rows["trustformer β=0.5"]["upload_vs_fedavg"] + 0.05)
+    assert (
+        rows["trustformer β=0.5 4-bit"]["upload_vs_fedavg"]
+        < 0.25 * rows["trustformer β=0.5"]["upload_vs_fedavg"] + 0.05
+    )
     assert rows["fedavg"]["recovered"] == 1.0 and rows["trustformer β=0.5"]["recovered"] < 0.01
     assert rows["local"]["mia_advantage"] == 0.0  # the server holds nothing of a client that trains alone
     for r in rows.values():
@@ -67,16 +118,56 @@ def test_tiny_benchmark_prints_writes_and_draws_the_frontier(tmp_path, capsys):
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
     # --reuse: a second invocation trains nothing and rebuilds the same table from the runs' bench.json
     again = tmp_path / "again.json"
-    assert main(["bench", "federation", "--preset", "tiny", "--betas", "0.5", "--seeds", "0", "--rounds", "2",
-                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(again), "--reuse"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "federation",
+                "--preset",
+                "tiny",
+                "--betas",
+                "0.5",
+                "--seeds",
+                "0",
+                "--rounds",
+                "2",
+                "--no-dp",
+                "--jobs",
+                "1",
+                "--out",
+                str(tmp_path / "runs"),
+                "--json",
+                str(again),
+                "--reuse",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "reusing" in err and "[1/" not in err
     assert json.loads(again.read_text())["rows"] == json.loads(out.read_text())["rows"]
 
 
 def test_a_run_the_configuration_refuses_stops_the_benchmark_before_anything_trains(tmp_path, capsys):
-    code = main(["bench", "federation", "--preset", "tiny", "--betas", "0.5,0.7", "--seeds", "0", "--rounds", "2",
-                 "--no-dp", "--jobs", "1", "--out", str(tmp_path / "runs")])
+    code = main(
+        [
+            "bench",
+            "federation",
+            "--preset",
+            "tiny",
+            "--betas",
+            "0.5,0.7",
+            "--seeds",
+            "0",
+            "--rounds",
+            "2",
+            "--no-dp",
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code != 0
     err = capsys.readouterr().err
     assert "benchmark run 'trustformer β=0.7'" in err and "federation.min_cluster_rows" in err

@@ -16,8 +16,14 @@ from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1,
-              "task": "image-classification", "data.partition": "stratified", "federation.strategy": "fedpc"}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "task": "image-classification",
+        "data.partition": "stratified",
+        "federation.strategy": "fedpc",
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -74,8 +80,7 @@ def test_worker_ternary_vector_eq4_then_eq5(tmp_path):
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[0.5, 0.001]]))
     initial = {"weight": torch.zeros(1, 2)}
-    session = ClientSession(cfg=cfg, client=0, round=1, model=model, num_examples=4,
-                            initial_tensors=lambda: initial)
+    session = ClientSession(cfg=cfg, client=0, round=1, model=model, num_examples=4, initial_tensors=lambda: initial)
     metrics = {"lr": 0.01, "steps": 3, "examples": 12, "train_loss": 1.0}
     protocol.client_trained(session, metrics)
     assert set(metrics) == {"train_loss"}  # the private learning rate and step counts never leave the worker
@@ -97,8 +102,9 @@ def test_private_hyperparameters_are_drawn_per_worker_from_the_choices(tmp_path)
     cfg = tiny(tmp_path, "hp", **{"fedpc.lrs": [0.01, 0.02], "fedpc.local_epochs": [1, 2]})
     draws = [private_hyperparameters(cfg, c) for c in range(6)]
     assert draws == [private_hyperparameters(cfg, c) for c in range(6)]  # seeded
-    assert all(d["batch_size"] in (128, 64, 32) and d["lr"] in (0.01, 0.02) and d["local_epochs"] in (1, 2)
-               for d in draws)
+    assert all(
+        d["batch_size"] in (128, 64, 32) and d["lr"] in (0.01, 0.02) and d["local_epochs"] in (1, 2) for d in draws
+    )
     assert len({tuple(sorted(d.items())) for d in draws}) > 1
 
 
@@ -143,8 +149,15 @@ def test_workers_dropping_out_mid_epoch(tmp_path):
     base = tiny(tmp_path, "base", **{"federation.rounds": 1})
     [first] = run_in_process(base)["fedpc"]["pilots"]  # the round's training does not depend on the faults below
     # the pilot vanishes when asked for its model: the master asks the next best worker instead
-    gone = tiny(tmp_path, "pilot-gone", **{"federation.rounds": 1, "federation.min_clients": 2, "federation.faults":
-                                          [f"client={first},round=1,kind=dropout,message=train.payload"]})
+    gone = tiny(
+        tmp_path,
+        "pilot-gone",
+        **{
+            "federation.rounds": 1,
+            "federation.min_clients": 2,
+            "federation.faults": [f"client={first},round=1,kind=dropout,message=train.payload"],
+        },
+    )
     summary = run_in_process(gone)
     events = [r for r in lines(gone) if "event" in r]
     assert [e["event"] for e in events] == ["dropped", "pilot_replaced"]
@@ -155,8 +168,15 @@ def test_workers_dropping_out_mid_epoch(tmp_path):
     assert sorted(r["client"] for r in rows) == [0, 1, 2]  # the dropped worker still receives P^t
     assert "ternary_pos" not in next(r for r in rows if r["client"] == replaced)  # its ternary vector: discarded
     # a worker that is not the pilot: its ternary vector is missing (counts as zeros), the pilot stays
-    other = tiny(tmp_path, "other-gone", **{"federation.rounds": 1, "federation.min_clients": 2, "federation.faults":
-                                           [f"client={(first + 1) % 3},round=1,kind=dropout,message=train.payload"]})
+    other = tiny(
+        tmp_path,
+        "other-gone",
+        **{
+            "federation.rounds": 1,
+            "federation.min_clients": 2,
+            "federation.faults": [f"client={(first + 1) % 3},round=1,kind=dropout,message=train.payload"],
+        },
+    )
     summary = run_in_process(other)
     assert summary["fedpc"]["pilots"] == [first]
     assert [e["event"] for e in lines(other) if "event" in e] == ["dropped"]

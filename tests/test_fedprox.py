@@ -31,8 +31,9 @@ class Quadratic(torch.nn.Module):
 
 
 def session_of(model):
-    return ClientSession(cfg=None, client=0, round=1, model=model, num_examples=1, initial_tensors=lambda: {},
-                         label_smoothing=0.0)
+    return ClientSession(
+        cfg=None, client=0, round=1, model=model, num_examples=1, initial_tensors=lambda: {}, label_smoothing=0.0
+    )
 
 
 def test_the_proximal_term_is_half_mu_times_the_squared_distance():
@@ -76,7 +77,7 @@ def test_a_larger_mu_keeps_the_local_solution_closer_to_the_global_model():
             step(model, optimizer, None, target)
         distances.append(float(model.w.detach().norm()))
     # the minimiser of ½‖w − t‖² + μ/2‖w‖² is t/(1 + μ)
-    assert distances == pytest.approx([10 * 2 ** 0.5 / (1 + mu) for mu in (0.0, 1.0, 10.0)], rel=1e-3)
+    assert distances == pytest.approx([10 * 2**0.5 / (1 + mu) for mu in (0.0, 1.0, 10.0)], rel=1e-3)
 
 
 def test_fedprox_section_is_validated_and_round_trips(tmp_path):

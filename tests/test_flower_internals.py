@@ -16,21 +16,37 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 INTERNALS = SRC / "engine" / "flower_internals.py"
 
 # Flower's public modules; any other ``flwr.*`` import is an internal and belongs in flower_internals.py
-PUBLIC_FLOWER = {"flwr", "flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp",
-                 "flwr.clientapp.mod", "flwr.common", "flwr.simulation"}
+PUBLIC_FLOWER = {
+    "flwr",
+    "flwr.app",
+    "flwr.serverapp",
+    "flwr.serverapp.strategy",
+    "flwr.clientapp",
+    "flwr.clientapp.mod",
+    "flwr.common",
+    "flwr.simulation",
+}
 # the internals named explicitly (also caught by the rule above): the wire format, the SuperLink's core, the
 # legacy server package, the Simulation Engine's private entry point, the constants flwr.common does not export
-INTERNAL_PREFIXES = ("flwr.proto", "flwr.common.serde", "flwr.common.constant", "flwr.supercore", "flwr.server.",
-                     "flwr.simulation.run_simulation")
+INTERNAL_PREFIXES = (
+    "flwr.proto",
+    "flwr.common.serde",
+    "flwr.common.constant",
+    "flwr.supercore",
+    "flwr.server.",
+    "flwr.simulation.run_simulation",
+)
 
 
 def test_the_installed_flower_is_a_supported_release():
     try:
         fi.check_flower_version()
     except fi.UnsupportedFlowerError as exc:
-        pytest.fail(f"Flower {flwr.__version__} is not in SUPPORTED_FLOWER {fi.SUPPORTED_FLOWER}: re-check every "
-                    f"internal listed in src/trustformer/engine/flower_internals.py against it, then add "
-                    f"{fi.flower_release()!r} to SUPPORTED_FLOWER ({exc})")
+        pytest.fail(
+            f"Flower {flwr.__version__} is not in SUPPORTED_FLOWER {fi.SUPPORTED_FLOWER}: re-check every "
+            f"internal listed in src/trustformer/engine/flower_internals.py against it, then add "
+            f"{fi.flower_release()!r} to SUPPORTED_FLOWER ({exc})"
+        )
 
 
 def test_an_unlisted_release_is_refused_naming_what_to_do():
@@ -41,12 +57,15 @@ def test_an_unlisted_release_is_refused_naming_what_to_do():
 
 
 def _content() -> RecordDict:
-    return RecordDict({
-        "payload": ArrayRecord({"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3)),
-                                "i": Array(np.array([1, 2], dtype=np.int64))}),
-        "config": ConfigRecord({"round": 3, "name": "x", "blob": b"\x00\x01"}),
-        "metrics": MetricRecord({"loss": 0.5, "num_examples": 10}),
-    })
+    return RecordDict(
+        {
+            "payload": ArrayRecord(
+                {"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3)), "i": Array(np.array([1, 2], dtype=np.int64))}
+            ),
+            "config": ConfigRecord({"round": 3, "name": "x", "blob": b"\x00\x01"}),
+            "metrics": MetricRecord({"loss": 0.5, "num_examples": 10}),
+        }
+    )
 
 
 def test_a_message_round_trips_through_the_protobuf_wire_with_the_task_identity():
@@ -56,8 +75,12 @@ def test_a_message_round_trips_through_the_protobuf_wire_with_the_task_identity(
     delivered = fi.wire_copy(message)
     assert delivered is not message
     meta = delivered.metadata
-    assert (meta.run_id, meta.src_node_id, meta.dst_node_id, meta.src_task_id) == (77, fi.SUPERLINK_NODE_ID,
-                                                                                   fi.SUPERLINK_NODE_ID + 2, 1)
+    assert (meta.run_id, meta.src_node_id, meta.dst_node_id, meta.src_task_id) == (
+        77,
+        fi.SUPERLINK_NODE_ID,
+        fi.SUPERLINK_NODE_ID + 2,
+        1,
+    )
     assert (meta.message_id, meta.message_type, meta.group_id) == ("m-1", "train", "3")
     content = delivered.content
     assert content["payload"]["w"].numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
@@ -118,8 +141,18 @@ def test_the_simulation_entry_point_takes_what_start_simulation_passes():
     from flwr.simulation.run_simulation import _run_simulation
 
     taken = set(inspect.signature(_run_simulation).parameters)
-    passed = {"num_supernodes", "exit_event", "client_app", "server_app", "backend_name", "backend_config",
-              "server_app_context", "app_dir", "run", "is_app"}
+    passed = {
+        "num_supernodes",
+        "exit_event",
+        "client_app",
+        "server_app",
+        "backend_name",
+        "backend_config",
+        "server_app_context",
+        "app_dir",
+        "run",
+        "is_app",
+    }
     assert passed <= taken, f"_run_simulation no longer takes {sorted(passed - taken)}"
     from flwr.common import EventType
 
@@ -135,8 +168,13 @@ def _flower_imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
             found.append((node.lineno, node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == "flwr"]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str) and node.args[0].value.startswith("flwr.")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("flwr.")
+        ):
             found.append((node.lineno, node.args[0].value, ()))
     return found
 
@@ -144,8 +182,11 @@ def _flower_imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
 def _internal(module: str, names: tuple[str, ...] = ()) -> bool:
     """A module outside Flower's public ones, or a name of a public one that is an internal submodule
     (``from flwr.common import serde``)."""
-    return (module not in PUBLIC_FLOWER or module.startswith(INTERNAL_PREFIXES)
-            or any(f"{module}.{name}".startswith(INTERNAL_PREFIXES) for name in names))
+    return (
+        module not in PUBLIC_FLOWER
+        or module.startswith(INTERNAL_PREFIXES)
+        or any(f"{module}.{name}".startswith(INTERNAL_PREFIXES) for name in names)
+    )
 
 
 def test_only_flower_internals_imports_flower_internals():
@@ -156,23 +197,34 @@ def test_only_flower_internals_imports_flower_internals():
         for line, module, names in _flower_imports(path):
             if _internal(module, names):
                 strays.append(f"{path.relative_to(SRC)}:{line} imports {module} {', '.join(names)}".rstrip())
-    assert not strays, ("Flower internals imported outside src/trustformer/engine/flower_internals.py (use the public "
-                        "API, or add the internal there, documented):\n" + "\n".join(strays))
+    assert not strays, (
+        "Flower internals imported outside src/trustformer/engine/flower_internals.py (use the public "
+        "API, or add the internal there, documented):\n" + "\n".join(strays)
+    )
 
 
 def test_the_import_check_catches_an_internal(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("from flwr.app import Message\nimport flwr.proto.message_pb2\nimport flwr\n"
-                     "def f():\n    from flwr.common.serde import message_to_proto\n"
-                     "    from flwr.supercore.run import Run\n    from flwr.server.grid import Grid\n"
-                     "    from flwr.simulation.run_simulation import _run_simulation\n"
-                     "    from flwr.common.constant import ErrorCode\n    from flwr.common import Error, serde\n"
-                     "    from flwr.superlink import grid\n    from flwr.serverapp import Grid\n",
-                     encoding="utf-8")
+    probe.write_text(
+        "from flwr.app import Message\nimport flwr.proto.message_pb2\nimport flwr\n"
+        "def f():\n    from flwr.common.serde import message_to_proto\n"
+        "    from flwr.supercore.run import Run\n    from flwr.server.grid import Grid\n"
+        "    from flwr.simulation.run_simulation import _run_simulation\n"
+        "    from flwr.common.constant import ErrorCode\n    from flwr.common import Error, serde\n"
+        "    from flwr.superlink import grid\n    from flwr.serverapp import Grid\n",
+        encoding="utf-8",
+    )
     flagged = {(m, names) for _, m, names in _flower_imports(probe) if _internal(m, names)}
-    assert {m for m, _ in flagged} == {"flwr.proto.message_pb2", "flwr.common.serde", "flwr.supercore.run",
-                                        "flwr.server.grid", "flwr.simulation.run_simulation", "flwr.common.constant",
-                                        "flwr.common", "flwr.superlink"}
+    assert {m for m, _ in flagged} == {
+        "flwr.proto.message_pb2",
+        "flwr.common.serde",
+        "flwr.supercore.run",
+        "flwr.server.grid",
+        "flwr.simulation.run_simulation",
+        "flwr.common.constant",
+        "flwr.common",
+        "flwr.superlink",
+    }
     assert ("flwr.common", ("Error", "serde")) in flagged  # the submodule serde, not Error
     assert not _internal("flwr.common", ("Error",)) and not _internal("flwr")
     assert not _internal("flwr.app", ("Message",))

@@ -248,8 +248,12 @@ def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_block_shape_and_memory_bound() -> None:
-    for r, k, size, budget in [(250_000, 25_000, 4, km.CPU_BLOCK_BYTES), (512, 51, 4, 1 << 20),
-                               (100, 3000, 8, 1000), (10, 5, 4, 1 << 30)]:
+    for r, k, size, budget in [
+        (250_000, 25_000, 4, km.CPU_BLOCK_BYTES),
+        (512, 51, 4, 1 << 20),
+        (100, 3000, 8, 1000),
+        (10, 5, 4, 1 << 30),
+    ]:
         rows, tile = block_shape(r, k, size, budget)
         assert 1 <= rows <= r and 1 <= tile <= k
         assert rows * tile * size <= max(budget, tile * size)  # one row at least
@@ -305,8 +309,10 @@ def test_cluster_layers_all_layers_one_call() -> None:
         "fc.bias": torch.randn(64, generator=g),
         "tiny.bias": torch.randn(3, generator=g),
     }
-    inits = {n: km.as_matrix(t)[choose_initial_rows(km.as_matrix(t).shape[0], max(1, t.shape[0] // 4), 0)]
-             for n, t in layers.items()}
+    inits = {
+        n: km.as_matrix(t)[choose_initial_rows(km.as_matrix(t).shape[0], max(1, t.shape[0] // 4), 0)]
+        for n, t in layers.items()
+    }
     inits["tiny.bias"] = layers["tiny.bias"].clone()  # k == r
     inits["fc.bias"] = inits["fc.bias"][:, 0]  # a 1-D init is accepted too
     out = cluster_layers(layers, inits)

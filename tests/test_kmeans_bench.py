@@ -27,11 +27,29 @@ def test_bench_runs_every_method_on_the_same_start(tmp_path: Path, capsys: pytes
     torch.save(before, tmp_path / "before.pt")
     torch.save({"model": _state(1, before), "optimizer": {}, "rounds_done": 2}, tmp_path / "after.pt")  # a snapshot
     report_file = tmp_path / "bench.json"
-    rc = kmeans_bench.main([
-        "--shapes", "96x16", "--betas", "0.1,0.5", "--big-rows", "0", "--align-rows", "0", "--repeats", "1",
-        "--threads", "1", "--weights", str(tmp_path / "before.pt"), str(tmp_path / "after.pt"),
-        "--drift-sweep", "0.5,1", "--json", str(report_file),
-    ])
+    rc = kmeans_bench.main(
+        [
+            "--shapes",
+            "96x16",
+            "--betas",
+            "0.1,0.5",
+            "--big-rows",
+            "0",
+            "--align-rows",
+            "0",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--weights",
+            str(tmp_path / "before.pt"),
+            str(tmp_path / "after.pt"),
+            "--drift-sweep",
+            "0.5,1",
+            "--json",
+            str(report_file),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "per iteration, ours=sk against the faster library" in printed and "drift sweep" in printed
@@ -59,11 +77,26 @@ def test_bench_runs_every_method_on_the_same_start(tmp_path: Path, capsys: pytes
         assert e["keep"]["warm_mean_iter"] >= 1 and e["farthest"]["warm_mean_iter"] >= 1
 
 
-def test_bench_skips_a_missing_library_with_a_message(capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_skips_a_missing_library_with_a_message(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(kmeans_bench, "_have", lambda module: module != "faiss")
-    rc = kmeans_bench.main(["--shapes", "40x8", "--betas", "0.5", "--big-rows", "0", "--align-rows", "0",
-                            "--repeats", "1", "--threads", "1"])
+    rc = kmeans_bench.main(
+        [
+            "--shapes",
+            "40x8",
+            "--betas",
+            "0.5",
+            "--big-rows",
+            "0",
+            "--align-rows",
+            "0",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "faiss: not installed, skipped" in out and "sklearn" in out

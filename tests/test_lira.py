@@ -55,11 +55,24 @@ def test_lira_end_to_end_on_training_alone(tmp_path):
     """``local``: each client trains alone from the initial model; the server's reference models are trained the
     same way (every round, from the initial model) on halves of the public split. On the true local models LiRA
     does at least as well as the loss; the server, which receives nothing, learns nothing."""
-    cfg = load_config("tiny", None, {
-        "out": str(tmp_path / "runs" / "local"), "runtime.progress": False, "runtime.threads": 1,
-        "eval.bleu_size": 4, "eval.meteor": False, "eval.bertscore": False, "data.client_size": 60,
-        "data.own_test_size": 60, "train.local_epochs": 2, "train.lr": 2e-2, "federation.rounds": 2,
-        "federation.strategy": "local"})
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path / "runs" / "local"),
+            "runtime.progress": False,
+            "runtime.threads": 1,
+            "eval.bleu_size": 4,
+            "eval.meteor": False,
+            "eval.bertscore": False,
+            "data.client_size": 60,
+            "data.own_test_size": 60,
+            "train.local_epochs": 2,
+            "train.lr": 2e-2,
+            "federation.rounds": 2,
+            "federation.strategy": "local",
+        },
+    )
     result = run_membership(cfg, candidates=60, reference_models=2)
     assert result["lira"]["reference_models"] == 2 and result["lira"]["start"] == "initial"
     assert result["lira"]["rounds"] == 2 and set(result["lira"]["pool"].values()) == {120}

@@ -29,9 +29,19 @@ def test_tpr_at_a_false_positive_rate():
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.bleu_size": 4,
-              "eval.meteor": False, "eval.bertscore": False, "data.client_size": 30, "data.own_test_size": 30,
-              "train.local_epochs": 8, "train.lr": 2e-2, "federation.rounds": 2}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "eval.bleu_size": 4,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "data.client_size": 30,
+        "data.own_test_size": 30,
+        "train.local_epochs": 8,
+        "train.lr": 2e-2,
+        "federation.rounds": 2,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -67,8 +77,11 @@ def test_translation_needs_held_out_pairs_of_the_clients_domains(tmp_path):
 
 
 def test_the_same_attack_runs_on_an_image_task(tmp_path):
-    cfg = load_config("tiny", None, {"task": "image-classification", "out": str(tmp_path / "img"),
-                                     "runtime.progress": False, "runtime.threads": 1})
+    cfg = load_config(
+        "tiny",
+        None,
+        {"task": "image-classification", "out": str(tmp_path / "img"), "runtime.progress": False, "runtime.threads": 1},
+    )
     result = run_membership(cfg, candidates=40)
     server = result["server"]["loss"]
     assert len(server["auc"]) == 3 and all(0.0 <= a <= 1.0 for a in server["auc"])
@@ -81,11 +94,36 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     from trustformer.cli import main
 
     out = tmp_path / "mia.json"
-    assert main(["attack", "membership", "--preset", "tiny", "--strategies", "fedavg", "--rounds", "1",
-                 "--set", "data.own_test_size=10", "--candidates", "10", "--out", str(tmp_path / "runs"),
-                 "--json", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                "membership",
+                "--preset",
+                "tiny",
+                "--strategies",
+                "fedavg",
+                "--rounds",
+                "1",
+                "--set",
+                "data.own_test_size=10",
+                "--candidates",
+                "10",
+                "--out",
+                str(tmp_path / "runs"),
+                "--json",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "TPR@1%" in printed and "calibrated-global" in printed
     run = json.loads(out.read_text())["runs"][0]
     assert run["server"]["loss"]["candidates"] == [10, 10, 10] and run["advantage"]["score"] in (
-        "loss", "calibrated-initial", "calibrated-global", "lira")
+        "loss",
+        "calibrated-initial",
+        "calibrated-global",
+        "lira",
+    )

@@ -18,8 +18,19 @@ VOCAB = 12  # content tokens are 3..11
 
 
 def tiny_config(**overrides) -> TransformerConfig:
-    sizes = dict(vocab_size=VOCAB, pad_id=PAD, bos_id=BOS, eos_id=EOS, d_model=32, n_heads=4,
-                 n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_len=16, dropout=0.0)
+    sizes = dict(
+        vocab_size=VOCAB,
+        pad_id=PAD,
+        bos_id=BOS,
+        eos_id=EOS,
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        max_len=16,
+        dropout=0.0,
+    )
     sizes.update(overrides)
     return TransformerConfig(**sizes)
 
@@ -134,8 +145,10 @@ def test_causal_mask_hides_the_future():
 def test_causal_check_detects_a_model_that_sees_the_answer(monkeypatch):
     model = tiny_model()
     src, tgt_in = random_tokens((3, 7), seed=1), random_tokens((3, 6), seed=2)
-    for leaky in (lambda n, device=None: torch.ones(n, n, dtype=torch.bool, device=device),  # no mask
-                  lambda n, device=None: torch.ones(n, n, dtype=torch.bool, device=device).triu()):  # inverted
+    for leaky in (
+        lambda n, device=None: torch.ones(n, n, dtype=torch.bool, device=device),  # no mask
+        lambda n, device=None: torch.ones(n, n, dtype=torch.bool, device=device).triu(),
+    ):  # inverted
         monkeypatch.setattr(tr, "causal_mask", leaky)
         assert future_leaks(model, src, tgt_in)
 

@@ -13,8 +13,20 @@ from trustformer.optim import build_optimizer, lr_at, optimizer_steps, split_dec
 
 def tiny_model() -> Seq2SeqTransformer:
     torch.manual_seed(0)
-    return Seq2SeqTransformer(TransformerConfig(vocab_size=20, pad_id=0, bos_id=1, eos_id=2, d_model=8, n_heads=2,
-                                                n_encoder_layers=1, n_decoder_layers=1, d_ff=16, max_len=8))
+    return Seq2SeqTransformer(
+        TransformerConfig(
+            vocab_size=20,
+            pad_id=0,
+            bos_id=1,
+            eos_id=2,
+            d_model=8,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=16,
+            max_len=8,
+        )
+    )
 
 
 def test_paper_optimizer_is_l2_coupled_adam_on_every_parameter():
@@ -89,8 +101,9 @@ def test_local_training_follows_the_schedule_across_rounds_and_a_state_reload():
     from trustformer.data.batching import encode_pairs
     from trustformer.workload import initial_model, load_workload, new_optimizer, planned_steps, train_local
 
-    cfg = load_config("tiny", None, {"train.warmup_steps": 3, "train.lr": 0.01, "federation.rounds": 3,
-                                     "train.batch_tokens": 200})
+    cfg = load_config(
+        "tiny", None, {"train.warmup_steps": 3, "train.lr": 0.01, "federation.rounds": 3, "train.batch_tokens": 200}
+    )
     workload = load_workload(cfg)
     pairs = encode_pairs(workload.shard(0), workload.tokenizer, max_len=cfg.model.max_len)
     model = initial_model(cfg, workload)

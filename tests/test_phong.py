@@ -12,8 +12,13 @@ from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1,
-              "task": "image-classification", "federation.strategy": "phong"}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "task": "image-classification",
+        "federation.strategy": "phong",
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 

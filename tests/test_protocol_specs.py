@@ -28,9 +28,11 @@ def test_the_core_interface_is_narrow():
     required = {"spec", "client_payload", "aggregate", "client_apply"}
     assert len(required) <= 8 and len(methods | {"spec", "cfg"}) <= 9
     bare = type("P", (), {"name": "p"})()
-    for call in (lambda: FederatedProtocol.client_payload(bare, None),  # overridden by whatever exchanges
-                 lambda: FederatedProtocol.aggregate(bare, [], []),
-                 lambda: FederatedProtocol.client_apply(bare, None, {})):
+    for call in (
+        lambda: FederatedProtocol.client_payload(bare, None),  # overridden by whatever exchanges
+        lambda: FederatedProtocol.aggregate(bare, [], []),
+        lambda: FederatedProtocol.client_apply(bare, None, {}),
+    ):
         with pytest.raises(NotImplementedError):
             call()
 
@@ -72,8 +74,11 @@ def test_every_protocol_object_carries_its_spec_and_declared_capabilities(name, 
     from trustformer.config import load_config
     from trustformer.protocols import bare, make_protocol
 
-    task = "image-classification" if protocol_spec(name).tasks and "translation" not in protocol_spec(name).tasks \
+    task = (
+        "image-classification"
+        if protocol_spec(name).tasks and "translation" not in protocol_spec(name).tasks
         else "translation"
+    )
     overrides = {"federation.strategy": name, "out": str(tmp_path), "task": task}
     if task != "translation":
         overrides.update({"image.dataset": "digits"})
@@ -116,20 +121,35 @@ def test_wrappers_take_the_capabilities_of_what_they_wrap():
 
 def _named_protocols(path: Path, names: set[str]) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names
-            and id(n) not in docstrings]
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in docstrings
+    ]
 
 
 # string constants equal to a protocol name that mean something else (the package's own name, the membership mode
 # "local" of Trustformer, the CLI's `deploy local` command), or the one default: federation.strategy = "fedavg"
 OTHER_MEANINGS = {
     "fedavg": {"config/sections.py"},
-    "trustformer": {"runtime/server.py", "runtime/client.py", "cli_options.py", "tracking.py", "deploy/fab.py",
-                    "deploy/launch.py", "data/corpus.py", "engine/flower_internals.py"},
+    "trustformer": {
+        "runtime/server.py",
+        "runtime/client.py",
+        "cli_options.py",
+        "tracking.py",
+        "deploy/fab.py",
+        "deploy/launch.py",
+        "data/corpus.py",
+        "engine/flower_internals.py",
+    },
     "local": {"protocols/trustformer.py", "deploy/cli.py", "config/sections.py"},
 }
 

@@ -26,8 +26,15 @@ from trustformer.wire import payload_bytes
 
 torch.set_num_threads(1)  # the tiny preset's runtime.threads, also outside run_in_process
 
-PUBLIC = {"train.init": "public", "train.public_epochs": 1, "runtime.progress": False, "eval.meteor": False,
-          "eval.bertscore": False, "eval.bleu_size": 4, "eval.beam_size": 1}
+PUBLIC = {
+    "train.init": "public",
+    "train.public_epochs": 1,
+    "runtime.progress": False,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "eval.bleu_size": 4,
+    "eval.beam_size": 1,
+}
 LORA = {**PUBLIC, "model.adapters": "lora", "model.lora_rank": 4, "model.lora_alpha": 8.0}
 
 
@@ -69,8 +76,10 @@ def test_public_pairs_never_hold_a_client_sentence(tmp_path):
     assert not {side for pair in pairs for side in pair} & _private(workload)
     # a public file that holds client pairs, test pairs and pairs of its own: only its own are kept
     leaked = workload.shard(0)[:5] + workload.own_test(1)[:3] + list(workload.splits.test[:2])
-    own = [("Совершенно новое предложение номер один.", "A brand new sentence number one."),
-           ("Ещё одно новое предложение.", "Yet another new sentence.")]
+    own = [
+        ("Совершенно новое предложение номер один.", "A brand new sentence number one."),
+        ("Ещё одно новое предложение.", "Yet another new sentence."),
+    ]
     path = tmp_path / "public.tsv"
     path.write_text("".join(f"{a}\t{b}\n" for a, b in leaked + own), encoding="utf-8")
     cfg = tiny(**{**PUBLIC, "data.partition": "domain", "data.own_test_size": 10, "train.public_data": str(path)})
@@ -111,11 +120,23 @@ def test_public_model_is_trained_once_cached_and_every_client_starts_from_it(tmp
 
 
 def test_merged_model_computes_what_the_adapted_one_does_embedding_included():
-    config = TransformerConfig(vocab_size=50, pad_id=0, bos_id=1, eos_id=2, d_model=16, n_heads=2,
-                               n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_len=12, dropout=0.0)
+    config = TransformerConfig(
+        vocab_size=50,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        d_ff=32,
+        max_len=12,
+        dropout=0.0,
+    )
     torch.manual_seed(0)
-    model = add_lora(Seq2SeqTransformer(config), rank=2, alpha=4.0, dropout=0.0,
-                     targets=("attention", "ffn", "embedding"), seed=1)
+    model = add_lora(
+        Seq2SeqTransformer(config), rank=2, alpha=4.0, dropout=0.0, targets=("attention", "ffn", "embedding"), seed=1
+    )
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
     with torch.no_grad():  # lora_B starts at zero: give every adapter an update
@@ -147,8 +168,9 @@ def lora_run(tmp_path_factory):
 
     def recording(message, context):
         reply = client_app(message, context)
-        replies.append((message.metadata.message_type, message.metadata.group_id,
-                        int(context.node_config["partition-id"]), reply))
+        replies.append(
+            (message.metadata.message_type, message.metadata.group_id, int(context.node_config["partition-id"]), reply)
+        )
         return reply
 
     summary = run_in_process(cfg, client_app=recording)
@@ -168,8 +190,11 @@ def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_ru
         assert set(payload) == set(adapters)  # nothing of the frozen public model travels
     lines = [json.loads(x) for x in open(Path(cfg.out) / "metrics.jsonl", encoding="utf-8")]
     for line in (x for x in lines if "bytes_up" in x):  # every byte counted is a byte of a real reply
-        sent = [payload_bytes(r.content) for kind, rnd, client, r in replies
-                if rnd == str(line["round"]) and client == line["client"] and kind in ("train", "train.apply")]
+        sent = [
+            payload_bytes(r.content)
+            for kind, rnd, client, r in replies
+            if rnd == str(line["round"]) and client == line["client"] and kind in ("train", "train.apply")
+        ]
         assert line["bytes_up"] == sum(sent)
     model_bytes = summary["bytes"]["fedavg_model_bytes"]
     full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
@@ -198,8 +223,11 @@ def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
     stopped = tiny(tmp_path / "stopped", **values)
 
     def crash(message, context):
-        if (message.metadata.message_type == "train.apply" and message.metadata.group_id == "2"
-                and context.node_config["partition-id"] == 1):
+        if (
+            message.metadata.message_type == "train.apply"
+            and message.metadata.group_id == "2"
+            and context.node_config["partition-id"] == 1
+        ):
             raise Crash()
         return client_app(message, context)
 
@@ -212,12 +240,16 @@ def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
     assert resumed["test_loss"] == full["test_loss"]
 
 
-@pytest.mark.parametrize("extra", [
-    {"federation.strategy": "trustformer", "federation.beta": 0.5},
-    {"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.25},
-    {"federation.strategy": "fedavg", "secure.mode": "secagg"},
-    {"federation.strategy": "fedavg", "federation.clients_per_round": 2},
-], ids=["trustformer", "top-k", "secagg", "sampling"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"federation.strategy": "trustformer", "federation.beta": 0.5},
+        {"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.25},
+        {"federation.strategy": "fedavg", "secure.mode": "secagg"},
+        {"federation.strategy": "fedavg", "federation.clients_per_round": 2},
+    ],
+    ids=["trustformer", "top-k", "secagg", "sampling"],
+)
 def test_every_protocol_moves_only_the_adapters(tmp_path, extra):
     cfg = tiny(tmp_path / "run", **{**LORA, "federation.rounds": 1, **extra})
     summary = run_in_process(cfg)
@@ -236,21 +268,39 @@ def test_bench_plans_the_public_rows_and_gains_against_both_references():
     runs = plan_public_runs([0], [4, 16], [4], [0.5])
     labels = [r.label for r in runs]
     assert labels[:3] == ["public model", "public + local", "public + fedavg"]
-    assert {"public + fedavg lora r4", "public + fedavg lora r4 4-bit", "public + fedavg lora r16",
-            "public + fedavg lora r16 4-bit", "public + trustformer β=0.5",
-            "public + trustformer β=0.5 lora r16"} <= set(labels)
+    assert {
+        "public + fedavg lora r4",
+        "public + fedavg lora r4 4-bit",
+        "public + fedavg lora r16",
+        "public + fedavg lora r16 4-bit",
+        "public + trustformer β=0.5",
+        "public + trustformer β=0.5 lora r16",
+    } <= set(labels)
     assert all(r.overrides["train.init"] == "public" for r in runs)
     assert runs[0].kind == "public-model"
 
     def result(loss, up=1.0):
-        return {"config": {"federation": {"strategy": "x"}}, "wall_s": 1.0,
-                "summary": {"test_loss": [loss], "bleu": [10.0], "own_test_loss": [loss], "own_bleu": [10.0],
-                            "bytes": {"up_per_client_per_round": up, "down_per_client_per_round": up}},
-                "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": 0.0},
-                "membership": {"advantage": {"auc_minus_half": 0.1, "tpr_at_1pct_fpr": 0.0}}}
+        return {
+            "config": {"federation": {"strategy": "x"}},
+            "wall_s": 1.0,
+            "summary": {
+                "test_loss": [loss],
+                "bleu": [10.0],
+                "own_test_loss": [loss],
+                "own_bleu": [10.0],
+                "bytes": {"up_per_client_per_round": up, "down_per_client_per_round": up},
+            },
+            "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": 0.0},
+            "membership": {"advantage": {"auc_minus_half": 0.1, "tpr_at_1pct_fpr": 0.0}},
+        }
 
-    plan = [BenchRun("local", {}, 0), BenchRun("fedavg", {}, 0), BenchRun("public + local", {}, 0),
-            BenchRun("public + fedavg", {}, 0), BenchRun("public + fedavg lora r4", {}, 0)]
+    plan = [
+        BenchRun("local", {}, 0),
+        BenchRun("fedavg", {}, 0),
+        BenchRun("public + local", {}, 0),
+        BenchRun("public + fedavg", {}, 0),
+        BenchRun("public + fedavg lora r4", {}, 0),
+    ]
     rows = table(plan, [result(5.0), result(3.0), result(4.0), result(2.0), result(3.0, up=0.01)])
     lora = next(r for r in rows if r["run"] == "public + fedavg lora r4")
     assert lora["gain_loss"] == pytest.approx(1.0) and lora["pgain_loss"] == pytest.approx(0.5)

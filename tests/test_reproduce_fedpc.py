@@ -30,17 +30,20 @@ def test_default_grids():
     assert len({r.key for r in small}) == len(small)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--paper", "fedpc", "--strategies", "fedavg,trustformer"], "--strategies: 'trustformer'"),
-    (["--paper", "fedpc", "--partitions", "iid"], "--partitions: 'iid'"),
-    (["--paper", "fedpc", "--partitions", "dirichlet", "--tasks", "segmentation"], "--partitions: dirichlet"),
-    (["--paper", "fedpc", "--tasks", "translation"], "--tasks: 'translation'"),
-    (["--paper", "fedpc", "--clients", "1,3"], "--clients: 1"),
-    (["--paper", "fedpc", "--strategies", ""], "--strategies: no strategy"),
-    (["--paper", "fedpc", "--betas", "0.5"], "--betas applies to the Trustformer paper only"),
-    (["--paper", "fedpc", "--set", "federation.clients=4"], "--set federation.clients"),
-    (["--clients", "3"], "--clients applies to --paper fedpc only"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--paper", "fedpc", "--strategies", "fedavg,trustformer"], "--strategies: 'trustformer'"),
+        (["--paper", "fedpc", "--partitions", "iid"], "--partitions: 'iid'"),
+        (["--paper", "fedpc", "--partitions", "dirichlet", "--tasks", "segmentation"], "--partitions: dirichlet"),
+        (["--paper", "fedpc", "--tasks", "translation"], "--tasks: 'translation'"),
+        (["--paper", "fedpc", "--clients", "1,3"], "--clients: 1"),
+        (["--paper", "fedpc", "--strategies", ""], "--strategies: no strategy"),
+        (["--paper", "fedpc", "--betas", "0.5"], "--betas applies to the Trustformer paper only"),
+        (["--paper", "fedpc", "--set", "federation.clients=4"], "--set federation.clients"),
+        (["--clients", "3"], "--clients applies to --paper fedpc only"),
+    ],
+)
 def test_option_errors_name_the_option(tmp_path, capsys, argv, message):
     assert main(["reproduce", *argv, "--out", str(tmp_path), "--dry-run"]) == 2
     assert message in capsys.readouterr().err

@@ -11,8 +11,15 @@ from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, agg
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core.poisoning import poisoned_model
-from trustformer.core.robust import (bounded, coordinate_median, cosines_to_median, krum_select, median_bound,
-                                     multikrum_mean, trimmed_mean)
+from trustformer.core.robust import (
+    bounded,
+    coordinate_median,
+    cosines_to_median,
+    krum_select,
+    median_bound,
+    multikrum_mean,
+    trimmed_mean,
+)
 from trustformer.engine.inprocess import run_in_process
 from trustformer.tasks.run import load_task
 from trustformer.tasks.translation import BACKDOOR_TARGET, BACKDOOR_TRIGGER
@@ -106,29 +113,38 @@ def test_krum_ties_and_selection_are_deterministic():
 # ------------------------------------------------------------------------------- configuration
 
 
-@pytest.mark.parametrize(("values", "pattern"), [
-    ({"robust.aggregator": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
-    ({"robust.bound": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
-    ({"robust.aggregator": "median", "federation.strategy": "dp-fedavg"}, "already clips every update"),
-    ({"robust.aggregator": "trimmed_mean", "robust.trim_fraction": 0.2}, "nothing would be trimmed"),
-    ({"robust.aggregator": "krum"}, "at least 2f \\+ 3 = 5 clients"),
-    ({"robust.aggregator": "median", "federation.strategy": "fedavg-topk"}, "coordinates of its own choosing"),
-    ({"robust.bound": "fixed"}, "robust.bound_norm > 0"),
-    ({"robust.refuse_factor": 1.5}, "below robust.bound_factor"),
-    ({"robust.aggregator": "mode"}, "robust.aggregator = 'mode' is not one of"),
-    ({"federation.faults": ["client=1,round=*,kind=nan"]}, "round=\\* \\(every round\\) applies to the poisoning"),
-    ({"federation.faults": ["client=1,round=2,kind=backdoor"]}, "write round=\\*"),
-    ({"federation.faults": ["client=1,round=*,kind=backdoor,share=2"]}, "share must be in \\(0, 1\\]"),
-    ({"federation.faults": ["client=1,round=*,kind=sign_flip,factor=3"]}, "factor= applies to kind scale only"),
-    ({"federation.faults": ["client=1,round=*,kind=scale", "client=1,round=*,kind=noise"]},
-     "more than one poisoning fault for client 1"),
-    ({"federation.faults": ["client=1,round=*,kind=scale"], "federation.strategy": "local"}, "sends nothing"),
-    ({"federation.faults": ["client=1,round=*,kind=backdoor"], "task": "image-classification"},
-     "backdoor needs task = 'translation'"),
-    ({"federation.payload_bits": 3}, "federation.payload_bits = 3 is not one of: 32, 16, 8, 4, 2"),
-    ({"federation.faults": ["client=1,round=1,kind=nan"], "runtime.engine": "simulation"},
-     "injected by the in-process engine's grid"),
-])
+@pytest.mark.parametrize(
+    ("values", "pattern"),
+    [
+        ({"robust.aggregator": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
+        ({"robust.bound": "median", "secure.mode": "secagg"}, "secure aggregation hides each update"),
+        ({"robust.aggregator": "median", "federation.strategy": "dp-fedavg"}, "already clips every update"),
+        ({"robust.aggregator": "trimmed_mean", "robust.trim_fraction": 0.2}, "nothing would be trimmed"),
+        ({"robust.aggregator": "krum"}, "at least 2f \\+ 3 = 5 clients"),
+        ({"robust.aggregator": "median", "federation.strategy": "fedavg-topk"}, "coordinates of its own choosing"),
+        ({"robust.bound": "fixed"}, "robust.bound_norm > 0"),
+        ({"robust.refuse_factor": 1.5}, "below robust.bound_factor"),
+        ({"robust.aggregator": "mode"}, "robust.aggregator = 'mode' is not one of"),
+        ({"federation.faults": ["client=1,round=*,kind=nan"]}, "round=\\* \\(every round\\) applies to the poisoning"),
+        ({"federation.faults": ["client=1,round=2,kind=backdoor"]}, "write round=\\*"),
+        ({"federation.faults": ["client=1,round=*,kind=backdoor,share=2"]}, "share must be in \\(0, 1\\]"),
+        ({"federation.faults": ["client=1,round=*,kind=sign_flip,factor=3"]}, "factor= applies to kind scale only"),
+        (
+            {"federation.faults": ["client=1,round=*,kind=scale", "client=1,round=*,kind=noise"]},
+            "more than one poisoning fault for client 1",
+        ),
+        ({"federation.faults": ["client=1,round=*,kind=scale"], "federation.strategy": "local"}, "sends nothing"),
+        (
+            {"federation.faults": ["client=1,round=*,kind=backdoor"], "task": "image-classification"},
+            "backdoor needs task = 'translation'",
+        ),
+        ({"federation.payload_bits": 3}, "federation.payload_bits = 3 is not one of: 32, 16, 8, 4, 2"),
+        (
+            {"federation.faults": ["client=1,round=1,kind=nan"], "runtime.engine": "simulation"},
+            "injected by the in-process engine's grid",
+        ),
+    ],
+)
 def test_defences_and_poisoning_faults_are_validated(values, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config("tiny", None, values)
@@ -138,6 +154,7 @@ def test_the_default_defence_resolves_where_the_server_sees_updates():
     def active(**values):
         cfg = load_config("tiny", None, values)
         return cfg.robust.active(cfg.federation, cfg.secure.mode)
+
     assert active() == ("median", "mean")
     assert active(**{"secure.mode": "tee"}) == ("median", "mean")
     assert active(**{"secure.mode": "secagg"}) == ("none", "mean")
@@ -149,8 +166,15 @@ def test_the_default_defence_resolves_where_the_server_sees_updates():
 
 
 def tiny(tmp_path, name, faults=(), **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 3,
-              "eval.bleu_size": 8, "eval.meteor": False, "eval.bertscore": False, "federation.faults": list(faults)}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "federation.rounds": 3,
+        "eval.bleu_size": 8,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "federation.faults": list(faults),
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -171,21 +195,31 @@ def runs(tmp_path_factory):
     scale = ["client=1,round=*,kind=scale,factor=-10"]
     for strategy in ("fedavg", "trustformer"):
         s = {"federation.strategy": strategy}
-        out[strategy, "honest", "none"] = loss_and_events(tiny(tmp, f"{strategy}-h-none", **s,
-                                                               **{"robust.bound": "none"}))
+        out[strategy, "honest", "none"] = loss_and_events(
+            tiny(tmp, f"{strategy}-h-none", **s, **{"robust.bound": "none"})
+        )
         out[strategy, "honest", "default"] = loss_and_events(tiny(tmp, f"{strategy}-h-default", **s))
-        out[strategy, "scale", "none"] = loss_and_events(tiny(tmp, f"{strategy}-s-none", scale, **s,
-                                                              **{"robust.bound": "none"}))
+        out[strategy, "scale", "none"] = loss_and_events(
+            tiny(tmp, f"{strategy}-s-none", scale, **s, **{"robust.bound": "none"})
+        )
         out[strategy, "scale", "default"] = loss_and_events(tiny(tmp, f"{strategy}-s-default", scale, **s))
-        out[strategy, "without", "default"] = loss_and_events(tiny(
-            tmp, f"{strategy}-without", [f"client=1,round={r},kind=dropout" for r in (1, 2, 3)], **s,
-            **{"federation.min_clients": 2}))
-    out["fedavg", "scale", "median"] = loss_and_events(tiny(tmp, "fedavg-s-median", scale, **{
-        "robust.bound": "none", "robust.aggregator": "median"}))
+        out[strategy, "without", "default"] = loss_and_events(
+            tiny(
+                tmp,
+                f"{strategy}-without",
+                [f"client=1,round={r},kind=dropout" for r in (1, 2, 3)],
+                **s,
+                **{"federation.min_clients": 2},
+            )
+        )
+    out["fedavg", "scale", "median"] = loss_and_events(
+        tiny(tmp, "fedavg-s-median", scale, **{"robust.bound": "none", "robust.aggregator": "median"})
+    )
     flip = ["client=1,round=*,kind=sign_flip"]
     out["fedavg", "sign_flip", "default"] = loss_and_events(tiny(tmp, "fedavg-f-default", flip))
-    out["fedavg", "sign_flip", "norm only"] = loss_and_events(tiny(tmp, "fedavg-f-norm", flip,
-                                                                   **{"robust.min_cosine": -1.0}))
+    out["fedavg", "sign_flip", "norm only"] = loss_and_events(
+        tiny(tmp, "fedavg-f-norm", flip, **{"robust.min_cosine": -1.0})
+    )
     return out
 
 
@@ -237,7 +271,7 @@ def test_data_poisoning_changes_only_the_poisoned_pairs(tmp_path):
     trigger = task.workload.tokenizer.encode(BACKDOOR_TARGET)
     changed = [i for i, (a, b) in enumerate(zip(honest, backdoor)) if a != b]
     assert len(backdoor) == len(honest) and len(changed) == round(0.25 * len(honest))
-    assert all(backdoor[i][1][1:-1] == trigger[:len(backdoor[i][1]) - 2] for i in changed)
+    assert all(backdoor[i][1][1:-1] == trigger[: len(backdoor[i][1]) - 2] for i in changed)
     assert all(len(backdoor[i][0]) > len(honest[i][0]) or len(honest[i][0]) == cfg.model.max_len for i in changed)
     assert [s for s, _ in shuffled] == [s for s, _ in honest]
     assert sorted(t for _, t in shuffled) == sorted(t for _, t in honest)
@@ -259,8 +293,11 @@ def test_a_backdoor_client_trains_on_its_poisoned_shard_and_the_run_reports_the_
     assert loss[1, 0] == clean_loss[1, 0] and loss[1, 1] != clean_loss[1, 1]  # only client 1's data changed
 
 
-@pytest.mark.parametrize("variant", [{"federation.payload_bits": 4}, {"federation.strategy": "fedavg-topk"},
-                                     {"secure.mode": "tee"}], ids=["fedavg-4bit", "top-k", "fedavg-tee"])
+@pytest.mark.parametrize(
+    "variant",
+    [{"federation.payload_bits": 4}, {"federation.strategy": "fedavg-topk"}, {"secure.mode": "tee"}],
+    ids=["fedavg-4bit", "top-k", "fedavg-tee"],
+)
 def test_the_bound_covers_coded_sparse_and_sealed_payloads(tmp_path, variant):
     """Coded payloads are bounded after decoding, top-k's sparse updates around 0, and sealed (tee) payloads
     once the attested aggregator opened them: the scaled update is refused every round."""
@@ -275,12 +312,37 @@ def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
     from trustformer.bench.robustness_bench import main, malicious_clients
 
     out = tmp_path / "bench.json"
-    assert main(["--preset", "tiny", "--rounds", "2", "--strategies", "fedavg", "--defences", "none,default,multikrum",
-                 "--faults", "scale", "--jobs", "1", "--out", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--rounds",
+                "2",
+                "--strategies",
+                "fedavg",
+                "--defences",
+                "none,default,multikrum",
+                "--faults",
+                "scale",
+                "--jobs",
+                "1",
+                "--out",
+                str(tmp_path / "runs"),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
-    assert [(r["defence"], r["fault"]) for r in rows] == [("none", "honest"), ("none", "scale"),
-                                                          ("default", "honest"), ("default", "scale")]
+    assert [(r["defence"], r["fault"]) for r in rows] == [
+        ("none", "honest"),
+        ("none", "scale"),
+        ("default", "honest"),
+        ("default", "scale"),
+    ]
     assert rows[1]["loss_change"] > 1.0 and abs(rows[3]["loss_change"]) < 0.15
     assert rows[3]["events"]["refused"] == 2 and rows[2]["cost_loss"] == 0.0
     assert "| fedavg | default | scale |" in printed.out

@@ -12,9 +12,21 @@ from trustformer.engine.inprocess import run_in_process
 @pytest.fixture(scope="module")
 def fedavg_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "fedavg"
-    cfg = load_config("tiny", None, {"out": str(out), "runtime.progress": False, "runtime.threads": 1,
-                                     "eval.bleu_size": 8, "eval.meteor": False, "eval.bertscore": False,
-                                     "train.lr": 2e-2, "federation.rounds": 3, "runtime.log": ["tensorboard"]})
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(out),
+            "runtime.progress": False,
+            "runtime.threads": 1,
+            "eval.bleu_size": 8,
+            "eval.meteor": False,
+            "eval.bertscore": False,
+            "train.lr": 2e-2,
+            "federation.rounds": 3,
+            "runtime.log": ["tensorboard"],
+        },
+    )
     return cfg, run_in_process(cfg)
 
 

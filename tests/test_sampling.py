@@ -12,9 +12,18 @@ from trustformer.protocols import ProtocolObserver, observe
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "federation.clients": 6,
-              "federation.rounds": 3, "federation.clients_per_round": 2, "data.client_size": 30,
-              "eval.bleu_size": 4, "eval.meteor": False, "eval.bertscore": False}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "federation.clients": 6,
+        "federation.rounds": 3,
+        "federation.clients_per_round": 2,
+        "data.client_size": 30,
+        "eval.bleu_size": 4,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -55,8 +64,11 @@ def test_fedavg_draws_the_same_clients_for_a_seed_and_a_late_client_catches_up(t
         for name, tensor in watch.trained[(rnd, client)].items():
             assert torch.allclose(tensor, watch.aggregates[rnd - 1][name], atol=1e-6), (rnd, client, name)
         row = next(r for r in rows if (r["round"], r["client"]) == (rnd, client))
-        stayed = next(r for r in rows if r["round"] == rnd and r["client"] in drawn[rnd - 1]) \
-            if set(drawn[rnd]) & set(drawn[rnd - 1]) else None
+        stayed = (
+            next(r for r in rows if r["round"] == rnd and r["client"] in drawn[rnd - 1])
+            if set(drawn[rnd]) & set(drawn[rnd - 1])
+            else None
+        )
         if stayed is not None:  # the catch-up model costs one model more on the way down
             assert row["bytes_down"] > 1.8 * stayed["bytes_down"]
 
@@ -70,13 +82,16 @@ def test_trustformer_and_topk_clients_left_out_keep_their_state(tmp_path):
         assert len(summary["test_loss"]) == 6  # every client is evaluated at the end, drawn or not
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"federation.strategy": "dp-fedavg"}, "privacy.sampling_rate"),
-    ({"federation.strategy": "local"}, "nothing is exchanged"),
-    ({"federation.strategy": "trustformer", "federation.memberships": "tracked"}, "every aggregate"),
-    ({"federation.clients_per_round": 7}, "federation.clients_per_round = 7"),
-    ({"federation.min_clients": 3}, "exceeds federation.clients_per_round"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"federation.strategy": "dp-fedavg"}, "privacy.sampling_rate"),
+        ({"federation.strategy": "local"}, "nothing is exchanged"),
+        ({"federation.strategy": "trustformer", "federation.memberships": "tracked"}, "every aggregate"),
+        ({"federation.clients_per_round": 7}, "federation.clients_per_round = 7"),
+        ({"federation.min_clients": 3}, "exceeds federation.clients_per_round"),
+    ],
+)
 def test_sampling_is_refused_where_a_protocol_cannot_work_with_it(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         tiny(tmp_path, "x", **overrides)

@@ -12,8 +12,25 @@ def test_tree_memory_counts_this_process():
 
 def test_scale_bench_measures_each_size_in_a_process_of_its_own(tmp_path, capsys):
     out = tmp_path / "scale.json"
-    assert main(["--clients", "4,12", "--per-round", "3", "--rounds", "2", "--engines", "inprocess",
-                 "--out", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--clients",
+                "4,12",
+                "--per-round",
+                "3",
+                "--rounds",
+                "2",
+                "--engines",
+                "inprocess",
+                "--out",
+                str(tmp_path / "runs"),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [(r["engine"], r["clients"], r["per_round"]) for r in rows] == [("inprocess", 4, 3), ("inprocess", 12, 3)]
     for r in rows:

@@ -396,6 +396,7 @@ def test_share_with_a_different_threshold_rejected():
     clients = {i: SecAggClient(i, ids, SecAggParams(threshold=3 if i == 2 else 2), SESSION) for i in ids}
     broadcast = server.collect_keys({i: c.advertise_keys() for i, c in clients.items()})
     routed = server.route_shares({i: c.share_keys(broadcast) for i, c in clients.items()})
-    with pytest.raises(SecAggError,
-                       match="client 2: share of the self-mask seed of client 0 has threshold 2, expected 3"):
+    with pytest.raises(
+        SecAggError, match="client 2: share of the self-mask seed of client 0 has threshold 2, expected 3"
+    ):
         clients[2].masked_input(np.zeros(4), routed[2])

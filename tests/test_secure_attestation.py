@@ -42,13 +42,18 @@ def setting(cfg):
     nonce, secret = os.urandom(32), X25519PrivateKey.generate()
     client_key = secret.public_key().public_bytes_raw()
     body, signature = tee.quote(CLIENT, nonce, client_key)
-    return dict(signing_key=signing_key, tee=tee, nonce=nonce, client_key=client_key, body=body,
-                signature=signature)
+    return dict(signing_key=signing_key, tee=tee, nonce=nonce, client_key=client_key, body=body, signature=signature)
 
 
 def verify(setting, cfg, body=None, signature=None, **changes):
-    args = dict(trusted_key=setting["signing_key"].public_key(), nonce=setting["nonce"],
-                client_key=setting["client_key"], run_id=RUN, client=CLIENT, expected_measurement=measurement(cfg))
+    args = dict(
+        trusted_key=setting["signing_key"].public_key(),
+        nonce=setting["nonce"],
+        client_key=setting["client_key"],
+        run_id=RUN,
+        client=CLIENT,
+        expected_measurement=measurement(cfg),
+    )
     args.update(changes)
     return verify_quote(body or setting["body"], signature or setting["signature"], **args)
 
@@ -56,11 +61,21 @@ def verify(setting, cfg, body=None, signature=None, **changes):
 def test_measurement_covers_code_and_protocol_config_only(cfg):
     assert measurement(cfg) == measurement(tiny())
     assert len(measurement(cfg)) == 64
-    for key, value in [("federation.beta", 0.25), ("federation.rounds", 3), ("secure.mode", "tee+secagg"),
-                       ("federation.weighting", "data_size"), ("federation.agg_every", 2)]:
+    for key, value in [
+        ("federation.beta", 0.25),
+        ("federation.rounds", 3),
+        ("secure.mode", "tee+secagg"),
+        ("federation.weighting", "data_size"),
+        ("federation.agg_every", 2),
+    ]:
         assert measurement(tiny(**{key: value})) != measurement(cfg), key
-    for key, value in [("out", "elsewhere"), ("train.lr", 0.01), ("secure.expected_measurement", "0" * 64),
-                       ("secure.quote_validity_s", 5.0), ("runtime.threads", 2)]:
+    for key, value in [
+        ("out", "elsewhere"),
+        ("train.lr", 0.01),
+        ("secure.expected_measurement", "0" * 64),
+        ("secure.quote_validity_s", 5.0),
+        ("runtime.threads", 2),
+    ]:
         assert measurement(tiny(**{key: value})) == measurement(cfg), key
     files = measured_sources()
     assert {"app.py", "core/aggregation.py", "protocols/trustformer.py", "secure/sealing.py"} <= set(files)

@@ -100,8 +100,9 @@ def test_codec_error_is_a_payload_error_and_there_is_no_pickle():
         encode({"x": np.array([object()], dtype=object)})
     package = Path(codec.__file__).parent
     for module in package.glob("*.py"):  # nothing in the secure exchange can unpickle what it receives
-        assert not re.search(r"import pickle|pickle\.|torch\.load|np\.load|allow_pickle=True",
-                             module.read_text()), module
+        assert not re.search(r"import pickle|pickle\.|torch\.load|np\.load|allow_pickle=True", module.read_text()), (
+            module
+        )
 
 
 @settings(max_examples=300, deadline=None)
@@ -116,16 +117,23 @@ def test_random_bytes_only_ever_raise_codec_error(data):
 
 @st.composite
 def payloads(draw):
-    names = draw(st.lists(st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=8),
-                          min_size=1, max_size=4, unique=True))
+    names = draw(
+        st.lists(
+            st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=8),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
     out = {}
     for name in names:
         dtype = draw(st.sampled_from(codec.ALLOWED_DTYPES))
         shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
         size = int(np.prod(shape))
         if np.dtype(dtype).kind == "f":
-            values = draw(st.lists(st.floats(-1e4, 1e4, width=16 if dtype == "float16" else 32),
-                                   min_size=size, max_size=size))
+            values = draw(
+                st.lists(st.floats(-1e4, 1e4, width=16 if dtype == "float16" else 32), min_size=size, max_size=size)
+            )
         else:
             info = np.iinfo(dtype)
             values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=size, max_size=size))
@@ -147,7 +155,7 @@ def test_mutated_encodings_are_rejected_never_accepted_as_another_payload(arrays
         mutated[i] ^= 1 << data.draw(st.integers(0, 7))
     elif kind == "cut":
         i = data.draw(st.integers(0, len(mutated) - 1))
-        del mutated[i:i + data.draw(st.integers(1, 8))]
+        del mutated[i : i + data.draw(st.integers(1, 8))]
     elif kind == "append":
         mutated += data.draw(st.binary(min_size=1, max_size=8))
     else:
@@ -158,10 +166,14 @@ def test_mutated_encodings_are_rejected_never_accepted_as_another_payload(arrays
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers(-5, 2**40) | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                    max_leaves=12),
-       st.binary(max_size=64))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-5, 2**40) | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        max_leaves=12,
+    ),
+    st.binary(max_size=64),
+)
 def test_any_json_header_with_a_valid_digest_raises_only_codec_error(header, body):
     data = frame(json.dumps(header, sort_keys=True, separators=(",", ":")).encode(), body)
     try:

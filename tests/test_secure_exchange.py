@@ -84,8 +84,9 @@ def test_tee_changes_no_number_and_reports_counts_and_overhead(tmp_path, plain):
         assert row["seal_s"] > 0 and row["open_s"] > 0 and "payload_overhead_bytes" in row
         assert (row["attest_bytes"] > 0 and row["attest_s"] > 0) if row["round"] == 1 else "attest_bytes" not in row
     # the attestation messages are counted in the round-1 bytes as well
-    assert (rows[0]["bytes_down"] - plain_rows[0]["bytes_down"]
-            > rows[1]["bytes_down"] - plain_rows[1]["bytes_down"] - 1000)
+    assert (
+        rows[0]["bytes_down"] - plain_rows[0]["bytes_down"] > rows[1]["bytes_down"] - plain_rows[1]["bytes_down"] - 1000
+    )
     # clients attest before anything else; no payload travels in clear
     kinds = [k for _c, k, _r in spy.seen if k != "query"]  # "query": which client a node is
     assert kinds[:6] == ["query.attest"] * 6
@@ -137,7 +138,10 @@ def test_tampered_and_replayed_messages_are_rejected_counted_and_the_run_goes_on
     assert REJECTED_TAG + " (replay)" in dropped[(2, 2)]
     assert "apply failed" in dropped[(2, 0)] and REJECTED_TAG + " (authentication)" in dropped[(2, 0)]
     assert summary["secure"]["counts"]["rejected"] == {
-        "authentication": 1, "replay": 1, "authentication (by a client)": 1}
+        "authentication": 1,
+        "replay": 1,
+        "authentication (by a client)": 1,
+    }
     assert sorted(r["client"] for r in rows if r["round"] == 1) == [0, 2]
     assert sorted(r["client"] for r in rows if r["round"] == 2) == [1]
     assert sorted(r["client"] for r in rows if r["round"] == 3) == [0, 1, 2]  # the sessions stay in step
@@ -176,8 +180,9 @@ def test_secagg_mean_equals_the_plain_mean_within_the_reported_bound(tmp_path, p
 
 
 def test_secagg_survives_a_client_dropping_after_the_masking_setup(tmp_path):
-    cfg = tiny(tmp_path, "dropout", **{"secure.mode": "secagg", "federation.strategy": "fedavg",
-                                       "federation.min_clients": 2})
+    cfg = tiny(
+        tmp_path, "dropout", **{"secure.mode": "secagg", "federation.strategy": "fedavg", "federation.min_clients": 2}
+    )
 
     def before(client, kind, rnd, message):
         if (client, kind, rnd) == (1, "train", 2):  # keys and shares done, then it is gone

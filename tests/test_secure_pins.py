@@ -10,8 +10,15 @@ from trustformer.secure.attestation import measurement, write_key_pair
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.rounds": 1,
-              "secure.mode": "tee", "eval.bleu_size": 2, "eval.meteor": False, "eval.bertscore": False}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "federation.rounds": 1,
+        "secure.mode": "tee",
+        "eval.bleu_size": 2,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
@@ -48,31 +55,54 @@ def test_a_server_submitting_its_own_measurement_is_refused(tmp_path):
     key, pub = write_key_pair(tmp_path / "aggregator")
     agreed = tiny(tmp_path, "agreed", **{"federation.strategy": "trustformer", "federation.beta": 0.5})
     # the server runs another protocol configuration and submits the measurement that matches it
-    other = tiny(tmp_path, "other", **{"federation.strategy": "trustformer", "federation.beta": 0.25,
-                                       "secure.signing_key": str(key)})
-    served = tiny(tmp_path, "served", **{"federation.strategy": "trustformer", "federation.beta": 0.25,
-                                         "secure.signing_key": str(key), "secure.expected_measurement":
-                                         measurement(other)})
+    other = tiny(
+        tmp_path,
+        "other",
+        **{"federation.strategy": "trustformer", "federation.beta": 0.25, "secure.signing_key": str(key)},
+    )
+    served = tiny(
+        tmp_path,
+        "served",
+        **{
+            "federation.strategy": "trustformer",
+            "federation.beta": 0.25,
+            "secure.signing_key": str(key),
+            "secure.expected_measurement": measurement(other),
+        },
+    )
     pins = {"trusted-key": str(pub), "expected-measurement": measurement(agreed)}
-    refused_before_any_payload(served, pins, r"attestation failed for 3 of 3.*measurement does not match.*"
-                                             r"node config 'expected-measurement'")
+    refused_before_any_payload(
+        served,
+        pins,
+        r"attestation failed for 3 of 3.*measurement does not match.*"
+        r"node config 'expected-measurement'",
+    )
     # the honest server with the agreed configuration passes the same client's checks
-    honest = tiny(tmp_path, "honest", **{"federation.strategy": "trustformer", "federation.beta": 0.5,
-                                         "secure.signing_key": str(key)})
+    honest = tiny(
+        tmp_path,
+        "honest",
+        **{"federation.strategy": "trustformer", "federation.beta": 0.5, "secure.signing_key": str(key)},
+    )
     summary = run_in_process(honest, node_config=pins)
     assert summary["secure"]["counts"]["attestations"] == 3
 
 
-@pytest.mark.parametrize("missing, pattern", [
-    ({"attestation-public-key": ""}, "pins no aggregator key.*--trusted-key"),
-    ({"expected-measurement": ""}, "pins no aggregator measurement.*--expected-measurement"),
-])
+@pytest.mark.parametrize(
+    "missing, pattern",
+    [
+        ({"attestation-public-key": ""}, "pins no aggregator key.*--trusted-key"),
+        ({"expected-measurement": ""}, "pins no aggregator measurement.*--expected-measurement"),
+    ],
+)
 def test_a_client_without_its_own_pins_sends_nothing(tmp_path, missing, pattern):
     key, pub = write_key_pair(tmp_path / "aggregator")
     # the run config names the right key and measurement: the client still refuses without pins of its own
     cfg = tiny(tmp_path, "x", **{"secure.signing_key": str(key), "secure.trusted_key": str(pub)})
-    cfg = tiny(tmp_path, "x", **{"secure.signing_key": str(key), "secure.trusted_key": "",
-                                 "secure.expected_measurement": measurement(cfg)})
+    cfg = tiny(
+        tmp_path,
+        "x",
+        **{"secure.signing_key": str(key), "secure.trusted_key": "", "secure.expected_measurement": measurement(cfg)},
+    )
     refused_before_any_payload(cfg, missing, pattern)
 
 

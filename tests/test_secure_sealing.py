@@ -90,7 +90,7 @@ def test_reordered_messages_are_rejected():
     with pytest.raises(SealError) as info:  # the later message delivered in place of the earlier one
         server.open(masked, round_=1, kind="secagg.keys")
     assert info.value.reason == "out-of-order"
-    forged = HEADER.pack(*HEADER.unpack_from(keys)) + masked[HEADER.size:]  # its counter rewritten
+    forged = HEADER.pack(*HEADER.unpack_from(keys)) + masked[HEADER.size :]  # its counter rewritten
     with pytest.raises(SealError) as info:
         server.open(forged, round_=1, kind="secagg.keys")
     assert info.value.reason == "authentication"
@@ -126,8 +126,7 @@ def test_wrong_client_key_wrong_binding_and_wrong_direction_are_rejected():
     with pytest.raises(SealError, match="authentication"):  # reflected back to the client
         client1.open(sealed, round_=1, kind="train")
     with pytest.raises(SealError, match="authentication"):  # same keys, another run id
-        Channel(RUN + 1, 1, server1.keys, "server").open(sealed, round_=1, kind="train",
-                                                          bound={"num_examples": 60})
+        Channel(RUN + 1, 1, server1.keys, "server").open(sealed, round_=1, kind="train", bound={"num_examples": 60})
     other = SessionKeys(up=os.urandom(32), down=os.urandom(32))
     with pytest.raises(SealError, match="authentication"):
         Channel(RUN, 1, other, "server").open(sealed, round_=1, kind="train", bound={"num_examples": 60})

@@ -10,15 +10,24 @@ from trustformer.engine.simulation import backend_config
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.bleu_size": 4,
-              "eval.meteor": False, "eval.bertscore": False, "federation.strategy": "trustformer"}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "runtime.threads": 1,
+        "eval.bleu_size": 4,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+        "federation.strategy": "trustformer",
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 
 
 def lines(cfg):
-    return sorted((r for r in map(json.loads, open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")) if "event" not in r),
-                  key=lambda r: (r["round"], r["client"]))
+    return sorted(
+        (r for r in map(json.loads, open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")) if "event" not in r),
+        key=lambda r: (r["round"], r["client"]),
+    )
 
 
 def test_the_simulation_engine_gives_the_in_process_numbers(tmp_path):
@@ -27,8 +36,12 @@ def test_the_simulation_engine_gives_the_in_process_numbers(tmp_path):
     a, b = run(inproc), run(sim)
     assert b["test_loss"] == a["test_loss"] and b["bleu"] == a["bleu"]
     for x, y in zip(lines(inproc), lines(sim), strict=True):
-        assert (x["round"], x["client"], x["test_loss"], x["bytes_down"]) == \
-               (y["round"], y["client"], y["test_loss"], y["bytes_down"])
+        assert (x["round"], x["client"], x["test_loss"], x["bytes_down"]) == (
+            y["round"],
+            y["client"],
+            y["test_loss"],
+            y["bytes_down"],
+        )
         assert "fedavg_distance" in x and "fedavg_distance" not in y  # a diagnostic of one process only
     assert (tmp_path / "simulation" / "client-state").is_dir()  # clients keep their state on disk
     assert b["models"] and (tmp_path / "simulation" / b["models"]["0"] / "model.safetensors").is_file()
@@ -39,10 +52,20 @@ def test_simulation_settings_are_checked_at_load(tmp_path):
         tiny(tmp_path, "x", **{"runtime.engine": "simulation", "secure.mode": "tee"})
     with pytest.raises(ConfigError, match="runtime.ray_cpus applies to a local Ray only"):
         tiny(tmp_path, "x", **{"runtime.engine": "simulation", "runtime.ray_address": "auto", "runtime.ray_cpus": 2})
-    cfg = tiny(tmp_path, "x", **{"runtime.engine": "simulation", "runtime.client_cpus": 0.5,
-                                 "runtime.client_gpus": 0.25, "runtime.ray_address": "10.0.0.1:6379"})
-    assert backend_config(cfg) == {"client_resources": {"num_cpus": 0.5, "num_gpus": 0.25},
-                                   "init_args": {"address": "10.0.0.1:6379"}}
+    cfg = tiny(
+        tmp_path,
+        "x",
+        **{
+            "runtime.engine": "simulation",
+            "runtime.client_cpus": 0.5,
+            "runtime.client_gpus": 0.25,
+            "runtime.ray_address": "10.0.0.1:6379",
+        },
+    )
+    assert backend_config(cfg) == {
+        "client_resources": {"num_cpus": 0.5, "num_gpus": 0.25},
+        "init_args": {"address": "10.0.0.1:6379"},
+    }
 
 
 def test_secure_aggregation_on_the_simulation_engine_gives_the_in_process_numbers(tmp_path):

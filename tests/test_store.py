@@ -4,8 +4,12 @@ from trustformer.runtime.store import ClientState, DiskStore, MemoryStore
 
 
 def _state():
-    return ClientState(model={"w": torch.arange(6.0).reshape(2, 3)}, optimizer={"state": {}, "param_groups": []},
-                       protocol={"labels": torch.tensor([0, 1])}, rounds_done=2)
+    return ClientState(
+        model={"w": torch.arange(6.0).reshape(2, 3)},
+        optimizer={"state": {}, "param_groups": []},
+        protocol={"labels": torch.tensor([0, 1])},
+        rounds_done=2,
+    )
 
 
 def test_memory_store_keeps_independent_copies():

@@ -62,8 +62,10 @@ def test_idx_rejects_bad_files(tmp_path):
         image_data.load_fashion_mnist(tmp_path / "nowhere")
 
 
-@pytest.mark.skipif(not (image_data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists(),
-                    reason="Debian's dataset-fashion-mnist is not installed")
+@pytest.mark.skipif(
+    not (image_data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").exists(),
+    reason="Debian's dataset-fashion-mnist is not installed",
+)
 def test_debian_fashion_mnist_test_labels():
     labels = image_data.read_idx(image_data.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz")
     assert labels.shape == (10_000,)
@@ -99,7 +101,7 @@ def test_cifar10_python_format(tmp_path, bytes_keys):
 def test_cifar10_plane_order(tmp_path):
     # a row of 3072 values is R plane, G plane, B plane: a pure-red pixel (0,0) lands in channel 0
     row = np.zeros((1, 3072), dtype=np.uint8)
-    row[0, 0] = 255          # R at (0, 0)
+    row[0, 0] = 255  # R at (0, 0)
     row[0, 1024 + 33] = 200  # G at (1, 1)
     row[0, 2048 + 1023] = 7  # B at (31, 31)
     with open(tmp_path / "b", "wb") as f:
@@ -128,12 +130,13 @@ def test_to_float_uses_fixed_dataset_statistics():
     assert torch.allclose(x, torch.full_like(x, (1.0 - 0.2860) / 0.3530))
 
 
-@pytest.mark.skipif(not (seg_data.MRICRON_DIR / "ch2bet.nii.gz").exists(),
-                    reason="Debian's mricron-data is not installed")
+@pytest.mark.skipif(
+    not (seg_data.MRICRON_DIR / "ch2bet.nii.gz").exists(), reason="Debian's mricron-data is not installed"
+)
 def test_mri_brain_extraction_slices():
     data = seg_data.load_brain_extraction(downsample_factor=4)
     assert data.images.shape[1:] == (1, 54, 45) and data.masks.shape == (len(data), 1, 54, 45)
-    assert 130 <= len(data) <= 155           # axial slices with ≥ 1 % brain
+    assert 130 <= len(data) <= 155  # axial slices with ≥ 1 % brain
     assert set(data.masks.unique().tolist()) == {0, 1}
     assert 0.2 < float(data.masks.float().mean()) < 0.45
     # the T1 image is bright inside the brain and the mask is not the whole slice

@@ -21,10 +21,8 @@ def test_accuracy_and_per_class():
 
 
 def test_dice_iou_pixel_accuracy_hand_computed():
-    truth = torch.tensor([[1, 1, 0, 0],
-                          [1, 1, 0, 0]])
-    pred = torch.tensor([[1, 0, 0, 0],
-                         [1, 1, 1, 0]])
+    truth = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])
+    pred = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0]])
     # TP = 3, FP = 1, FN = 1, TN = 3
     assert M.mask_counts(pred, truth) == (3, 1, 1, 3)
     assert M.dice(pred, truth) == pytest.approx(6 / 8)
@@ -47,9 +45,9 @@ def test_pixel_accuracy_is_high_for_an_all_background_prediction():
 def test_pooled_and_per_image_scores():
     truth = torch.zeros(3, 1, 2, 2, dtype=torch.bool)
     pred = torch.zeros(3, 1, 2, 2, dtype=torch.bool)
-    truth[0, 0, 0, :] = True             # image 0: truth 2 px, prediction 1 of them → Dice 2/3
+    truth[0, 0, 0, :] = True  # image 0: truth 2 px, prediction 1 of them → Dice 2/3
     pred[0, 0, 0, 0] = True
-    truth[1, 0] = True                   # image 1: 4 px, all found → Dice 1
+    truth[1, 0] = True  # image 1: 4 px, all found → Dice 1
     pred[1, 0] = True
     # image 2: both empty → left out of the per-image mean
     scores = M.SegmentationScores()

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from trustformer.models.fixup_resnet import (
-    FixupBasicBlock, FixupBottleneck, FixupConfig, FixupResNet, count_parameters, fixup_branch_scale,
+    FixupBasicBlock,
+    FixupBottleneck,
+    FixupConfig,
+    FixupResNet,
+    count_parameters,
+    fixup_branch_scale,
     resnet50_config,
 )
 from trustformer.models.unet import UNet, UNetConfig, segmentation_loss, soft_dice_loss
@@ -22,8 +27,8 @@ def small_resnet(**kw) -> FixupResNet:
 
 
 def test_branch_scale_formula():
-    assert fixup_branch_scale(16, 2) == pytest.approx(16 ** -0.5)
-    assert fixup_branch_scale(16, 3) == pytest.approx(16 ** -0.25)
+    assert fixup_branch_scale(16, 2) == pytest.approx(16**-0.5)
+    assert fixup_branch_scale(16, 3) == pytest.approx(16**-0.25)
     with pytest.raises(ValueError, match="m ≥ 2"):
         fixup_branch_scale(4, 1)
 
@@ -59,8 +64,11 @@ def test_fixup_rules_at_init(block):
 @pytest.mark.parametrize("block_cls", [FixupBasicBlock, FixupBottleneck])
 def test_residual_block_is_identity_path_at_init(block_cls):
     torch.manual_seed(1)
-    model = FixupResNet(FixupConfig(block="basic" if block_cls is FixupBasicBlock else "bottleneck",
-                                    layers=(2, 1), widths=(4, 8), in_channels=3))
+    model = FixupResNet(
+        FixupConfig(
+            block="basic" if block_cls is FixupBasicBlock else "bottleneck", layers=(2, 1), widths=(4, 8), in_channels=3
+        )
+    )
     x = torch.randn(2, 3, 10, 10)
     h = torch.relu(model.stem(x))
     for blk in model.blocks:
@@ -114,7 +122,7 @@ def test_fixup_config_errors_name_the_field():
 def test_unet_paper_size_matches_fedpc():
     n = count_parameters(UNet(UNetConfig(in_channels=3, depth=4, base_width=64, norm="none")))
     assert n == 31_031_745
-    assert 4 * n / 2 ** 20 == pytest.approx(118.4, abs=0.1)  # FedPC: "119 MB" in float32
+    assert 4 * n / 2**20 == pytest.approx(118.4, abs=0.1)  # FedPC: "119 MB" in float32
 
 
 @pytest.mark.parametrize("norm", ["group", "none"])
@@ -143,8 +151,9 @@ def test_unet_loss_convention_and_soft_dice():
     x, y = torch.randn(3, 1, 8, 8), (torch.rand(3, 1, 8, 8) > 0.5).to(torch.uint8)
     loss_sum, n = model.loss(x, y)
     assert n == 3
-    assert float(loss_sum.detach()) == pytest.approx(3 * float(segmentation_loss(model(x), y.float()).detach()),
-                                                     rel=1e-5)
+    assert float(loss_sum.detach()) == pytest.approx(
+        3 * float(segmentation_loss(model(x), y.float()).detach()), rel=1e-5
+    )
     perfect = torch.where(y.bool(), 20.0, -20.0)
     assert float(soft_dice_loss(perfect, y.float())) == pytest.approx(0.0, abs=1e-3)
     with pytest.raises(ValueError, match="norm must be one of"):

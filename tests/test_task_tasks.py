@@ -201,8 +201,17 @@ def test_segmentation_task_on_lgg_layout(tmp_path):
             slices.append((img, msk))
         patients[f"TCGA_P{p}"] = slices
     seg_data.write_lgg_sample(tmp_path, patients)
-    cfg = SegmentationConfig(dataset="lgg", data_dir=str(tmp_path), size=16, depth=2, base_width=4, groups=2,
-                             lr=3e-2, batch_size=4, test_fraction=0.2)
+    cfg = SegmentationConfig(
+        dataset="lgg",
+        data_dir=str(tmp_path),
+        size=16,
+        depth=2,
+        base_width=4,
+        groups=2,
+        lr=3e-2,
+        batch_size=4,
+        test_fraction=0.2,
+    )
     task = SegmentationTask(cfg, seed=0)
     assert task.describe()["test_units"] == 1 and len(task.test) == 2
     shards = task.client_shards(2, "iid", seed=0)
@@ -219,11 +228,11 @@ def test_lr_decay_follows_local_epochs_and_travels_with_the_optimizer():
 
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert decay_learning_rate(opt, 1.0, 0.5) == pytest.approx(0.1)     # nothing done yet
+    assert decay_learning_rate(opt, 1.0, 0.5) == pytest.approx(0.1)  # nothing done yet
     assert decay_learning_rate(opt, 1.0, 0.5) == pytest.approx(0.1 / 1.5)
     state = opt.state_dict()
     fresh = torch.optim.SGD(model.parameters(), lr=0.1)
-    fresh.load_state_dict(state)                                         # a client's next round
+    fresh.load_state_dict(state)  # a client's next round
     assert decay_learning_rate(fresh, 1.0, 1.0) == pytest.approx(0.1 / 2.0)
     digits = ImageClassificationTask(image_preset("tiny", lr_decay=1.0), seed=0)
     m = digits.build_model(0)
@@ -240,8 +249,9 @@ def test_figures_are_written(tmp_path, digits):
     truth[1:4, 1:4] = True
     pred = np.zeros((6, 5), bool)
     pred[1:4, 2:5] = True
-    samples = [{"unit": "axial-090", "image": np.random.default_rng(0).random((6, 5)), "truth": truth,
-                "prediction": pred}]
+    samples = [
+        {"unit": "axial-090", "image": np.random.default_rng(0).random((6, 5)), "truth": truth, "prediction": pred}
+    ]
     out = mask_figure(samples, tmp_path / "masks.png", title="test")
     assert out.stat().st_size > 1000
     counts = digits.shard_class_counts(digits.client_shards(3, "dirichlet", seed=0, alpha=0.3))

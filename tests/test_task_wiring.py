@@ -38,8 +38,10 @@ def read_rows(cfg):
 # the refactor must not change a single number.
 PINNED_TRANSLATION = {
     "fedavg": [[5.002726773787929] * 3, [4.85628684655343] * 3],
-    "trustformer": [[5.032587620073384, 4.983736949105376, 5.00269263275066],
-                    [4.881244911052935, 4.840381954464875, 4.855572139367579]],
+    "trustformer": [
+        [5.032587620073384, 4.983736949105376, 5.00269263275066],
+        [4.881244911052935, 4.840381954464875, 4.855572139367579],
+    ],
 }
 # Trustformer's numbers: the rotating memberships under the privacy floor (min_cluster_rows = 2), measured
 # on the round loop before it became protocol-declared (bytes up: + the 33-byte tensors_kept_local metric added since).
@@ -48,8 +50,11 @@ TRUSTFORMER_PINNED_OPTIONS = {"federation.memberships": "rotating"}
 
 @pytest.mark.parametrize("strategy", sorted(PINNED_TRANSLATION))
 def test_translation_numbers_are_unchanged_by_the_task_layer(tmp_path, strategy):
-    cfg = tiny(tmp_path, strategy, **{"federation.strategy": strategy,
-                                      **(TRUSTFORMER_PINNED_OPTIONS if strategy == "trustformer" else {})})
+    cfg = tiny(
+        tmp_path,
+        strategy,
+        **{"federation.strategy": strategy, **(TRUSTFORMER_PINNED_OPTIONS if strategy == "trustformer" else {})},
+    )
     assert cfg.task == "translation"
     summary = run_in_process(cfg)
     rows = read_rows(cfg)
@@ -67,44 +72,87 @@ def test_translation_numbers_are_unchanged_by_the_task_layer(tmp_path, strategy)
 # the bytes up/down of every (round, client) line where they hold no timing (tee seals the timings), measured
 # before the server's round became protocol-declared (runtime/rounds.py): the same to 1e-6, bytes exactly.
 PINNED_ROUND_LOOP = {
-    'fedavg': ([[5.002726773787929, 5.002726773787929, 5.002726773787929],
-                [4.85628684655343, 4.85628684655343, 4.85628684655343]],
-        [[[134168, 133868], [134168, 133868], [134168, 133868]],
-         [[134168, 133868], [134168, 133868], [134168, 133868]]]),
-    'trustformer': ([[5.032587620073384, 4.983736949105376, 5.00269263275066],
-                     [4.881244911052935, 4.840381954464875, 4.855572139367579]],
-        [[[62892, 62472], [62892, 62472], [62892, 62472]], [[62892, 62472], [62892, 62472], [62892, 62472]]]),
-    'dp-fedavg': ([[15.407615641490764, 15.407615641490764, 15.407615641490764],
-                   [26.315437417546175, 26.315437417546175, 26.315437417546175]],
-        [[[134215, 133868], [134215, 133868], [134215, 133868]],
-         [[134215, 133868], [134215, 133868], [134215, 133868]]]),
-    'fedavg-topk': ([[5.754560727242744, 5.754560727242744, 5.754560727242744],
-                     [5.226211104984333, 5.226211104984333, 5.226211104984333]],
-        [[[25662, 44708], [25662, 44708], [25662, 44708]], [[25662, 58756], [25662, 58756], [25662, 58756]]]),
-    'fedavg/tee': ([[5.002726773787929, 5.002726773787929, 5.002726773787929],
-                    [4.85628684655343, 4.85628684655343, 4.85628684655343]],
-        None),
-    'trustformer/tee': ([[5.032587620073384, 4.983736949105376, 5.00269263275066],
-                         [4.881244911052935, 4.840381954464875, 4.855572139367579]],
-        None),
-    'fedavg/secagg': ([[5.002726773787929, 5.002726773787929, 5.002726773787929],
-                       [4.856287168638687, 4.856287168638687, 4.856287168638687]],
-        [[[253377, 135342], [253377, 135342], [253377, 135342]],
-         [[253377, 135342], [253377, 135342], [253377, 135342]]]),
-    'trustformer/secagg': ([[5.032587942158641, 4.983736949105376, 5.00269263275066],
-                            [4.881244911052935, 4.840381954464875, 4.855572139367579]],
-        [[[126575, 63946], [126575, 63946], [126575, 63946]], [[126575, 63946], [126575, 63946], [126575, 63946]]]),
+    "fedavg": (
+        [
+            [5.002726773787929, 5.002726773787929, 5.002726773787929],
+            [4.85628684655343, 4.85628684655343, 4.85628684655343],
+        ],
+        [
+            [[134168, 133868], [134168, 133868], [134168, 133868]],
+            [[134168, 133868], [134168, 133868], [134168, 133868]],
+        ],
+    ),
+    "trustformer": (
+        [
+            [5.032587620073384, 4.983736949105376, 5.00269263275066],
+            [4.881244911052935, 4.840381954464875, 4.855572139367579],
+        ],
+        [[[62892, 62472], [62892, 62472], [62892, 62472]], [[62892, 62472], [62892, 62472], [62892, 62472]]],
+    ),
+    "dp-fedavg": (
+        [
+            [15.407615641490764, 15.407615641490764, 15.407615641490764],
+            [26.315437417546175, 26.315437417546175, 26.315437417546175],
+        ],
+        [
+            [[134215, 133868], [134215, 133868], [134215, 133868]],
+            [[134215, 133868], [134215, 133868], [134215, 133868]],
+        ],
+    ),
+    "fedavg-topk": (
+        [
+            [5.754560727242744, 5.754560727242744, 5.754560727242744],
+            [5.226211104984333, 5.226211104984333, 5.226211104984333],
+        ],
+        [[[25662, 44708], [25662, 44708], [25662, 44708]], [[25662, 58756], [25662, 58756], [25662, 58756]]],
+    ),
+    "fedavg/tee": (
+        [
+            [5.002726773787929, 5.002726773787929, 5.002726773787929],
+            [4.85628684655343, 4.85628684655343, 4.85628684655343],
+        ],
+        None,
+    ),
+    "trustformer/tee": (
+        [
+            [5.032587620073384, 4.983736949105376, 5.00269263275066],
+            [4.881244911052935, 4.840381954464875, 4.855572139367579],
+        ],
+        None,
+    ),
+    "fedavg/secagg": (
+        [
+            [5.002726773787929, 5.002726773787929, 5.002726773787929],
+            [4.856287168638687, 4.856287168638687, 4.856287168638687],
+        ],
+        [
+            [[253377, 135342], [253377, 135342], [253377, 135342]],
+            [[253377, 135342], [253377, 135342], [253377, 135342]],
+        ],
+    ),
+    "trustformer/secagg": (
+        [
+            [5.032587942158641, 4.983736949105376, 5.00269263275066],
+            [4.881244911052935, 4.840381954464875, 4.855572139367579],
+        ],
+        [[[126575, 63946], [126575, 63946], [126575, 63946]], [[126575, 63946], [126575, 63946], [126575, 63946]]],
+    ),
 }
 
-ROUND_LOOP_OPTIONS = {"dp-fedavg": {"privacy.noise_source": "seeded-not-private"},
-                      "trustformer": TRUSTFORMER_PINNED_OPTIONS}
+ROUND_LOOP_OPTIONS = {
+    "dp-fedavg": {"privacy.noise_source": "seeded-not-private"},
+    "trustformer": TRUSTFORMER_PINNED_OPTIONS,
+}
 
 
 @pytest.mark.parametrize("case", sorted(PINNED_ROUND_LOOP))
 def test_round_loop_numbers_are_pinned(tmp_path, case):
     strategy, _, mode = case.partition("/")
-    cfg = tiny(tmp_path, case.replace("/", "-"), **{"federation.strategy": strategy, "secure.mode": mode or "none",
-                                                   **ROUND_LOOP_OPTIONS.get(strategy, {})})
+    cfg = tiny(
+        tmp_path,
+        case.replace("/", "-"),
+        **{"federation.strategy": strategy, "secure.mode": mode or "none", **ROUND_LOOP_OPTIONS.get(strategy, {})},
+    )
     run_in_process(cfg)
     rows = read_rows(cfg)
     losses, sizes = PINNED_ROUND_LOOP[case]
@@ -149,22 +197,28 @@ def test_a_task_section_is_declared_once_with_its_presets_beside_it(preset):
     assert set(TASK_PRESETS["image-classification"]) == set(TASK_PRESETS["segmentation"]) == {"tiny", "small", "paper"}
     for task in (ImageClassificationTask, SegmentationTask):  # the task modules declare no section of their own
         module = __import__(task.__module__, fromlist=["_"])
-        assert not [name for name, value in vars(module).items() if dataclasses.is_dataclass(value)
-                    and value.__module__ == module.__name__], module.__name__
+        assert not [
+            name
+            for name, value in vars(module).items()
+            if dataclasses.is_dataclass(value) and value.__module__ == module.__name__
+        ], module.__name__
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"task": "images"}, "task = 'images' is not one of"),
-    ({"task": "image-classification", "image.lr": -1.0}, "image.lr = -1.0 must be > 0"),
-    ({"task": "image-classification", "image.dataset": "mnist"}, "image.dataset = 'mnist' is not one of"),
-    ({"task": "image-classification", "image.widths": [8]}, "image.widths = [8] must give one width"),
-    ({"task": "image-classification", "image.layers": "1,1"}, "image.layers = '1,1' must be a list"),
-    ({"task": "segmentation", "segmentation.norm": "batch"}, "segmentation.norm = 'batch' is not one of"),
-    ({"task": "segmentation", "segmentation.depth": 9}, "segmentation.depth = 9 must be in [1, 6]"),
-    ({"task": "segmentation", "data.partition": "dirichlet"}, "data.partition = 'dirichlet' does not apply"),
-    ({"data.partition": "stratified"}, "data.partition = 'stratified' does not apply to task = 'translation'"),
-    ({"task": "image-classification", "image.nope": 1}, "unknown config key image.nope"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"task": "images"}, "task = 'images' is not one of"),
+        ({"task": "image-classification", "image.lr": -1.0}, "image.lr = -1.0 must be > 0"),
+        ({"task": "image-classification", "image.dataset": "mnist"}, "image.dataset = 'mnist' is not one of"),
+        ({"task": "image-classification", "image.widths": [8]}, "image.widths = [8] must give one width"),
+        ({"task": "image-classification", "image.layers": "1,1"}, "image.layers = '1,1' must be a list"),
+        ({"task": "segmentation", "segmentation.norm": "batch"}, "segmentation.norm = 'batch' is not one of"),
+        ({"task": "segmentation", "segmentation.depth": 9}, "segmentation.depth = 9 must be in [1, 6]"),
+        ({"task": "segmentation", "data.partition": "dirichlet"}, "data.partition = 'dirichlet' does not apply"),
+        ({"data.partition": "stratified"}, "data.partition = 'stratified' does not apply to task = 'translation'"),
+        ({"task": "image-classification", "image.nope": 1}, "unknown config key image.nope"),
+    ],
+)
 def test_task_options_are_validated_at_load_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("tiny", None, overrides)
@@ -176,7 +230,8 @@ def test_cli_task_option(tmp_path):
     assert cfg.task == "segmentation" and cfg.segmentation.depth == 2
     assert cfg.out == str(Path("runs") / "segmentation-fedavg-tiny-seed0")
     assert resolve_config(build_parser().parse_args(["run", "--preset", "tiny"])).out == str(
-        Path("runs") / "fedavg-tiny-seed0")
+        Path("runs") / "fedavg-tiny-seed0"
+    )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--task", "speech"])
 
@@ -212,10 +267,13 @@ def _evaluate_reply(metrics):
     return Message(content, dst_node_id=7, message_type="evaluate")
 
 
-@pytest.mark.parametrize("task, good", [
-    ("image-classification", {"accuracy": 0.5, "per_class_accuracy": [0.5, 1.0]}),
-    ("segmentation", {"dice": 0.9, "iou": 0.8, "pixel_accuracy": 0.95}),
-])
+@pytest.mark.parametrize(
+    "task, good",
+    [
+        ("image-classification", {"accuracy": 0.5, "per_class_accuracy": [0.5, 1.0]}),
+        ("segmentation", {"dice": 0.9, "iou": 0.8, "pixel_accuracy": 0.95}),
+    ],
+)
 def test_final_metrics_of_an_image_task_are_validated(task_identity, task, good):
     base = {"client": 0, "test_loss": 0.5, "model_bytes": 100}
     client, metrics = _final_metrics(_evaluate_reply({**base, **good}), 1, {1: 0}, 3, task)
@@ -232,8 +290,7 @@ def test_final_metrics_of_an_image_task_are_validated(task_identity, task, good)
 
 # ------------------------------------------------------------------------------ image tasks, every protocol
 
-STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "fedavg-topk", "dp-fedavg", "dp-fedsam",
-              "dp-blur-lus")
+STRATEGIES = ("fedavg", "local", "centralized", "trustformer", "fedavg-topk", "dp-fedavg", "dp-fedsam", "dp-blur-lus")
 SCORES = {"image-classification": ("accuracy",), "segmentation": ("dice", "iou", "pixel_accuracy")}
 
 
@@ -243,10 +300,17 @@ def image_runs(tmp_path_factory):
     out = {}
     for task in SCORES:
         for strategy in STRATEGIES:
-            cfg = tiny(tmp, f"{task}-{strategy}", task=task, **{
-                "federation.strategy": strategy, "federation.beta": 0.5,
-                # the tiny runs are far too short for ε = 1: what they test is that the protocol runs
-                "privacy.on_exceed": "continue"})
+            cfg = tiny(
+                tmp,
+                f"{task}-{strategy}",
+                task=task,
+                **{
+                    "federation.strategy": strategy,
+                    "federation.beta": 0.5,
+                    # the tiny runs are far too short for ε = 1: what they test is that the protocol runs
+                    "privacy.on_exceed": "continue",
+                },
+            )
             out[task, strategy] = (cfg, run_in_process(cfg))
     return out
 
@@ -318,9 +382,17 @@ def test_federated_and_local_protocols_behave_on_image_tasks(image_runs, task):
 def test_dp_fedavg_without_noise_or_clipping_equals_fedavg_on_images(tmp_path, image_runs):
     """σ = 0 and C far above any update norm: DP-FedAvg's aggregate is FedAvg's, on an image task too."""
     _, fedavg = image_runs["image-classification", "fedavg"]
-    cfg = tiny(tmp_path, "dp", task="image-classification", **{
-        "federation.strategy": "dp-fedavg", "privacy.noise_multiplier": 0.0, "privacy.clip_norm": 1e12,
-        "privacy.on_exceed": "continue"})
+    cfg = tiny(
+        tmp_path,
+        "dp",
+        task="image-classification",
+        **{
+            "federation.strategy": "dp-fedavg",
+            "privacy.noise_multiplier": 0.0,
+            "privacy.clip_norm": 1e12,
+            "privacy.on_exceed": "continue",
+        },
+    )
     dp = run_in_process(cfg)
     assert dp["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-5, abs=1e-5)
     # W + mean(W_k − W) = mean(W_k) up to rounding, which may flip a near-tie prediction or two
@@ -329,8 +401,9 @@ def test_dp_fedavg_without_noise_or_clipping_equals_fedavg_on_images(tmp_path, i
 
 def test_image_runs_are_reproducible_and_disk_store_equals_memory(tmp_path, image_runs):
     _, local = image_runs["segmentation", "local"]
-    again = run_in_process(tiny(tmp_path, "again", task="segmentation", **{
-        "federation.strategy": "local", "runtime.store": "disk"}))
+    again = run_in_process(
+        tiny(tmp_path, "again", task="segmentation", **{"federation.strategy": "local", "runtime.store": "disk"})
+    )
     assert again["test_loss"] == pytest.approx(local["test_loss"], abs=1e-6)
     assert again["dice"] == pytest.approx(local["dice"], abs=1e-9)
 
@@ -342,8 +415,11 @@ def test_report_of_image_runs_has_their_quality_columns_and_figures(tmp_path, im
     from trustformer.report import build_report, load_runs
     from trustformer.report.tables import quality_per_client_table, quality_table
 
-    folders = [Path(cfg.out) for (task, strategy), (cfg, _) in image_runs.items()
-               if strategy in ("fedavg", "centralized", "trustformer")]
+    folders = [
+        Path(cfg.out)
+        for (task, strategy), (cfg, _) in image_runs.items()
+        if strategy in ("fedavg", "centralized", "trustformer")
+    ]
     runs = load_runs(folders)
     table = quality_table(runs)
     assert {"task", "accuracy", "Dice", "IoU", "pixel accuracy"} <= set(table.columns)

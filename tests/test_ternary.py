@@ -66,5 +66,8 @@ def test_eq4_and_eq5():
     q = torch.tensor([2.0, 0.0, -1.1, 1.1])
     # changes now: +1, -1, -0.1, +0.1; before: +1, +1, -1, +1; β = 0.2 -> threshold 0.2
     assert ternary.ternary_evolution(q, last, before, 0.2).tolist() == [1, -1, 0, 0]
-    assert ternary.shares(torch.tensor([1, -1, 0, 0])) == {"ternary_neg": 0.25, "ternary_zero": 0.5,
-                                                           "ternary_pos": 0.25}
+    assert ternary.shares(torch.tensor([1, -1, 0, 0])) == {
+        "ternary_neg": 0.25,
+        "ternary_zero": 0.5,
+        "ternary_pos": 0.25,
+    }

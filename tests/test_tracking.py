@@ -9,20 +9,47 @@ import pytest
 
 from trustformer.tracking import TRACKERS, Tracker, final_scalars, flatten, mlflow_uri
 
-CONFIG = {"seed": 0, "strategy": "trustformer", "optim": {"lr": 0.003, "betas": [0.9, 0.98]},
-          "data": {"partition": "iid", "client_sizes": []}, "long": "x" * 600}
+CONFIG = {
+    "seed": 0,
+    "strategy": "trustformer",
+    "optim": {"lr": 0.003, "betas": [0.9, 0.98]},
+    "data": {"partition": "iid", "client_sizes": []},
+    "long": "x" * 600,
+}
 
 
 def line(rnd: int, client: int) -> dict:
-    return {"round": rnd, "client": client, "node": 7 + client, "test_loss": 5.0 - rnd - client / 10,
-            "train_loss": 6.0 - rnd, "bytes_up": 1000 * rnd + client, "bytes_down": 2000, "lr": 0.001 * rnd,
-            "steps": 8 + client, "train_tokens": 100 * (client + 1), "tokens_per_s": 250.0,
-            "train_s": 0.5 + client, "aggregate_s": 0.25, "exchanged": True}
+    return {
+        "round": rnd,
+        "client": client,
+        "node": 7 + client,
+        "test_loss": 5.0 - rnd - client / 10,
+        "train_loss": 6.0 - rnd,
+        "bytes_up": 1000 * rnd + client,
+        "bytes_down": 2000,
+        "lr": 0.001 * rnd,
+        "steps": 8 + client,
+        "train_tokens": 100 * (client + 1),
+        "tokens_per_s": 250.0,
+        "train_s": 0.5 + client,
+        "aggregate_s": 0.25,
+        "exchanged": True,
+    }
 
 
-SUMMARY = {"rounds": 2, "client_ids": [0, 1], "test_loss": [2.5, 3.5], "bleu": [10.0, 20.0], "chrf": [30.0, 40.0],
-           "meteor": [None, None], "round_time_s": [1.0, 2.0], "bytes": {"up_total": 4002, "down_total": 8000},
-           "time_s": {"train": 4.0, "total": 9.5}, "throughput": {"train_tokens_per_s": 300.0}, "config": CONFIG}
+SUMMARY = {
+    "rounds": 2,
+    "client_ids": [0, 1],
+    "test_loss": [2.5, 3.5],
+    "bleu": [10.0, 20.0],
+    "chrf": [30.0, 40.0],
+    "meteor": [None, None],
+    "round_time_s": [1.0, 2.0],
+    "bytes": {"up_total": 4002, "down_total": 8000},
+    "time_s": {"train": 4.0, "total": 9.5},
+    "throughput": {"train_tokens_per_s": 300.0},
+    "config": CONFIG,
+}
 
 EVENT = {"event": "dropped", "round": 2, "client": 1, "reason": "train failed: node unavailable"}
 
@@ -62,9 +89,16 @@ def expected_scalars() -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-NOT_WRITTEN = ("client_0/round", "client_0/client", "client_0/node", "client_0/exchanged",
-               "client_0/time/tokens_per_s", "final/mean/meteor", "final/client_0/client_ids",
-               "final/mean/round_time_s")
+NOT_WRITTEN = (
+    "client_0/round",
+    "client_0/client",
+    "client_0/node",
+    "client_0/exchanged",
+    "client_0/time/tokens_per_s",
+    "final/mean/meteor",
+    "final/client_0/client_ids",
+    "final/mean/round_time_s",
+)
 
 
 def test_tensorboard_scalars_text_and_hparams_read_back(tmp_path):
@@ -153,8 +187,10 @@ def test_unknown_kind_names_the_valid_ones(tmp_path):
     assert not (tmp_path / "tensorboard").exists()
 
 
-@pytest.mark.parametrize("kind, module, package", [("tensorboard", "torch.utils.tensorboard", "tensorboard"),
-                                                    ("mlflow", "mlflow", "mlflow-skinny")])
+@pytest.mark.parametrize(
+    "kind, module, package",
+    [("tensorboard", "torch.utils.tensorboard", "tensorboard"), ("mlflow", "mlflow", "mlflow-skinny")],
+)
 def test_missing_package_says_what_to_install(tmp_path, monkeypatch, kind, module, package):
     for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
         monkeypatch.setitem(sys.modules, name, None)  # the import fails as if not installed
@@ -163,8 +199,7 @@ def test_missing_package_says_what_to_install(tmp_path, monkeypatch, kind, modul
 
 
 def test_flatten_and_final_scalars():
-    assert flatten({"a": {"b": 1, "c": {"d": [1]}}, "e": {}, "f": None}) == {"a.b": 1, "a.c.d": [1], "e": {},
-                                                                              "f": None}
+    assert flatten({"a": {"b": 1, "c": {"d": [1]}}, "e": {}, "f": None}) == {"a.b": 1, "a.c.d": [1], "e": {}, "f": None}
     final = final_scalars(SUMMARY)
     assert final["final/client_0/test_loss"] == 2.5 and final["final/mean/test_loss"] == 3.0
     assert "final/mean/meteor" not in final and "final/mean/round_time_s" not in final

@@ -43,15 +43,19 @@ class Spy:
             key = (session.round, session.client)
             spy.trained[key] = {n: p.detach().clone() for n, p in session.model.named_parameters()}
             spy.sent[key] = {n: t.clone() for n, t in payload.items()}
-            spy.labels[key] = {n[len(trustformer_module.LABELS):]: t.clone() for n, t in session.protocol_state.items()
-                               if n.startswith(trustformer_module.LABELS)}
+            spy.labels[key] = {
+                n[len(trustformer_module.LABELS) :]: t.clone()
+                for n, t in session.protocol_state.items()
+                if n.startswith(trustformer_module.LABELS)
+            }
             return payload, phases
 
         def client_apply(self, session, aggregate):
             out = real_apply(self, session, aggregate)
             spy.received[(session.round, session.client)] = {n: t.clone() for n, t in aggregate.items()}
-            spy.applied[(session.round, session.client)] = {n: p.detach().clone()
-                                                            for n, p in session.model.named_parameters()}
+            spy.applied[(session.round, session.client)] = {
+                n: p.detach().clone() for n, p in session.model.named_parameters()
+            }
             return out
 
         monkeypatch.setattr(Trustformer, "client_payload", client_payload)
@@ -90,8 +94,11 @@ def test_exchange_moves_every_client_towards_the_fedavg_of_the_local_models(tmp_
 def test_memberships_agree_across_clients_and_the_server_can_derive_them(tmp_path, monkeypatch):
     for mode in ALIGNED:
         spy = Spy(monkeypatch)
-        cfg = tiny(tmp_path, f"agree-{mode}", **{"federation.beta": 0.25, "federation.memberships": mode,
-                                                 "federation.rounds": 3})
+        cfg = tiny(
+            tmp_path,
+            f"agree-{mode}",
+            **{"federation.beta": 0.25, "federation.memberships": mode, "federation.rounds": 3},
+        )
         run_in_process(cfg)
         protocol, init = Trustformer(cfg), initial(cfg)
         history = []
@@ -125,8 +132,11 @@ def test_floor_holds_on_the_wire_and_framing_is_one_header(tmp_path, monkeypatch
     """Every centroid on the wire is the mean of ≥ min_cluster_rows rows of the client's trained layer,
     1-D tensors included; the payload is one flat array whose framing is ≤ 2% of its values' bytes."""
     spy, replies = Spy(monkeypatch), []
-    cfg = tiny(tmp_path, f"wire-{mode}", **{"federation.beta": beta, "federation.memberships": mode,
-                                            "federation.min_cluster_rows": 2})
+    cfg = tiny(
+        tmp_path,
+        f"wire-{mode}",
+        **{"federation.beta": beta, "federation.memberships": mode, "federation.min_cluster_rows": 2},
+    )
     run_in_process(cfg, client_app=_capture_replies(replies))
     protocol, init = Trustformer(cfg), initial(cfg)
     layout = protocol.clusters(init)
@@ -168,15 +178,23 @@ def test_beta_above_the_floor_is_refused_and_beta_one_without_floor_is_fedavg(tm
         tiny(tmp_path, "x", **{"federation.beta": 0.6, "federation.min_cluster_rows": 2})
     fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.strategy": "fedavg"}))
     for mode in ("shared", "rotating"):
-        tf = run_in_process(tiny(tmp_path, f"tf-{mode}", **{"federation.beta": 1.0, "federation.min_cluster_rows": 1,
-                                                             "federation.memberships": mode}))
+        tf = run_in_process(
+            tiny(
+                tmp_path,
+                f"tf-{mode}",
+                **{"federation.beta": 1.0, "federation.min_cluster_rows": 1, "federation.memberships": mode},
+            )
+        )
         assert tf["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)
         assert max(tf["fedavg_distance"]) < 1e-6
 
 
 def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
-    cfg = tiny(tmp_path, "phases", **{"federation.beta": 0.5, "federation.memberships": "local",
-                                      "federation.weighting": "data_size"})
+    cfg = tiny(
+        tmp_path,
+        "phases",
+        **{"federation.beta": 0.5, "federation.memberships": "local", "federation.weighting": "data_size"},
+    )
     run_in_process(cfg)
     rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"round"' in x]
     rows = [r for r in rows if "cluster_s" in r]

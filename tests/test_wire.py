@@ -12,9 +12,14 @@ finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(st.text(min_size=1, max_size=8),
-                       arrays(np.float32, array_shapes(max_dims=3, max_side=5), elements=finite),
-                       min_size=1, max_size=4))
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=8),
+        arrays(np.float32, array_shapes(max_dims=3, max_side=5), elements=finite),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_round_trip_preserves_names_shapes_values(named):
     tensors = {k: torch.from_numpy(v) for k, v in named.items()}
     back = from_array_record(to_array_record(tensors), spec_of(tensors))

@@ -23,9 +23,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_config_options(p)
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
-    p.add_argument("--resume", metavar="DIR",
-                   help="continue the run checkpointed in DIR after its last completed round (needs "
-                        "runtime.store = disk; the run's own configuration is used)")
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run checkpointed in DIR after its last completed round (needs "
+        "runtime.store = disk; the run's own configuration is used)",
+    )
     p.set_defaults(func=_cmd_run)
 
 
@@ -34,9 +37,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.client import keeps_state_on_disk
 
     if cfg.runtime.resume and not keeps_state_on_disk(cfg):
-        raise ConfigError(f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
-                          "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
-                          "--set runtime.store=disk")
+        raise ConfigError(
+            f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
+            "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
+            "--set runtime.store=disk"
+        )
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     from .tasks.checks import check_metrics
     from .engine import run
@@ -47,8 +52,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if cfg.task != "translation":
         scores = " · ".join(f"{key} {summary[key]}" for key in FINAL_METRICS[cfg.task])
-        print(f"test loss {summary['test_loss']} · {scores} · {summary['time_s']['total']:.0f} s · "
-              f"{cfg.out}/summary.json")
+        print(
+            f"test loss {summary['test_loss']} · {scores} · {summary['time_s']['total']:.0f} s · {cfg.out}/summary.json"
+        )
     elif args.quiet:
         print(f"test loss {summary['test_loss']} · BLEU {summary['bleu']} · {cfg.out}/summary.json")
     else:
@@ -62,8 +68,10 @@ def print_samples(summary: dict[str, Any]) -> None:
     if not samples:
         return
     who = "all shards" if client == "-1" else f"client {client}"
-    print(f"sample translations of the shared test set ({who}; every sentence: "
-          f"{summary.get('translations', {}).get(client, 'translations.tsv')}):")
+    print(
+        f"sample translations of the shared test set ({who}; every sentence: "
+        f"{summary.get('translations', {}).get(client, 'translations.tsv')}):"
+    )
     for source, reference, hypothesis in samples:
         print(f"  source     {source}\n  reference  {reference}\n  hypothesis {hypothesis}\n")
 
@@ -139,36 +147,67 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
     )
     from .reproduce import FEDPC_PARTITIONS, FEDPC_TASKS, PAPERS
 
-    p.add_argument("--paper", choices=PAPERS, default="trustformer",
-                   help="which paper's grid and report (default: trustformer)")
+    p.add_argument(
+        "--paper", choices=PAPERS, default="trustformer", help="which paper's grid and report (default: trustformer)"
+    )
     p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="base settings (default: tiny)")
     p.add_argument("--config", metavar="FILE", help="TOML file applied to every run")
-    p.add_argument("--out", metavar="DIR",
-                   help="results folder, also the cache (default: results/<preset>, results/fedpc-<preset> for "
-                        "--paper fedpc)")
-    p.add_argument("--strategies", type=_str_list, metavar="LIST",
-                   help="comma-separated strategies (default: all the paper's that are installed"
-                        "; small leaves out centralized; fedpc: centralized,fedavg,phong,fedpc)")
-    p.add_argument("--clients", type=_int_list, metavar="LIST",
-                   help="fedpc: numbers of workers N, e.g. 3,5,10 (default: 3,5,10; tiny: 3)")
-    p.add_argument("--tasks", type=_str_list, metavar="LIST",
-                   help=f"fedpc: tasks (default: {','.join(FEDPC_TASKS)})")
-    p.add_argument("--partitions", type=_str_list, metavar="LIST",
-                   help=f"fedpc: data splits (default: {','.join(FEDPC_PARTITIONS)}; dirichlet: image "
-                        "classification only)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="results folder, also the cache (default: results/<preset>, results/fedpc-<preset> for --paper fedpc)",
+    )
+    p.add_argument(
+        "--strategies",
+        type=_str_list,
+        metavar="LIST",
+        help="comma-separated strategies (default: all the paper's that are installed"
+        "; small leaves out centralized; fedpc: centralized,fedavg,phong,fedpc)",
+    )
+    p.add_argument(
+        "--clients",
+        type=_int_list,
+        metavar="LIST",
+        help="fedpc: numbers of workers N, e.g. 3,5,10 (default: 3,5,10; tiny: 3)",
+    )
+    p.add_argument("--tasks", type=_str_list, metavar="LIST", help=f"fedpc: tasks (default: {','.join(FEDPC_TASKS)})")
+    p.add_argument(
+        "--partitions",
+        type=_str_list,
+        metavar="LIST",
+        help=f"fedpc: data splits (default: {','.join(FEDPC_PARTITIONS)}; dirichlet: image classification only)",
+    )
     p.add_argument("--betas", type=_float_list, metavar="LIST", help="trustformer paper: β sweep, e.g. 0.1,0.5,0.9")
-    p.add_argument("--agg-every", type=_int_list, metavar="LIST",
-                   help="trustformer paper: aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)")
-    p.add_argument("--agg-betas", type=_float_list, metavar="LIST",
-                   help="trustformer paper: β values run at the Agg_fr other than 1 (default 0.5)")
-    p.add_argument("--agg-strategies", type=_str_list, metavar="LIST",
-                   help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)")
+    p.add_argument(
+        "--agg-every",
+        type=_int_list,
+        metavar="LIST",
+        help="trustformer paper: aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)",
+    )
+    p.add_argument(
+        "--agg-betas",
+        type=_float_list,
+        metavar="LIST",
+        help="trustformer paper: β values run at the Agg_fr other than 1 (default 0.5)",
+    )
+    p.add_argument(
+        "--agg-strategies",
+        type=_str_list,
+        metavar="LIST",
+        help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)",
+    )
     p.add_argument("--rounds", type=int, help="rounds of every run (default: the grid's, see docs/reproduction.md)")
     p.add_argument("--seed", type=int, help="seed of every run")
-    p.add_argument("--epochs", type=int, default=None,
-                   help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any option of every run by its dotted key (repeatable)")
+    p.add_argument(
+        "--epochs", type=int, default=None, help="trustformer paper: e of Eq. 5 for Table V (default 10, the paper's)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any option of every run by its dotted key (repeatable)",
+    )
     p.add_argument("--force", action="store_true", help="rerun even the runs found in the cache")
     p.add_argument("--dry-run", action="store_true", help="list the runs and whether they are cached; run nothing")
     p.add_argument("--quiet", action="store_true", help="only the grid's progress lines and warnings")
@@ -182,8 +221,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     setup_logging(quiet=False)
     if args.quiet:
-        for name in ("trustformer.app", "trustformer.metrics", "trustformer.workload", "trustformer.runtime",
-                     "trustformer.protocols", "trustformer.tasks"):
+        for name in (
+            "trustformer.app",
+            "trustformer.metrics",
+            "trustformer.workload",
+            "trustformer.runtime",
+            "trustformer.protocols",
+            "trustformer.tasks",
+        ):
             logging.getLogger(name).setLevel(logging.WARNING)
     if args.paper == "fedpc":
         return _reproduce_fedpc(args)
@@ -214,8 +259,16 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"{i:3d}/{len(planned)}  {state:7s}  {run.label:32s}  {run.folder}")
         return 0
     command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
-    outcome = rep.reproduce(args.preset, results, grid=grid, config_file=args.config, overrides=overrides,
-                            force=args.force, epochs=args.epochs, command=command)
+    outcome = rep.reproduce(
+        args.preset,
+        results,
+        grid=grid,
+        config_file=args.config,
+        overrides=overrides,
+        force=args.force,
+        epochs=args.epochs,
+        command=command,
+    )
     return _reproduce_outcome(outcome)
 
 
@@ -236,18 +289,23 @@ def _reproduce_fedpc(args: argparse.Namespace) -> int:
 
     for option in ("betas", "agg_every", "agg_betas", "agg_strategies", "epochs"):
         if getattr(args, option) is not None:
-            raise ConfigError(f"--{option.replace('_', '-')} applies to the Trustformer paper only, not to "
-                              "--paper fedpc")
+            raise ConfigError(
+                f"--{option.replace('_', '-')} applies to the Trustformer paper only, not to --paper fedpc"
+            )
     grid = rep.default_fedpc_grid(args.preset)
-    changes = {name: getattr(args, name) for name in ("strategies", "clients", "tasks", "partitions", "rounds")
-               if getattr(args, name) is not None}
+    changes = {
+        name: getattr(args, name)
+        for name in ("strategies", "clients", "tasks", "partitions", "rounds")
+        if getattr(args, name) is not None
+    }
     grid = replace(grid, **changes)
     rep.check_fedpc_grid(grid)
     overrides = _reproduce_overrides(args)
     for key in ("task", "federation.strategy", "federation.clients", "data.partition"):
         if key in overrides:
-            raise ConfigError(f"--set {key}: the grid sets it for every run (use --tasks, --strategies, --clients "
-                              "or --partitions)")
+            raise ConfigError(
+                f"--set {key}: the grid sets it for every run (use --tasks, --strategies, --clients or --partitions)"
+            )
     results = args.out or os.path.join("results", f"fedpc-{args.preset}")
     if args.dry_run:
         planned = rep.plan_fedpc(args.preset, grid, results, config_file=args.config, overrides=overrides)
@@ -256,8 +314,9 @@ def _reproduce_fedpc(args: argparse.Namespace) -> int:
             print(f"{i:3d}/{len(planned)}  {state:7s}  {run.label:52s}  {run.folder}")
         return 0
     command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
-    outcome = rep.reproduce_fedpc(args.preset, results, grid=grid, config_file=args.config, overrides=overrides,
-                                  force=args.force, command=command)
+    outcome = rep.reproduce_fedpc(
+        args.preset, results, grid=grid, config_file=args.config, overrides=overrides, force=args.force, command=command
+    )
     return _reproduce_outcome(outcome)
 
 
@@ -265,15 +324,21 @@ def _reproduce_outcome(outcome: Any) -> int:
     if outcome.report is not None:
         print(f"report: {outcome.report.markdown} (and {outcome.report.html.name}, tables/, figures/)")
     if outcome.failed:
-        print(f"trustformer: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)} "
-              f"(see error.txt in their folders)", file=sys.stderr)
+        print(
+            f"trustformer: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)} "
+            f"(see error.txt in their folders)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def _attack_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attack", help="measure what an honest-but-curious server learns from a run",
-                       description="Attacks on a federation run in this process.")
+    p = sub.add_parser(
+        "attack",
+        help="measure what an honest-but-curious server learns from a run",
+        description="Attacks on a federation run in this process.",
+    )
     what = p.add_subparsers(dest="attack", required=True)
     r = what.add_parser(
         "reconstruct",
@@ -294,9 +359,13 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
         "domains that no client trained on). The sweep options run several configurations and print one table.",
     )
     m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
-    m.add_argument("--reference-models", type=int, default=8,
-                   help="offline LiRA's reference models, trained by the server on halves of the public split "
-                        "(default 8; 0: no LiRA score)")
+    m.add_argument(
+        "--reference-models",
+        type=int,
+        default=8,
+        help="offline LiRA's reference models, trained by the server on halves of the public split "
+        "(default 8; 0: no LiRA score)",
+    )
     a = what.add_parser(
         "audit",
         help="audit a record-level DP run in one training run: gradient canaries, the server's view, ε_lb vs ε",
@@ -311,15 +380,31 @@ def _attack_parser(sub: argparse._SubParsersAction) -> None:
     a.set_defaults(func=_cmd_audit)
     for q in (r, m):
         add_config_options(q)
-        q.add_argument("--strategies", type=_str_list, metavar="LIST",
-                       help="comma-separated strategies to attack, one run each (default: --strategy)")
-        q.add_argument("--betas", type=_float_list, metavar="LIST",
-                       help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5")
-        q.add_argument("--memberships", type=_str_list, metavar="LIST",
-                       help="trustformer membership modes, one run each, e.g. shared,local")
-        q.add_argument("--secure-modes", type=_str_list, metavar="LIST",
-                       help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
-                            "support are skipped and listed)")
+        q.add_argument(
+            "--strategies",
+            type=_str_list,
+            metavar="LIST",
+            help="comma-separated strategies to attack, one run each (default: --strategy)",
+        )
+        q.add_argument(
+            "--betas",
+            type=_float_list,
+            metavar="LIST",
+            help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5",
+        )
+        q.add_argument(
+            "--memberships",
+            type=_str_list,
+            metavar="LIST",
+            help="trustformer membership modes, one run each, e.g. shared,local",
+        )
+        q.add_argument(
+            "--secure-modes",
+            type=_str_list,
+            metavar="LIST",
+            help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
+            "support are skipped and listed)",
+        )
         q.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
         q.add_argument("--quiet", action="store_true", help="only the table and warnings")
         q.set_defaults(func=_cmd_attack)
@@ -340,11 +425,16 @@ def _attack_setup(args: argparse.Namespace, default_out: str):
     for why in skipped:
         print(f"skipped {why}", file=sys.stderr)
     if not runs:
-        raise ConfigError("nothing to run: every combination of --strategies and --secure-modes was refused "
-                          "(see the lines above)")
+        raise ConfigError(
+            "nothing to run: every combination of --strategies and --secure-modes was refused (see the lines above)"
+        )
     if not args.quiet:
-        print(f"attack {args.attack}: preset {cfg.preset} · {cfg.federation.clients} clients · "
-              f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}", file=sys.stderr, flush=True)
+        print(
+            f"attack {args.attack}: preset {cfg.preset} · {cfg.federation.clients} clients · "
+            f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}",
+            file=sys.stderr,
+            flush=True,
+        )
     return cfg, runs
 
 
@@ -357,8 +447,11 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     module = reconstruct if args.attack == "reconstruct" else membership
     cfg, runs = _attack_setup(args, f"attack-{args.attack}")
     started = time.perf_counter()
-    options = ({"candidates": args.candidates, "reference_models": args.reference_models}
-               if args.attack == "membership" else {})
+    options = (
+        {"candidates": args.candidates, "reference_models": args.reference_models}
+        if args.attack == "membership"
+        else {}
+    )
     results = module.sweep(cfg, runs, progress=not args.quiet, **options)
     print(module.format_table(results))
     print(f"{module.TABLE_NOTE} · total {(time.perf_counter() - started) / 60:.1f} min")
@@ -374,17 +467,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from .attack.dp_audit import audit
 
     given = {item.partition("=")[0] for item in args.set}
-    defaults = {"privacy.unit": "record", "privacy.audit_canaries": args.canaries, "eval.meteor": False,
-                "eval.bertscore": False}
+    defaults = {
+        "privacy.unit": "record",
+        "privacy.audit_canaries": args.canaries,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
     args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
     if args.out is None:
         args.out = os.path.join("runs", "attack-audit")
     setup_logging(quiet=True)
     result = audit(resolve_config(args))
-    print(f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
-          f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
-          f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
-          f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}")
+    print(
+        f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
+        f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
+        f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
+        f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -412,8 +511,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.out is None and len(args.dirs) != 1:
         raise ConfigError("--out is required when more than one folder is given")
     files = build_report(args.dirs, args.out or args.dirs[0], title=args.title, epochs=args.epochs)
-    print(f"report: {files.markdown} (and {files.html.name}, {len(files.tables)} table files, "
-          f"{len(files.figures)} figures)")
+    print(
+        f"report: {files.markdown} (and {files.html.name}, {len(files.tables)} table files, "
+        f"{len(files.figures)} figures)"
+    )
     return 0
 
 
@@ -443,8 +544,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _run_parser(sub)
     c = sub.add_parser("config", help="print the resolved configuration as TOML (a starting --config file)")
     add_config_options(c)
-    c.add_argument("--reference", action="store_true",
-                   help="print the reference of every key (type, default, meaning) as Markdown instead")
+    c.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the reference of every key (type, default, meaning) as Markdown instead",
+    )
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
     b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale"])

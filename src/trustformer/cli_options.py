@@ -14,34 +14,61 @@ from typing import Any
 from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
 
 # options of add_config_options that --resume replaces with the checkpointed run's configuration
-RUN_OPTIONS = ("preset", "strategy", "rounds", "clients", "seed", "data", "out", "beta", "agg_every", "config",
-               "secure")
+RUN_OPTIONS = (
+    "preset",
+    "strategy",
+    "rounds",
+    "clients",
+    "seed",
+    "data",
+    "out",
+    "beta",
+    "agg_every",
+    "config",
+    "secure",
+)
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
     p.add_argument("--config", metavar="FILE", help="TOML file with any run option (docs/configuration.md)")
-    p.add_argument("--task", choices=TASKS,
-                   help="learning task (default: translation); the preset's values follow the task")
+    p.add_argument(
+        "--task", choices=TASKS, help="learning task (default: translation); the preset's values follow the task"
+    )
     p.add_argument("--strategy", choices=STRATEGIES, help="federated protocol")
     p.add_argument("--rounds", type=int, help="training rounds (local epochs)")
     p.add_argument("--clients", type=int, help="number of data owners")
     p.add_argument("--seed", type=int, help="seed of every random choice")
     p.add_argument("--data", metavar="FILE.tsv", help="own corpus: UTF-8 lines 'source<TAB>target[<TAB>domain]'")
-    p.add_argument("--public-data", metavar="FILE.tsv",
-                   help="start from a model pretrained on these public pairs ('source<TAB>target' lines) instead of "
-                        "random weights (shorthand for --set train.init=public --set train.public_data=FILE.tsv)")
+    p.add_argument(
+        "--public-data",
+        metavar="FILE.tsv",
+        help="start from a model pretrained on these public pairs ('source<TAB>target' lines) instead of "
+        "random weights (shorthand for --set train.init=public --set train.public_data=FILE.tsv)",
+    )
     p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
     p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
     p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
-    p.add_argument("--secure", choices=SECURE_MODES, metavar="MODE",
-                   help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
-                        "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)")
-    p.add_argument("--engine", choices=("inprocess", "simulation"),
-                   help="what runs the apps: inprocess (one process, the default) | simulation (Flower's Simulation "
-                        "Engine on Ray; shorthand for --set runtime.engine=ENGINE)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument(
+        "--secure",
+        choices=SECURE_MODES,
+        metavar="MODE",
+        help="secure exchange: none | tee (attested aggregator, sealed payloads; TEE emulated in "
+        "software) | secagg (secure aggregation) | tee+secagg (shorthand for --set secure.mode=MODE)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("inprocess", "simulation"),
+        help="what runs the apps: inprocess (one process, the default) | simulation (Flower's Simulation "
+        "Engine on Ray; shorthand for --set runtime.engine=ENGINE)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other option by its dotted key, e.g. --set train.lr=3e-4 (repeatable)",
+    )
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
@@ -71,9 +98,11 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(preset, args.config, overrides)
     if not cfg.out:
         task = "" if cfg.task == "translation" else f"{cfg.task}-"
-        cfg = load_config(preset, args.config, {
-            **overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")
-        })
+        cfg = load_config(
+            preset,
+            args.config,
+            {**overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")},
+        )
     return cfg
 
 
@@ -87,14 +116,17 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
     given = [f"--{name.replace('_', '-')}" for name in RUN_OPTIONS if getattr(args, name, None) is not None]
     if given:
-        raise ConfigError("--resume continues the checkpointed run with its own configuration; "
-                          f"drop {', '.join(given)}")
+        raise ConfigError(
+            f"--resume continues the checkpointed run with its own configuration; drop {', '.join(given)}"
+        )
     overrides: dict[str, Any] = dict(parse_override(item) for item in args.set)
     cfg = resume_config(args.resume, overrides)
     done = read_checkpoint(args.resume).round
     if done >= cfg.federation.rounds and (Path(args.resume) / "summary.json").exists():
-        raise ConfigError(f"--resume {args.resume}: that run already finished (all {cfg.federation.rounds} "
-                          "round(s) and summary.json); nothing to resume — start a new run with another --out")
+        raise ConfigError(
+            f"--resume {args.resume}: that run already finished (all {cfg.federation.rounds} "
+            "round(s) and summary.json); nothing to resume — start a new run with another --out"
+        )
     return cfg
 
 

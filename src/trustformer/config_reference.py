@@ -22,8 +22,11 @@ from .registry import protocol_specs
 def _comments(cls: type) -> dict[str, str]:
     """Each field's comment in the class's source: its line's trailing comment, else the comment block above it."""
     source = inspect.getsource(cls)
-    trailing = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    trailing = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     comments: dict[str, str] = {}
     pending: list[str] = []
     for number, line in enumerate(source.splitlines(), start=1):
@@ -44,8 +47,11 @@ def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin is tuple:
         args = typing.get_args(hint)
-        return f"list of {_type_name(args[0])}" if args[-1:] == (Ellipsis,) else \
-            "[" + ", ".join(_type_name(a) for a in args) + "]"
+        return (
+            f"list of {_type_name(args[0])}"
+            if args[-1:] == (Ellipsis,)
+            else "[" + ", ".join(_type_name(a) for a in args) + "]"
+        )
     return getattr(hint, "__name__", str(hint))
 
 
@@ -62,21 +68,32 @@ def _value(value: Any) -> str:
 def reference() -> str:
     """The whole reference as Markdown."""
     default = RunConfig()
-    lines = ["# Configuration reference", "",
-             "Generated from the config classes (`src/trustformer/config/`, and each protocol's own section in its "
-             "module) by `trustformer config --reference`; "
-             "a test fails when this file is stale. Every key can be set in a TOML file (`--config FILE`, sections "
-             "as below) or on the command line (`--set section.key=value`). Defaults are the `small` preset's; "
-             "the presets change what the table at the end lists. Precedence: preset < `--config` < options.", ""]
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the config classes (`src/trustformer/config/`, and each protocol's own section in its "
+        "module) by `trustformer config --reference`; "
+        "a test fails when this file is stale. Every key can be set in a TOML file (`--config FILE`, sections "
+        "as below) or on the command line (`--set section.key=value`). Defaults are the `small` preset's; "
+        "the presets change what the table at the end lists. Precedence: preset < `--config` < options.",
+        "",
+    ]
     hints = typing.get_type_hints(RunConfig)
-    top = [f for f in dataclasses.fields(RunConfig)
-           if not dataclasses.is_dataclass(hints[f.name]) and f.name != "sections"]
+    top = [
+        f for f in dataclasses.fields(RunConfig) if not dataclasses.is_dataclass(hints[f.name]) and f.name != "sections"
+    ]
     comments = _comments(RunConfig)
     lines += ["## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{f.name}` | {_type_name(hints[f.name])} | `{_value(getattr(default, f.name))}` | "
-              f"{comments.get(f.name, '').replace('|', chr(92) + '|')} |" for f in top]
-    sections = [(f.name, hints[f.name], getattr(default, f.name)) for f in dataclasses.fields(RunConfig)
-                if dataclasses.is_dataclass(hints[f.name])]
+    lines += [
+        f"| `{f.name}` | {_type_name(hints[f.name])} | `{_value(getattr(default, f.name))}` | "
+        f"{comments.get(f.name, '').replace('|', chr(92) + '|')} |"
+        for f in top
+    ]
+    sections = [
+        (f.name, hints[f.name], getattr(default, f.name))
+        for f in dataclasses.fields(RunConfig)
+        if dataclasses.is_dataclass(hints[f.name])
+    ]
     sections += [(spec.name, spec.section, spec.section()) for spec in protocol_specs() if spec.section is not None]
     for name, cls, section in sections:
         lines += _section_lines(name, cls, section)
@@ -85,7 +102,7 @@ def reference() -> str:
         lines.append(f"- `{name}`: " + (", ".join(f"`{k}`" for k in _flat(values)) or "the defaults"))
     for task, presets in TASK_PRESETS.items():
         for name, values in presets.items():
-            lines.append(f"- `{name}` with `task = \"{task}\"`: " + ", ".join(f"`{k}`" for k in _flat(values)))
+            lines.append(f'- `{name}` with `task = "{task}"`: ' + ", ".join(f"`{k}`" for k in _flat(values)))
     return "\n".join(lines) + "\n"
 
 
@@ -99,8 +116,10 @@ def _section_lines(name: str, cls: type, section: Any) -> list[str]:
     lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
     for field in dataclasses.fields(cls):
         meaning = section_comments.get(field.name, "").replace("|", "\\|")
-        lines.append(f"| `{name}.{field.name}` | {_type_name(section_hints[field.name])} | "
-                     f"`{_value(getattr(section, field.name))}` | {meaning} |")
+        lines.append(
+            f"| `{name}.{field.name}` | {_type_name(section_hints[field.name])} | "
+            f"`{_value(getattr(section, field.name))}` | {meaning} |"
+        )
     return lines
 
 

@@ -80,8 +80,7 @@ SUMMARY_FILE = "summary.json"
 TASK_TRANSLATION = "translation"
 TASK_CLASSIFICATION = "image-classification"
 TASK_SEGMENTATION = "segmentation"
-_ARCHITECTURES = {TASK_TRANSLATION: "Seq2SeqTransformer", TASK_CLASSIFICATION: "FixupResNet",
-                  TASK_SEGMENTATION: "UNet"}
+_ARCHITECTURES = {TASK_TRANSLATION: "Seq2SeqTransformer", TASK_CLASSIFICATION: "FixupResNet", TASK_SEGMENTATION: "UNet"}
 
 
 class ExportError(TrustformerError, ValueError):
@@ -131,11 +130,14 @@ def _json_default(value: Any) -> Any:
 
 def _json_bytes(obj: Any) -> bytes:
     try:
-        return (json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default, allow_nan=False)
-                + "\n").encode("utf-8")
+        return (json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n").encode(
+            "utf-8"
+        )
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"model.json: a value is not JSON serializable ({exc}); `extra` must hold JSON "
-                        "values (numbers, strings, lists, dicts)") from exc
+        raise TypeError(
+            f"model.json: a value is not JSON serializable ({exc}); `extra` must hold JSON "
+            "values (numbers, strings, lists, dicts)"
+        ) from exc
 
 
 def _state_for_saving(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -146,8 +148,7 @@ def _state_for_saving(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, st
     seen: dict[tuple, str] = {}
     for name, t in model.state_dict().items():
         t = t.detach()
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-               t.dtype)
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if t.numel() and key in seen:
             aliases[name] = seen[key]
             continue
@@ -156,8 +157,9 @@ def _state_for_saving(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, st
     return tensors, aliases
 
 
-def _commit_folder(folder: Path, writers: Sequence[tuple[str, Callable[[Path], None]]],
-                   stale: Iterable[str] = ()) -> None:
+def _commit_folder(
+    folder: Path, writers: Sequence[tuple[str, Callable[[Path], None]]], stale: Iterable[str] = ()
+) -> None:
     """Write the files of ``writers`` (name, write(path)) into ``folder`` so that no reader sees a half
     file: a new folder is built under a temporary name beside it and renamed into place; an existing
     one gets its files replaced one by one, in order (put model.json last), then ``stale`` names removed.
@@ -191,9 +193,16 @@ def _write_bytes(data: bytes) -> Callable[[Path], None]:
     return lambda path: path.write_bytes(data)
 
 
-def _save_model_folder(folder: Path, model: nn.Module, *, task: str, config: dict[str, Any],
-                       more_meta: dict[str, Any], more_files: Sequence[tuple[str, bytes]],
-                       extra: Mapping[str, Any] | None) -> Path:
+def _save_model_folder(
+    folder: Path,
+    model: nn.Module,
+    *,
+    task: str,
+    config: dict[str, Any],
+    more_meta: dict[str, Any],
+    more_files: Sequence[tuple[str, bytes]],
+    extra: Mapping[str, Any] | None,
+) -> Path:
     from safetensors.torch import save_file
 
     from . import __version__
@@ -209,8 +218,12 @@ def _save_model_folder(folder: Path, model: nn.Module, *, task: str, config: dic
         "architecture": _ARCHITECTURES[task],
         "config": config,
         "fingerprint": fingerprint,
-        "weights": {"file": WEIGHTS_FILE, "tensors": len(tensors),
-                    "parameters": sum(p.numel() for p in model.parameters()), "dtypes": float_dtypes},
+        "weights": {
+            "file": WEIGHTS_FILE,
+            "tensors": len(tensors),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "dtypes": float_dtypes,
+        },
         "aliases": aliases,
         **more_meta,
         "trustformer_version": __version__,
@@ -218,8 +231,13 @@ def _save_model_folder(folder: Path, model: nn.Module, *, task: str, config: dic
         "extra": dict(extra or {}),
     }
     meta_bytes = _json_bytes(meta)  # before writing anything: a bad `extra` leaves no folder behind
-    header = {"format": "pt", "trustformer_format": FORMAT_NAME,
-              "trustformer_format_version": str(FORMAT_VERSION), "fingerprint": fingerprint, "task": task}
+    header = {
+        "format": "pt",
+        "trustformer_format": FORMAT_NAME,
+        "trustformer_format_version": str(FORMAT_VERSION),
+        "fingerprint": fingerprint,
+        "task": task,
+    }
     writers: list[tuple[str, Callable[[Path], None]]] = [(name, _write_bytes(data)) for name, data in more_files]
     writers.append((WEIGHTS_FILE, lambda path: save_file(tensors, str(path), metadata=header)))
     writers.append((META_FILE, _write_bytes(meta_bytes)))
@@ -244,18 +262,26 @@ def _tokenizer_payload(tokenizer: Any) -> tuple[dict[str, Any], str, bytes]:
         kind, name = "hf", HF_FILE
         data = tokenizer._tok.to_str().encode("utf-8")
     else:
-        raise TypeError(f"cannot save a {type(tokenizer).__name__}: only SentencePieceTokenizer and "
-                        "HFTokenizer can be exported")
+        raise TypeError(
+            f"cannot save a {type(tokenizer).__name__}: only SentencePieceTokenizer and HFTokenizer can be exported"
+        )
     entry = {
-        "kind": kind, "file": name, "name": tokenizer.name, "vocab_size": int(tokenizer.vocab_size),
-        "pad_id": int(tokenizer.pad_id), "bos_id": int(tokenizer.bos_id), "eos_id": int(tokenizer.eos_id),
-        "unk_id": int(tokenizer.unk_id), "sha256": hashlib.sha256(data).hexdigest(),
+        "kind": kind,
+        "file": name,
+        "name": tokenizer.name,
+        "vocab_size": int(tokenizer.vocab_size),
+        "pad_id": int(tokenizer.pad_id),
+        "bos_id": int(tokenizer.bos_id),
+        "eos_id": int(tokenizer.eos_id),
+        "unk_id": int(tokenizer.unk_id),
+        "sha256": hashlib.sha256(data).hexdigest(),
     }
     return entry, name, data
 
 
-def save_translation_model(folder: Path, model: Seq2SeqTransformer, tokenizer: Any, *,
-                           extra: dict | None = None) -> Path:
+def save_translation_model(
+    folder: Path, model: Seq2SeqTransformer, tokenizer: Any, *, extra: dict | None = None
+) -> Path:
     """Write a translation model folder (``model.safetensors``, ``model.json``, ``tokenizer.model`` or
     ``tokenizer.json``) and return its path. ``extra`` (JSON values, e.g. strategy, round, client ids)
     is stored under ``model.json["extra"]``; the fingerprint is always recorded."""
@@ -264,11 +290,20 @@ def save_translation_model(folder: Path, model: Seq2SeqTransformer, tokenizer: A
     config = model.config
     for attr in ("vocab_size", "pad_id", "bos_id", "eos_id"):
         if getattr(tokenizer, attr) != getattr(config, attr):
-            raise ValueError(f"tokenizer.{attr}={getattr(tokenizer, attr)} differs from the model config's "
-                             f"{attr}={getattr(config, attr)}: not the tokenizer this model was built for")
+            raise ValueError(
+                f"tokenizer.{attr}={getattr(tokenizer, attr)} differs from the model config's "
+                f"{attr}={getattr(config, attr)}: not the tokenizer this model was built for"
+            )
     entry, name, data = _tokenizer_payload(tokenizer)
-    return _save_model_folder(folder, model, task=TASK_TRANSLATION, config=asdict(config),
-                              more_meta={"tokenizer": entry}, more_files=[(name, data)], extra=extra)
+    return _save_model_folder(
+        folder,
+        model,
+        task=TASK_TRANSLATION,
+        config=asdict(config),
+        more_meta={"tokenizer": entry},
+        more_files=[(name, data)],
+        extra=extra,
+    )
 
 
 # =================================================================================== reading
@@ -296,18 +331,26 @@ def read_model_meta(folder: Path) -> dict[str, Any]:
     folder = _folder(folder, "model folder", f"pass the model folder (the one holding {META_FILE})")
     path = folder / META_FILE
     if not path.is_file():
-        raise ExportError(f"{folder} is not a trained-model folder (no {META_FILE}): run `trustformer run` "
-                          "first; its models are written under <run>/models/")
+        raise ExportError(
+            f"{folder} is not a trained-model folder (no {META_FILE}): run `trustformer run` "
+            "first; its models are written under <run>/models/"
+        )
     meta = _read_json(path, ": the model folder is damaged")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise ExportError(f"{path} is not a trustformer model description (format is "
-                          f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT_NAME!r})")
+        raise ExportError(
+            f"{path} is not a trustformer model description (format is "
+            f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT_NAME!r})"
+        )
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
-        hint = ("it was written by a newer trustformer: upgrade trustformer" if isinstance(version, int)
-                and not isinstance(version, bool) and version > FORMAT_VERSION else "the file is damaged")
-        raise ExportError(f"{path} has model format version {version!r}; this trustformer reads version "
-                          f"{FORMAT_VERSION} ({hint})")
+        hint = (
+            "it was written by a newer trustformer: upgrade trustformer"
+            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
+            else "the file is damaged"
+        )
+        raise ExportError(
+            f"{path} has model format version {version!r}; this trustformer reads version {FORMAT_VERSION} ({hint})"
+        )
     for key, kind in (("task", str), ("config", dict)):
         if not isinstance(meta.get(key), kind):
             raise ExportError(f"{path} lacks a valid {key!r} entry: the model folder is damaged")
@@ -327,8 +370,10 @@ def _build_config(cls: type, folder: Path, meta: dict[str, Any]) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ExportError(f"{folder / META_FILE}: unknown {cls.__name__} field(s) {', '.join(unknown)} "
-                          "(written by another trustformer version?)")
+        raise ExportError(
+            f"{folder / META_FILE}: unknown {cls.__name__} field(s) {', '.join(unknown)} "
+            "(written by another trustformer version?)"
+        )
     for key, value in raw.items():
         if isinstance(value, list):
             raw[key] = tuple(value)
@@ -366,8 +411,11 @@ def _load_weights(folder: Path, meta: dict[str, Any], model: nn.Module, device: 
     expected = model.state_dict()
     missing = sorted(set(expected) - set(loaded))
     unexpected = sorted(set(loaded) - set(expected))
-    wrong = [f"{name} is {list(loaded[name].shape)} in the file but {list(expected[name].shape)} for the config"
-             for name in sorted(set(expected) & set(loaded)) if loaded[name].shape != expected[name].shape]
+    wrong = [
+        f"{name} is {list(loaded[name].shape)} in the file but {list(expected[name].shape)} for the config"
+        for name in sorted(set(expected) & set(loaded))
+        if loaded[name].shape != expected[name].shape
+    ]
     problems = []
     if missing:
         problems.append(f"missing tensors: {_names(missing)}")
@@ -376,13 +424,17 @@ def _load_weights(folder: Path, meta: dict[str, Any], model: nn.Module, device: 
     if wrong:
         problems.append(f"wrong shapes: {_names(wrong, 3)}")
     if problems:
-        raise ExportError(f"{path} does not match the {meta.get('architecture', 'model')} described by {META_FILE}: "
-                          + "; ".join(problems))
+        raise ExportError(
+            f"{path} does not match the {meta.get('architecture', 'model')} described by {META_FILE}: "
+            + "; ".join(problems)
+        )
     recorded = meta.get("fingerprint")
     if recorded is not None and model_fingerprint(loaded) != recorded:
-        raise ExportError(f"{path} does not hold the weights {META_FILE} describes (fingerprint "
-                          f"{model_fingerprint(loaded)}, expected {recorded}): the folder is damaged or its "
-                          "files come from different models")
+        raise ExportError(
+            f"{path} does not hold the weights {META_FILE} describes (fingerprint "
+            f"{model_fingerprint(loaded)}, expected {recorded}): the folder is damaged or its "
+            "files come from different models"
+        )
     dtypes = {t.dtype for t in loaded.values() if t.is_floating_point()}
     if len(dtypes) == 1 and next(iter(dtypes)) != torch.float32:
         model = model.to(next(iter(dtypes)))
@@ -404,8 +456,7 @@ def _load_tokenizer(folder: Path, meta: dict[str, Any]) -> Any:
         raise ExportError(f"{folder} lacks its tokenizer file {name}: the model folder is incomplete")
     data = path.read_bytes()
     if entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise ExportError(f"{path} is not the tokenizer {META_FILE} describes (SHA-256 differs): the folder "
-                          "is damaged")
+        raise ExportError(f"{path} is not the tokenizer {META_FILE} describes (SHA-256 differs): the folder is damaged")
     try:
         if entry["kind"] == "sentencepiece":
             tokenizer = SentencePieceTokenizer(path, name=entry.get("name"))
@@ -420,8 +471,9 @@ def _load_tokenizer(folder: Path, meta: dict[str, Any]) -> Any:
     return tokenizer
 
 
-def load_translation_model(folder: Path, device: str | torch.device = "cpu"
-                           ) -> tuple[Seq2SeqTransformer, Any, dict[str, Any]]:
+def load_translation_model(
+    folder: Path, device: str | torch.device = "cpu"
+) -> tuple[Seq2SeqTransformer, Any, dict[str, Any]]:
     """(model in eval mode on ``device``, tokenizer, ``model.json`` as a dict) of a translation model
     folder; :class:`ExportError` when the folder is missing, incomplete, damaged or of another format."""
     folder = Path(folder)
@@ -431,8 +483,10 @@ def load_translation_model(folder: Path, device: str | torch.device = "cpu"
     tokenizer = _load_tokenizer(folder, meta)
     for attr in ("vocab_size", "pad_id", "bos_id", "eos_id"):
         if getattr(tokenizer, attr) != getattr(config, attr):
-            raise ExportError(f"{folder}: the tokenizer's {attr} ({getattr(tokenizer, attr)}) differs from the "
-                              f"model's ({getattr(config, attr)}): the folder's files come from different models")
+            raise ExportError(
+                f"{folder}: the tokenizer's {attr} ({getattr(tokenizer, attr)}) differs from the "
+                f"model's ({getattr(config, attr)}): the folder's files come from different models"
+            )
     with torch.random.fork_rng(devices=[]):  # building draws an initialisation; the caller's RNG is untouched
         model = Seq2SeqTransformer(config)
     model = _load_weights(folder, meta, model, device)
@@ -492,8 +546,9 @@ def _check_input_spec(task: str, spec: Mapping[str, Any], in_channels: int, num_
     return spec
 
 
-def save_image_model(folder: Path, model: nn.Module, input_spec: Mapping[str, Any], *,
-                     extra: dict | None = None) -> Path:
+def save_image_model(
+    folder: Path, model: nn.Module, input_spec: Mapping[str, Any], *, extra: dict | None = None
+) -> Path:
     """Write an image model folder: a ``FixupResNet`` (task ``image-classification``) or a ``UNet``
     (``segmentation``), its config and ``input_spec`` (see :func:`image_input_spec`) in ``model.json``."""
     from .models.fixup_resnet import FixupResNet
@@ -506,8 +561,9 @@ def save_image_model(folder: Path, model: nn.Module, input_spec: Mapping[str, An
     else:
         raise TypeError(f"save_image_model needs a FixupResNet or a UNet, got {type(model).__name__}")
     spec = _check_input_spec(task, input_spec, model.config.in_channels, num_classes)
-    return _save_model_folder(folder, model, task=task, config=asdict(model.config),
-                              more_meta={"input": spec}, more_files=(), extra=extra)
+    return _save_model_folder(
+        folder, model, task=task, config=asdict(model.config), more_meta={"input": spec}, more_files=(), extra=extra
+    )
 
 
 def load_image_model(folder: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
@@ -537,8 +593,14 @@ def load_image_model(folder: Path, device: str | torch.device = "cpu") -> tuple[
 # ================================================================================ run folders
 
 
-def export_model(models_dir: Path, model: nn.Module, *, tokenizer: Any = None,
-                 input_spec: Mapping[str, Any] | None = None, extra: dict | None = None) -> Path:
+def export_model(
+    models_dir: Path,
+    model: nn.Module,
+    *,
+    tokenizer: Any = None,
+    input_spec: Mapping[str, Any] | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Save ``model`` as ``models_dir/<fingerprint>`` (translation: pass ``tokenizer``; images: pass
     ``input_spec``) unless that folder already holds it (same fingerprint and format version: another
     client with the same model wrote it), and return the folder. ``extra`` should describe the model
@@ -568,23 +630,27 @@ def find_models(run_dir: Path) -> dict[int, Path]:
     run_dir = _folder(run_dir, "run folder", "pass a run folder (the --out of `trustformer run`)")
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file():
-        raise ExportError(f"{run_dir} has no {SUMMARY_FILE}: it is not a finished run folder (pass the --out "
-                          "folder of a completed `trustformer run`)")
+        raise ExportError(
+            f"{run_dir} has no {SUMMARY_FILE}: it is not a finished run folder (pass the --out "
+            "folder of a completed `trustformer run`)"
+        )
     summary = _read_json(summary_path)
     models = summary.get("models") if isinstance(summary, dict) else None
     if not models:
-        raise ExportError(f"{summary_path} lists no trained models (no \"models\" entry): the run predates "
-                          "model export or did not finish; rerun it")
+        raise ExportError(
+            f'{summary_path} lists no trained models (no "models" entry): the run predates '
+            "model export or did not finish; rerun it"
+        )
     if not isinstance(models, dict):
-        raise ExportError(f"{summary_path}: \"models\" must map client ids to model folders")
+        raise ExportError(f'{summary_path}: "models" must map client ids to model folders')
     out: dict[int, Path] = {}
     for key, rel in models.items():
         try:
             client = int(key)
         except (TypeError, ValueError):
-            raise ExportError(f"{summary_path}: \"models\" has a key {key!r} that is not a client id") from None
+            raise ExportError(f'{summary_path}: "models" has a key {key!r} that is not a client id') from None
         if not isinstance(rel, str) or not rel:
-            raise ExportError(f"{summary_path}: \"models\"[{key!r}] must be a folder path, got {rel!r}")
+            raise ExportError(f'{summary_path}: "models"[{key!r}] must be a folder path, got {rel!r}')
         out[client] = run_dir / rel
     return dict(sorted(out.items()))
 
@@ -595,6 +661,5 @@ def select_model(run_dir: Path, client: int | None = None) -> tuple[int, Path]:
     if client is None:
         client = next(iter(models))
     if client not in models:
-        raise ExportError(f"run {run_dir} has no client {client}: its clients are "
-                          f"{', '.join(str(c) for c in models)}")
+        raise ExportError(f"run {run_dir} has no client {client}: its clients are {', '.join(str(c) for c in models)}")
     return client, models[client]

@@ -23,8 +23,11 @@ def image_files(paths: Sequence[str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-                           and not p.name.lower().endswith(MASK_SUFFIX))
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.lower().endswith(MASK_SUFFIX)
+            )
             if not found:
                 raise ExportError(f"{path} holds no image file ({', '.join(IMAGE_SUFFIXES)})")
             files.extend(found)

@@ -60,14 +60,19 @@ class RunRecorder:
         now = time.perf_counter()
         elapsed = now - self.started
         losses = [
-            f"c{r['client']} {r['test_loss']:.3f}" for r in self.records
+            f"c{r['client']} {r['test_loss']:.3f}"
+            for r in self.records
             if r["round"] == round_ and r.get("test_loss") is not None
         ]
         eta = elapsed / round_ * (self.total_rounds - round_)
         log.info(
             "round %d/%d done in %.1f s · test loss %s · elapsed %s · ETA %s",
-            round_, self.total_rounds, now - self._round_started, ", ".join(losses),
-            _fmt_s(elapsed), _fmt_s(eta),
+            round_,
+            self.total_rounds,
+            now - self._round_started,
+            ", ".join(losses),
+            _fmt_s(elapsed),
+            _fmt_s(eta),
         )
         self._round_started = now
         if self.tracker is not None:

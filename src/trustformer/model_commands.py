@@ -18,8 +18,14 @@ from .image_files import MASK_SUFFIX, classification_input, image_files, read_im
 DEFAULT_BEAM = 4  # `trustformer translate --beam`
 DEFAULT_TRANSLATE_BATCH = 32  # sentences decoded together by `trustformer translate`
 
-__all__ = ["DEFAULT_BEAM", "DEFAULT_TRANSLATE_BATCH", "add_predict_parser", "add_translate_parser", "cmd_predict",
-           "cmd_translate"]
+__all__ = [
+    "DEFAULT_BEAM",
+    "DEFAULT_TRANSLATE_BATCH",
+    "add_predict_parser",
+    "add_translate_parser",
+    "cmd_predict",
+    "cmd_translate",
+]
 
 
 def _positive(name: str) -> Callable[[str], int]:
@@ -31,6 +37,7 @@ def _positive(name: str) -> Callable[[str], int]:
         if value < 1:
             raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
         return value
+
     return parse
 
 
@@ -46,10 +53,15 @@ def _device(name: str) -> torch.device:
 
 
 def _common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, metavar="DIR",
-                   help="a finished run folder (the --out of `trustformer run`, holding summary.json and models/)")
-    p.add_argument("--client", type=int, metavar="K",
-                   help="use client K's final model (default: the lowest client id of the run)")
+    p.add_argument(
+        "--run",
+        required=True,
+        metavar="DIR",
+        help="a finished run folder (the --out of `trustformer run`, holding summary.json and models/)",
+    )
+    p.add_argument(
+        "--client", type=int, metavar="K", help="use client K's final model (default: the lowest client id of the run)"
+    )
     p.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default), cuda or auto")
 
 
@@ -64,13 +76,28 @@ def add_translate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
         "order, one per line; an empty input line gives an empty output line.",
     )
     _common_options(p)
-    p.add_argument("--beam", type=_positive("--beam"), default=DEFAULT_BEAM, metavar="N",
-                   help=f"beam size; 1 is greedy decoding (default {DEFAULT_BEAM})")
-    p.add_argument("--max-len", type=_positive("--max-len"), default=None, metavar="L",
-                   help="at most L tokens per source (longer ones are truncated) and per translation "
-                        "(default: the model's max_len, the length it was trained with)")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=DEFAULT_TRANSLATE_BATCH, metavar="B",
-                   help=f"sentences decoded together (default {DEFAULT_TRANSLATE_BATCH})")
+    p.add_argument(
+        "--beam",
+        type=_positive("--beam"),
+        default=DEFAULT_BEAM,
+        metavar="N",
+        help=f"beam size; 1 is greedy decoding (default {DEFAULT_BEAM})",
+    )
+    p.add_argument(
+        "--max-len",
+        type=_positive("--max-len"),
+        default=None,
+        metavar="L",
+        help="at most L tokens per source (longer ones are truncated) and per translation "
+        "(default: the model's max_len, the length it was trained with)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive("--batch-size"),
+        default=DEFAULT_TRANSLATE_BATCH,
+        metavar="B",
+        help=f"sentences decoded together (default {DEFAULT_TRANSLATE_BATCH})",
+    )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="sentences to translate (default: read stdin)")
     p.set_defaults(func=cmd_translate)
     return p
@@ -127,18 +154,25 @@ def cmd_translate(args: argparse.Namespace) -> int:
     def run(batch: list[str]) -> list[str]:
         cleaned = [_clean_line(text) for text in batch]
         todo = [text for text in cleaned if text]
-        done = iter(translate(model, tokenizer, todo, batch_size=batch_size, max_len=max_len,
-                              beam_size=args.beam)) if todo else iter(())
+        done = (
+            iter(translate(model, tokenizer, todo, batch_size=batch_size, max_len=max_len, beam_size=args.beam))
+            if todo
+            else iter(())
+        )
         return [_clean_line(next(done)) if text else "" for text in cleaned]
 
     try:
         if args.texts:
             for start in range(0, len(args.texts), batch_size):
-                _emit(run(list(args.texts[start:start + batch_size])))
+                _emit(run(list(args.texts[start : start + batch_size])))
         else:
             if sys.stdin.isatty():
-                print(f"trustformer translate: client {client}'s model ({meta.get('fingerprint')}); type one "
-                      "Russian sentence per line, Ctrl-D to end", file=sys.stderr, flush=True)
+                print(
+                    f"trustformer translate: client {client}'s model ({meta.get('fingerprint')}); type one "
+                    "Russian sentence per line, Ctrl-D to end",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for batch in _stdin_batches(sys.stdin, batch_size):
                 _emit(run(batch))
     except BrokenPipeError:  # e.g. `| head`: the reader is gone; stop quietly
@@ -164,8 +198,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     )
     _common_options(p)
     p.add_argument("--out", metavar="DIR", help="segmentation: write the masks here (default: beside each image)")
-    p.add_argument("--threshold", type=float, metavar="P",
-                   help="segmentation: foreground probability threshold (default: the run's)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        metavar="P",
+        help="segmentation: foreground probability threshold (default: the run's)",
+    )
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders")
     p.set_defaults(func=cmd_predict)
     return p
@@ -192,7 +230,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         classes = spec["classes"]
         for start in range(0, len(files), 64):
             chunk, inputs = [], []
-            for path in files[start:start + 64]:
+            for path in files[start : start + 64]:
                 try:
                     inputs.append(classification_input(read_image(path, spec["channels"]), spec))
                     chunk.append(path)
@@ -224,8 +262,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
             continue
         with torch.no_grad():
             prob = torch.sigmoid(model(segmentation_input(image, spec).to(device)).float()).cpu()
-        prob = F.interpolate(prob, size=tuple(image.shape[-2:]), mode="bilinear", align_corners=False) \
-            if tuple(prob.shape[-2:]) != tuple(image.shape[-2:]) else prob
+        prob = (
+            F.interpolate(prob, size=tuple(image.shape[-2:]), mode="bilinear", align_corners=False)
+            if tuple(prob.shape[-2:]) != tuple(image.shape[-2:])
+            else prob
+        )
         mask = (prob[0, 0] > threshold).numpy()
         target = _mask_path(path, out_dir)
         Image.fromarray((mask * 255).astype(np.uint8)).save(target)

@@ -56,8 +56,7 @@ def build_optimizer(
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 
-def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int, decay_steps: int,
-          min_lr: float = 0.0) -> float:
+def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int, decay_steps: int, min_lr: float = 0.0) -> float:
     """Learning rate of optimizer step ``step`` (1-based): linear warm-up to ``lr``, then the decay."""
     if schedule not in ("cosine", "inverse_sqrt", "constant"):
         raise ValueError(f"unknown schedule {schedule!r} (train.schedule: cosine | inverse_sqrt | constant)")

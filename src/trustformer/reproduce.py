@@ -73,14 +73,28 @@ def default_grid(preset: str) -> GridSpec:
     if preset == "tiny":  # seconds per run: every strategy, three β, and Agg_fr 2 for FedAvg and β = 0.5
         # one torch thread: a model this small gains nothing from two, and on a busy machine two threads
         # wait on each other (seen: 20 s instead of 0.7 s for the same run)
-        return GridSpec(strategies=every, betas=(0.1, 0.5, 0.9), agg_every=(1, 2), agg_betas=(0.5,),
-                        settings=(("runtime.threads", 1),))
+        return GridSpec(
+            strategies=every,
+            betas=(0.1, 0.5, 0.9),
+            agg_every=(1, 2),
+            agg_betas=(0.5,),
+            settings=(("runtime.threads", 1),),
+        )
     if preset == "small":  # about 5 minutes per run on 2 busy CPU cores: under an hour (docs/reproduction.md)
-        return GridSpec(strategies=tuple(s for s in every if s != "centralized"), betas=(0.1, 0.5, 0.9),
-                        agg_every=(1,), rounds=3, settings=(("runtime.threads", 1),))
+        return GridSpec(
+            strategies=tuple(s for s in every if s != "centralized"),
+            betas=(0.1, 0.5, 0.9),
+            agg_every=(1,),
+            rounds=3,
+            settings=(("runtime.threads", 1),),
+        )
     # paper: the paper's full grid (a GPU)
-    return GridSpec(strategies=every, betas=tuple(round(0.1 * i, 1) for i in range(1, 10)),
-                    agg_every=(1, 2, 5, 10), agg_betas=(0.5,))
+    return GridSpec(
+        strategies=every,
+        betas=tuple(round(0.1 * i, 1) for i in range(1, 10)),
+        agg_every=(1, 2, 5, 10),
+        agg_betas=(0.5,),
+    )
 
 
 @dataclass(frozen=True)
@@ -116,8 +130,14 @@ def cache_key(cfg: RunConfig | Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str | Path | None = None,
-         overrides: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+def plan(
+    preset: str,
+    grid: GridSpec,
+    results: str | Path,
+    *,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> list[PlannedRun]:
     """The runs of ``grid`` on ``preset`` (``overrides``: dotted keys applied to every run)."""
     unknown = [s for s in grid.strategies if s not in config_module.STRATEGIES]
     if unknown:
@@ -129,11 +149,15 @@ def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str |
             settings.append({"federation.strategy": strategy})
             continue
         if strategy == "trustformer":
-            settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1,
-                          **PAPER_TRUSTFORMER} for b in grid.betas]
+            settings += [
+                {"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1, **PAPER_TRUSTFORMER}
+                for b in grid.betas
+            ]
         elif strategy.startswith("dp-"):
-            settings += [{"federation.strategy": strategy, "federation.agg_every": 1, "privacy.unit": unit}
-                         for unit in grid.dp_units]
+            settings += [
+                {"federation.strategy": strategy, "federation.agg_every": 1, "privacy.unit": unit}
+                for unit in grid.dp_units
+            ]
         else:
             settings.append({"federation.strategy": strategy, "federation.agg_every": 1})
         if strategy in grid.agg_strategies:
@@ -141,8 +165,15 @@ def plan(preset: str, grid: GridSpec, results: str | Path, *, config_file: str |
                 if a == 1:
                     continue
                 if strategy == "trustformer":
-                    settings += [{"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": a,
-                                  **PAPER_TRUSTFORMER} for b in grid.agg_betas]
+                    settings += [
+                        {
+                            "federation.strategy": strategy,
+                            "federation.beta": b,
+                            "federation.agg_every": a,
+                            **PAPER_TRUSTFORMER,
+                        }
+                        for b in grid.agg_betas
+                    ]
                 else:
                     settings.append({"federation.strategy": strategy, "federation.agg_every": a})
     planned: list[PlannedRun] = []
@@ -233,6 +264,7 @@ def run_grid(
     which run of how many is going, and the elapsed time and ETA of the grid."""
     if runner is None:
         from .engine.inprocess import run_in_process
+
         runner = run_in_process
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
@@ -251,10 +283,19 @@ def run_grid(
         position += 1
         elapsed = clock() - started
         remaining = len(todo) - position + 1
-        eta = (f"ETA {_fmt_s(sum(done_fresh) / len(done_fresh) * remaining)}" if done_fresh
-               else "ETA after the first run")
-        log.info("[run %d/%d] %s · starting (%d of %d to run) · elapsed %s · %s", i, len(planned), run.label,
-                 position, len(todo), _fmt_s(elapsed), eta)
+        eta = (
+            f"ETA {_fmt_s(sum(done_fresh) / len(done_fresh) * remaining)}" if done_fresh else "ETA after the first run"
+        )
+        log.info(
+            "[run %d/%d] %s · starting (%d of %d to run) · elapsed %s · %s",
+            i,
+            len(planned),
+            run.label,
+            position,
+            len(todo),
+            _fmt_s(elapsed),
+            eta,
+        )
         run_started = clock()
         try:
             summary = runner(run.cfg)
@@ -264,17 +305,27 @@ def run_grid(
             out.errors[run.name] = f"{type(exc).__name__}: {exc}"
             run.folder.mkdir(parents=True, exist_ok=True)
             (run.folder / "error.txt").write_text(out.errors[run.name] + "\n", encoding="utf-8")
-            log.error("[run %d/%d] %s · failed after %s: %s", i, len(planned), run.label, _fmt_s(seconds),
-                      out.errors[run.name])
+            log.error(
+                "[run %d/%d] %s · failed after %s: %s",
+                i,
+                len(planned),
+                run.label,
+                _fmt_s(seconds),
+                out.errors[run.name],
+            )
             continue
         seconds = clock() - run_started
         done_fresh.append(seconds)
         out.status[run.name], out.seconds[run.name] = "ran", seconds
         (run.folder / "error.txt").unlink(missing_ok=True)
-        log.info("[run %d/%d] %s · done in %s · %s", i, len(planned), run.label, _fmt_s(seconds),
-                 _scores_str(summary))
-    log.info("grid done in %s: %d ran, %d cached, %d failed", _fmt_s(clock() - started),
-             sum(1 for s in out.status.values() if s == "ran"), cached, len(out.failed))
+        log.info("[run %d/%d] %s · done in %s · %s", i, len(planned), run.label, _fmt_s(seconds), _scores_str(summary))
+    log.info(
+        "grid done in %s: %d ran, %d cached, %d failed",
+        _fmt_s(clock() - started),
+        sum(1 for s in out.status.values() if s == "ran"),
+        cached,
+        len(out.failed),
+    )
     return out
 
 
@@ -285,8 +336,10 @@ def _scores_str(summary: Mapping[str, Any]) -> str:
     if task == "image-classification":
         return text + f" · accuracy {_mean_str(summary.get('accuracy') or [], 4)}"
     if task == "segmentation":
-        return (text + f" · Dice {_mean_str(summary.get('dice') or [], 4)}"
-                f" · pixel accuracy {_mean_str(summary.get('pixel_accuracy') or [], 4)}")
+        return (
+            text + f" · Dice {_mean_str(summary.get('dice') or [], 4)}"
+            f" · pixel accuracy {_mean_str(summary.get('pixel_accuracy') or [], 4)}"
+        )
     return text + f" · BLEU {_mean_str(summary.get('bleu') or [], 2)}"
 
 
@@ -295,9 +348,16 @@ def _mean_str(values: Sequence[float | None], digits: int) -> str:
     return f"{sum(vals) / len(vals):.{digits}f}" if vals else "—"
 
 
-def write_grid_record(results: Path, command: str | None, subset: str, grid: dict[str, Any],
-                      overrides: Mapping[str, Any] | None, planned: Sequence[PlannedRun], outcome: GridResult,
-                      host: dict[str, Any]) -> dict[str, Any]:
+def write_grid_record(
+    results: Path,
+    command: str | None,
+    subset: str,
+    grid: dict[str, Any],
+    overrides: Mapping[str, Any] | None,
+    planned: Sequence[PlannedRun],
+    outcome: GridResult,
+    host: dict[str, Any],
+) -> dict[str, Any]:
     """Write ``grid.json`` (what ran, how, on which machine, each run's status) and return the report's
     context (the same, with each run's folder)."""
     if overrides:
@@ -306,15 +366,35 @@ def write_grid_record(results: Path, command: str | None, subset: str, grid: dic
         "command": command,
         "subset": subset,
         "grid": grid,
-        "runs": [{"folder": str(r.folder), "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name)}
-                 for r in planned],
+        "runs": [
+            {"folder": str(r.folder), "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name)}
+            for r in planned
+        ],
         "machine": host,
     }
-    (results / "grid.json").write_text(json.dumps({
-        **context, "runs": [{"name": r.name, "key": r.key, "label": r.label, "overrides": r.overrides,
-                             "status": outcome.status.get(r.name), "seconds": outcome.seconds.get(r.name),
-                             "error": outcome.errors.get(r.name)} for r in planned],
-    }, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (results / "grid.json").write_text(
+        json.dumps(
+            {
+                **context,
+                "runs": [
+                    {
+                        "name": r.name,
+                        "key": r.key,
+                        "label": r.label,
+                        "overrides": r.overrides,
+                        "status": outcome.status.get(r.name),
+                        "seconds": outcome.seconds.get(r.name),
+                        "error": outcome.errors.get(r.name),
+                    }
+                    for r in planned
+                ],
+            },
+            indent=2,
+            ensure_ascii=False,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return context
 
 
@@ -344,16 +424,29 @@ def reproduce(
     outcome = run_grid(planned, results, force=force, runner=runner)
     host["load_average_after"] = machine_info().get("load_average")
     finished = [r for r in planned if (r.folder / "summary.json").is_file() and is_cached(r)]
-    subset = (f"preset {preset}; strategies {', '.join(grid.strategies)}; β sweep {', '.join(map(str, grid.betas))}"
-              f" (Agg_fr = 1); Agg_fr {', '.join(map(str, grid.agg_every))} for "
-              f"{', '.join(s for s in grid.agg_strategies if s in grid.strategies) or 'none'}"
-              + (f" (Trustformer at β = {', '.join(map(str, grid.agg_betas))})"
-                 if "trustformer" in grid.agg_strategies and len(grid.agg_every) > 1 else "")
-              + f"; rounds {grid.rounds if grid.rounds is not None else 'as the preset'}; "
-              f"{len(planned)} run(s)" + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed)
-                                          if outcome.failed else ""))
-    context = write_grid_record(results, command, subset, {"preset": preset, **grid.describe(), "Eq. 5 epochs": epochs},
-                                overrides, planned, outcome, host)
+    subset = (
+        f"preset {preset}; strategies {', '.join(grid.strategies)}; β sweep {', '.join(map(str, grid.betas))}"
+        f" (Agg_fr = 1); Agg_fr {', '.join(map(str, grid.agg_every))} for "
+        f"{', '.join(s for s in grid.agg_strategies if s in grid.strategies) or 'none'}"
+        + (
+            f" (Trustformer at β = {', '.join(map(str, grid.agg_betas))})"
+            if "trustformer" in grid.agg_strategies and len(grid.agg_every) > 1
+            else ""
+        )
+        + f"; rounds {grid.rounds if grid.rounds is not None else 'as the preset'}; "
+        f"{len(planned)} run(s)"
+        + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed) if outcome.failed else "")
+    )
+    context = write_grid_record(
+        results,
+        command,
+        subset,
+        {"preset": preset, **grid.describe(), "Eq. 5 epochs": epochs},
+        overrides,
+        planned,
+        outcome,
+        host,
+    )
     if finished:
         outcome.report = build_report([r.folder for r in finished], results, context=context, epochs=epochs)
     else:
@@ -413,14 +506,21 @@ def default_fedpc_grid(preset: str) -> FedPCGridSpec:
         # 2 epochs: the bytes of Fig. 6 are those of an epoch that is not Phong's last (which also sends
         # the final model to every worker); models a little wider than the tiny preset's so that the
         # control records stay well under 1% of an epoch's bytes, as with the paper's 35 MB models
-        return FedPCGridSpec(clients=(3,), task_rounds=(("image-classification", 2), ("segmentation", 2)),
-                             settings=(("runtime.threads", 1),),
-                             task_settings=(("image-classification", (("image.widths", [16, 32]),)),
-                                            ("segmentation", (("segmentation.base_width", 8),))))
+        return FedPCGridSpec(
+            clients=(3,),
+            task_rounds=(("image-classification", 2), ("segmentation", 2)),
+            settings=(("runtime.threads", 1),),
+            task_settings=(
+                ("image-classification", (("image.widths", [16, 32]),)),
+                ("segmentation", (("segmentation.base_width", 8),)),
+            ),
+        )
     if preset == "small":  # Fashion-MNIST (12,000 training images) and MRI brain extraction, CPU (docs/reproduction.md)
-        return FedPCGridSpec(task_rounds=(("image-classification", 3), ("segmentation", 10)),
-                             settings=(("runtime.threads", 1),),
-                             task_settings=(("image-classification", (("image.train_size", 12000),)),))
+        return FedPCGridSpec(
+            task_rounds=(("image-classification", 3), ("segmentation", 10)),
+            settings=(("runtime.threads", 1),),
+            task_settings=(("image-classification", (("image.train_size", 12000),)),),
+        )
     # paper: CIFAR-10 and LGG (data folders to give with --set), the preset's epochs (250 and 35; a GPU)
     return FedPCGridSpec()
 
@@ -431,8 +531,10 @@ def check_fedpc_grid(grid: FedPCGridSpec) -> None:
         raise ConfigError("--strategies: no strategy given")
     for s in grid.strategies:
         if s not in FEDPC_STRATEGIES:
-            raise ConfigError(f"--strategies: {s!r} is not a method of FedPC's tables (--paper fedpc runs "
-                              f"{', '.join(FEDPC_STRATEGIES)})")
+            raise ConfigError(
+                f"--strategies: {s!r} is not a method of FedPC's tables (--paper fedpc runs "
+                f"{', '.join(FEDPC_STRATEGIES)})"
+            )
         if s not in config_module.STRATEGIES:  # pragma: no cover - an installation without the protocol
             raise ConfigError(f"--strategies: {s!r} is not implemented by this installation")
     if not grid.tasks:
@@ -444,11 +546,15 @@ def check_fedpc_grid(grid: FedPCGridSpec) -> None:
         raise ConfigError("--partitions: no partition given")
     for p in grid.partitions:
         if p not in FEDPC_PARTITIONS:
-            raise ConfigError(f"--partitions: {p!r} is not one of FedPC's splits ({', '.join(FEDPC_PARTITIONS)}: "
-                              "class-stratified imbalanced shares, Tables 2-3; label skew, Table 4)")
+            raise ConfigError(
+                f"--partitions: {p!r} is not one of FedPC's splits ({', '.join(FEDPC_PARTITIONS)}: "
+                "class-stratified imbalanced shares, Tables 2-3; label skew, Table 4)"
+            )
     if grid.partitions == ("dirichlet",) and grid.tasks == ("segmentation",):
-        raise ConfigError("--partitions: dirichlet splits by class and applies to image-classification only "
-                          "(segmentation has no classes)")
+        raise ConfigError(
+            "--partitions: dirichlet splits by class and applies to image-classification only "
+            "(segmentation has no classes)"
+        )
     if not grid.clients:
         raise ConfigError("--clients: no number of workers given")
     bad = [n for n in grid.clients if isinstance(n, bool) or not isinstance(n, int) or n < 2]
@@ -458,8 +564,14 @@ def check_fedpc_grid(grid: FedPCGridSpec) -> None:
         raise ConfigError(f"--rounds {grid.rounds} must be >= 1")
 
 
-def plan_fedpc(preset: str, grid: FedPCGridSpec, results: str | Path, *, config_file: str | Path | None = None,
-               overrides: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+def plan_fedpc(
+    preset: str,
+    grid: FedPCGridSpec,
+    results: str | Path,
+    *,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> list[PlannedRun]:
     """The runs of FedPC's ``grid`` on ``preset`` (``overrides``: dotted keys applied to every run)."""
     check_fedpc_grid(grid)
     runs_dir = Path(results) / "runs"
@@ -472,15 +584,31 @@ def plan_fedpc(preset: str, grid: FedPCGridSpec, results: str | Path, *, config_
         for strategy in grid.strategies:
             if strategy == "centralized":
                 n = min(grid.clients)
-                settings.append((f"{task} · centralized", {
-                    "task": task, "federation.strategy": strategy, "federation.clients": n,
-                    "data.partition": partitions[0]}))
+                settings.append(
+                    (
+                        f"{task} · centralized",
+                        {
+                            "task": task,
+                            "federation.strategy": strategy,
+                            "federation.clients": n,
+                            "data.partition": partitions[0],
+                        },
+                    )
+                )
                 continue
             for partition in partitions:
                 for n in grid.clients:
-                    settings.append((f"{task} · {strategy} · N={n} · {partition}", {
-                        "task": task, "federation.strategy": strategy, "federation.clients": n,
-                        "data.partition": partition}))
+                    settings.append(
+                        (
+                            f"{task} · {strategy} · N={n} · {partition}",
+                            {
+                                "task": task,
+                                "federation.strategy": strategy,
+                                "federation.clients": n,
+                                "data.partition": partition,
+                            },
+                        )
+                    )
     planned: list[PlannedRun] = []
     seen: set[str] = set()
     for title, s in settings:
@@ -528,12 +656,15 @@ def reproduce_fedpc(
     outcome = run_grid(planned, results, force=force, runner=runner)
     host["load_average_after"] = machine_info().get("load_average")
     finished = [r for r in planned if is_cached(r)]
-    subset = (f"preset {preset}; FedPC's paper; strategies {', '.join(grid.strategies)}; "
-              f"N = {', '.join(map(str, grid.clients))}; tasks {', '.join(grid.tasks)}; "
-              f"partitions {', '.join(grid.partitions)}; {len(planned)} run(s)"
-              + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed) if outcome.failed else ""))
-    context = write_grid_record(results, command, subset, {"preset": preset, **grid.describe()}, overrides, planned,
-                                outcome, host)
+    subset = (
+        f"preset {preset}; FedPC's paper; strategies {', '.join(grid.strategies)}; "
+        f"N = {', '.join(map(str, grid.clients))}; tasks {', '.join(grid.tasks)}; "
+        f"partitions {', '.join(grid.partitions)}; {len(planned)} run(s)"
+        + (f", {len(outcome.failed)} failed: " + ", ".join(outcome.failed) if outcome.failed else "")
+    )
+    context = write_grid_record(
+        results, command, subset, {"preset": preset, **grid.describe()}, overrides, planned, outcome, host
+    )
     if finished:
         outcome.report = build_fedpc_report([r.folder for r in finished], results, context=context)
     else:
@@ -541,7 +672,25 @@ def reproduce_fedpc(
     return outcome
 
 
-__all__ = ["FEDPC_PARTITIONS", "FEDPC_STRATEGIES", "FEDPC_TASKS", "FedPCGridSpec", "GridSpec", "GridResult", "PAPERS",
-           "PlannedRun", "available_strategies", "cache_key", "check_fedpc_grid", "default_fedpc_grid",
-           "default_grid", "is_cached", "machine_info", "plan", "plan_fedpc", "reproduce", "reproduce_fedpc",
-           "run_grid"]
+__all__ = [
+    "FEDPC_PARTITIONS",
+    "FEDPC_STRATEGIES",
+    "FEDPC_TASKS",
+    "FedPCGridSpec",
+    "GridSpec",
+    "GridResult",
+    "PAPERS",
+    "PlannedRun",
+    "available_strategies",
+    "cache_key",
+    "check_fedpc_grid",
+    "default_fedpc_grid",
+    "default_grid",
+    "is_cached",
+    "machine_info",
+    "plan",
+    "plan_fedpc",
+    "reproduce",
+    "reproduce_fedpc",
+    "run_grid",
+]

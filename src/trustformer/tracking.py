@@ -61,8 +61,9 @@ class Tracker:
         self.kinds = tuple(dict.fromkeys(kinds))
         unknown = [k for k in self.kinds if k not in TRACKERS]
         if unknown:
-            raise ValueError(f"unknown tracker(s) {', '.join(map(repr, unknown))}: "
-                             f"valid ones are {', '.join(TRACKERS)}")
+            raise ValueError(
+                f"unknown tracker(s) {', '.join(map(repr, unknown))}: valid ones are {', '.join(TRACKERS)}"
+            )
         self.out_dir = Path(out_dir)
         self.hparams = flatten(config)
         self.last_round = 0
@@ -125,8 +126,11 @@ class Tracker:
             from torch.utils.tensorboard.summary import hparams
 
             metrics = {k: v for k, v in final.items() if not k.startswith("final/client_")}
-            values = {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
-                      for k, v in self.hparams.items() if v is not None}
+            values = {
+                k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
+                for k, v in self.hparams.items()
+                if v is not None
+            }
             for proto in hparams(values, metrics):  # experiment, session start, session end
                 self._writer.file_writer.add_summary(proto, step)
         self._status = "FINISHED"
@@ -170,7 +174,7 @@ class Tracker:
         if self._mlflow is not None:
             pending, self._pending = self._pending, []
             for i in range(0, len(pending), 1000):
-                self._mlflow.log_batch(self._run_id, metrics=pending[i:i + 1000])
+                self._mlflow.log_batch(self._run_id, metrics=pending[i : i + 1000])
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -220,15 +224,14 @@ def _clean(name: str) -> str:
 
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= PARAM_VALUE_MAX else text[:PARAM_VALUE_MAX - 1] + "…"
+    return text if len(text) <= PARAM_VALUE_MAX else text[: PARAM_VALUE_MAX - 1] + "…"
 
 
 def _summary_writer(log_dir: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
-        raise ImportError("tracking with kinds=('tensorboard',) needs TensorBoard: "
-                          "pip install tensorboard") from exc
+        raise ImportError("tracking with kinds=('tensorboard',) needs TensorBoard: pip install tensorboard") from exc
     return SummaryWriter(log_dir=str(log_dir))
 
 
@@ -240,8 +243,10 @@ def _mlflow_run(out_dir: Path, run_name: str, params: dict[str, Any]):
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
     except ImportError as exc:
-        raise ImportError("tracking with kinds=('mlflow',) needs MLflow: pip install mlflow-skinny "
-                          "(or pip install 'trustformer[tracking]')") from exc
+        raise ImportError(
+            "tracking with kinds=('mlflow',) needs MLflow: pip install mlflow-skinny "
+            "(or pip install 'trustformer[tracking]')"
+        ) from exc
     root = Path(out_dir) / "mlruns"
     root.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(tracking_uri=mlflow_uri(out_dir))
@@ -254,7 +259,7 @@ def _mlflow_run(out_dir: Path, run_name: str, params: dict[str, Any]):
     run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
     items = [Param(_clean(k), _param_value(v)) for k, v in params.items()]
     for i in range(0, len(items), BATCH):
-        client.log_batch(run_id, params=items[i:i + BATCH])
+        client.log_batch(run_id, params=items[i : i + BATCH])
     return client, run_id, Metric
 
 

@@ -136,15 +136,17 @@ class Link(Protocol):
     def prepare(self, rnd: int, nodes: list[int], exchange: bool) -> list[int]:
         """Before a round's ``train``; returns the nodes still in."""
 
-    def send(self, nodes: Sequence[int], message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
-             ) -> dict[int, Delivery]:
+    def send(
+        self, nodes: Sequence[int], message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
+    ) -> dict[int, Delivery]:
         """One message per node (its content from ``make_content(node)``), each node's reply."""
 
     def payload_spec(self, spec: TensorSpec) -> TensorSpec:
         """What a payload of ``spec`` looks like when it reaches the server (secure aggregation: masked)."""
 
-    def combine(self, rnd: int, payloads: dict[int, dict[str, torch.Tensor]], examples: dict[int, int],
-                weighting: str | None) -> tuple[list[dict[str, torch.Tensor]], list[int], dict[str, float]]:
+    def combine(
+        self, rnd: int, payloads: dict[int, dict[str, torch.Tensor]], examples: dict[int, int], weighting: str | None
+    ) -> tuple[list[dict[str, torch.Tensor]], list[int], dict[str, float]]:
         """The aggregation's inputs, their example counts and the seconds this took (secure aggregation: the
         mean alone, weight 1, unmasked from the sum with ``weighting``, the protocol's ``mean_weighting``)."""
 

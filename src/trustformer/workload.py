@@ -33,10 +33,9 @@ from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
 
 log = logging.getLogger(__name__)
 
+
 class DataError(TrustformerError, ValueError):
     """The corpus cannot be used as configured (a malformed file, too few pairs for the split)."""
-
-
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,11 @@ class Workload:
             "vocab_size": self.tokenizer.vocab_size,
         }
         if self.splits.client_domains and partition is not None:
-            counts = (Counter() if partition != ALL_SHARDS else sum(
-                (Counter(d) for d in self.splits.client_domains), Counter()))
+            counts = (
+                Counter()
+                if partition != ALL_SHARDS
+                else sum((Counter(d) for d in self.splits.client_domains), Counter())
+            )
             if partition != ALL_SHARDS:
                 counts.update(self.splits.client_domains[partition])
             out["domain_names"], out["domain_counts"] = list(counts), list(counts.values())
@@ -112,10 +114,17 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def _workload_key(cfg: RunConfig) -> str:
     d = cfg.data
-    sizes = type(cfg.model)(**{f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)
-                               if f.name != "adapters" and not f.name.startswith("lora_")})  # no split, no size
+    sizes = type(cfg.model)(
+        **{
+            f.name: getattr(cfg.model, f.name)
+            for f in dataclasses.fields(cfg.model)
+            if f.name != "adapters" and not f.name.startswith("lora_")
+        }
+    )  # no split, no size
     return RunConfig(
-        seed=cfg.seed, data=d, model=sizes,
+        seed=cfg.seed,
+        data=d,
+        model=sizes,
         federation=type(cfg.federation)(clients=cfg.federation.clients),
     ).to_json()
 
@@ -152,19 +161,36 @@ def _load_workload_cached(key: str) -> Workload:
         )
     m = cfg.model
     model_config = TransformerConfig(
-        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
-        eos_id=tokenizer.eos_id, d_model=m.d_model, n_heads=m.n_heads,
-        n_encoder_layers=m.n_encoder_layers, n_decoder_layers=m.n_decoder_layers, d_ff=m.d_ff,
-        max_len=m.max_len, dropout=m.dropout,
+        vocab_size=tokenizer.vocab_size,
+        pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        n_encoder_layers=m.n_encoder_layers,
+        n_decoder_layers=m.n_decoder_layers,
+        d_ff=m.d_ff,
+        max_len=m.max_len,
+        dropout=m.dropout,
     )
     test_encoded = encode_pairs(splits.test, tokenizer, max_len=m.max_len)
     log.info(
         "workload ready in %.1f s: %d pairs, splits %s, tokenizer %s (%d pieces)",
-        time.perf_counter() - started, len(pairs), splits.sizes(), tokenizer.name, tokenizer.vocab_size,
+        time.perf_counter() - started,
+        len(pairs),
+        splits.sizes(),
+        tokenizer.name,
+        tokenizer.vocab_size,
     )
     fingerprint = hashlib.sha256("\n".join(f"{a}\t{b}" for a, b in pairs).encode()).hexdigest()[:16]
-    return Workload(splits=splits, tokenizer=tokenizer, test_encoded=test_encoded, model_config=model_config,
-                    corpus_pairs=len(pairs), corpus_sha256=fingerprint)
+    return Workload(
+        splits=splits,
+        tokenizer=tokenizer,
+        test_encoded=test_encoded,
+        model_config=model_config,
+        corpus_pairs=len(pairs),
+        corpus_sha256=fingerprint,
+    )
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -184,8 +210,9 @@ def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimiz
     return build_optimizer(model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
 
 
-def training_batches(cfg: RunConfig, pairs_encoded: list[tuple[list[int], list[int]]], pad_id: int, *,
-                     seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def training_batches(
+    cfg: RunConfig, pairs_encoded: list[tuple[list[int], list[int]]], pad_id: int, *, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch of shuffled batches: ``train.batch_tokens`` > 0 gives length-bucketed batches of about
     that many target tokens, else ``train.batch_size`` sentences."""
     if cfg.train.batch_tokens:
@@ -207,8 +234,8 @@ def train_local(
     pairs_encoded: list[tuple[list[int], list[int]]],
     *,
     seed: int,
-    step: Callable[[Seq2SeqTransformer, torch.optim.Optimizer, torch.Tensor, torch.Tensor],
-                   tuple[torch.Tensor, int]] | None = None,
+    step: Callable[[Seq2SeqTransformer, torch.optim.Optimizer, torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
+    | None = None,
 ) -> dict[str, float]:
     """``local_epochs`` passes over a client's shard with the configured recipe (``optim.py``): the
     learning rate of every step follows the schedule from the optimizer's own step count, gradients
@@ -230,8 +257,17 @@ def train_local(
     for epoch in range(t.local_epochs):
         for src, tgt in training_batches(cfg, pairs_encoded, pad_id, seed=derive_seed(seed, "epoch", epoch)):
             src, tgt = src.to(device), tgt.to(device)
-            set_lr(optimizer, lr_at(done + steps + 1, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
-                                    decay_steps=total, min_lr=t.min_lr))
+            set_lr(
+                optimizer,
+                lr_at(
+                    done + steps + 1,
+                    lr=t.lr,
+                    schedule=t.schedule,
+                    warmup_steps=t.warmup_steps,
+                    decay_steps=total,
+                    min_lr=t.min_lr,
+                ),
+            )
             if step is not None:
                 batch_loss, n_tokens = step(model, optimizer, src, tgt)
             else:
@@ -246,39 +282,59 @@ def train_local(
             steps += 1
     train_loss = loss_sum / max(tokens, 1)
     if not math.isfinite(train_loss):
-        raise FloatingPointError(f"local training diverged (train loss {train_loss}); lower train.lr "
-                                 "or set train.clip_norm")
+        raise FloatingPointError(
+            f"local training diverged (train loss {train_loss}); lower train.lr or set train.clip_norm"
+        )
     elapsed = time.perf_counter() - started
-    return {"train_loss": train_loss, "train_s": elapsed, "steps": steps, "train_tokens": tokens,
-            "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-            "lr": optimizer.param_groups[0]["lr"]}
+    return {
+        "train_loss": train_loss,
+        "train_s": elapsed,
+        "steps": steps,
+        "train_tokens": tokens,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "lr": optimizer.param_groups[0]["lr"],
+    }
 
 
-def test_loss(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload,
-              encoded: list[tuple[list[int], list[int]]] | None = None) -> float:
+def test_loss(
+    cfg: RunConfig,
+    model: Seq2SeqTransformer,
+    workload: Workload,
+    encoded: list[tuple[list[int], list[int]]] | None = None,
+) -> float:
     """Token-averaged cross-entropy of a model on the shared held-out test set (or on ``encoded`` pairs)."""
     batches = make_batches(
-        workload.test_encoded if encoded is None else encoded, batch_size=cfg.eval.batch_size,
-        pad_id=workload.tokenizer.pad_id, shuffle=False,
+        workload.test_encoded if encoded is None else encoded,
+        batch_size=cfg.eval.batch_size,
+        pad_id=workload.tokenizer.pad_id,
+        shuffle=False,
     )
     return evaluate_loss(model, batches)
 
 
-def pair_losses(cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload,
-                encoded: list[tuple[list[int], list[int]]]) -> list[float]:
+def pair_losses(
+    cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload, encoded: list[tuple[list[int], list[int]]]
+) -> list[float]:
     """Each pair's token-averaged cross-entropy under ``model`` (teacher forcing, padding excluded), in order."""
     losses: list[float] = []
     device = next(model.parameters()).device
     with torch.no_grad(), eval_mode(model):
         for start in range(0, len(encoded), cfg.eval.batch_size):
-            chunk = encoded[start:start + cfg.eval.batch_size]
+            chunk = encoded[start : start + cfg.eval.batch_size]
             src, tgt = make_batches(chunk, batch_size=len(chunk), pad_id=workload.tokenizer.pad_id, shuffle=False)[0]
             losses.extend(model.pair_losses(src.to(device), tgt.to(device)).tolist())
     return losses
 
 
-def finetune(cfg: RunConfig, model: Seq2SeqTransformer, pairs_encoded: list[tuple[list[int], list[int]]], *,
-             epochs: int, lr: float, seed: int) -> dict[str, float]:
+def finetune(
+    cfg: RunConfig,
+    model: Seq2SeqTransformer,
+    pairs_encoded: list[tuple[list[int], list[int]]],
+    *,
+    epochs: int,
+    lr: float,
+    seed: int,
+) -> dict[str, float]:
     """Local fine-tuning after the last round: ``epochs`` passes over a client's own pairs with a fresh optimizer
     of the configured kind at the constant learning rate ``lr`` (no warm-up, no decay), gradients clipped."""
     torch.manual_seed(seed)
@@ -300,7 +356,11 @@ def finetune(cfg: RunConfig, model: Seq2SeqTransformer, pairs_encoded: list[tupl
 
 
 def translation_scores(
-    cfg: RunConfig, model: Seq2SeqTransformer, workload: Workload, pairs: list[Pair] | None = None, *,
+    cfg: RunConfig,
+    model: Seq2SeqTransformer,
+    workload: Workload,
+    pairs: list[Pair] | None = None,
+    *,
     extra_metrics: bool = True,
 ) -> tuple[dict[str, float | str], list[tuple[str, str, str]]]:
     """Decode the first ``eval.bleu_size`` test sources (or ``pairs``) and score them against their references.
@@ -312,17 +372,22 @@ def translation_scores(
     hypothesis) triples.
     """
     if pairs is None:
-        pairs = workload.splits.test[:cfg.eval.bleu_size or len(workload.splits.test)]
+        pairs = workload.splits.test[: cfg.eval.bleu_size or len(workload.splits.test)]
     sources = [src for src, _ in pairs]
     references = [tgt for _, tgt in pairs]
     started = time.perf_counter()
     hypotheses = translate(
-        model, workload.tokenizer, sources, batch_size=cfg.eval.batch_size,
-        max_len=cfg.model.max_len, beam_size=cfg.eval.beam_size,
+        model,
+        workload.tokenizer,
+        sources,
+        batch_size=cfg.eval.batch_size,
+        max_len=cfg.model.max_len,
+        beam_size=cfg.eval.beam_size,
     )
     decoded = time.perf_counter()
     scores: dict[str, float | str] = {
-        "bleu": corpus_bleu(hypotheses, references), "chrf": corpus_chrf(hypotheses, references),
+        "bleu": corpus_bleu(hypotheses, references),
+        "chrf": corpus_chrf(hypotheses, references),
     }
     if cfg.eval.meteor and extra_metrics:
         from .evaluation.meteor import corpus_meteor
@@ -331,8 +396,13 @@ def translation_scores(
     if cfg.eval.bertscore and extra_metrics:
         from .evaluation.bertscore import corpus_bertscore
 
-        f1, label = corpus_bertscore(hypotheses, references, model=cfg.eval.bertscore_model,
-                                     layers=cfg.eval.bertscore_layers, batch_size=cfg.eval.batch_size)
+        f1, label = corpus_bertscore(
+            hypotheses,
+            references,
+            model=cfg.eval.bertscore_model,
+            layers=cfg.eval.bertscore_layers,
+            batch_size=cfg.eval.batch_size,
+        )
         scores["bertscore_f1"], scores["bertscore_model"] = f1, label
     scores["decode_s"] = decoded - started
     scores["score_s"] = time.perf_counter() - decoded

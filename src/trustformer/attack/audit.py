@@ -64,8 +64,14 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95, side:
 # ------------------------------------------------------------------------------ two-sample audit
 
 
-def epsilon_lower_bound(member_scores: Sequence[float], non_member_scores: Sequence[float], delta: float,
-                        confidence: float = 0.95, *, threshold: float | None = None) -> dict[str, Any]:
+def epsilon_lower_bound(
+    member_scores: Sequence[float],
+    non_member_scores: Sequence[float],
+    delta: float,
+    confidence: float = 0.95,
+    *,
+    threshold: float | None = None,
+) -> dict[str, Any]:
     """The largest ε an (ε, δ)-DP mechanism cannot have given a membership test's scores (Jagielski et al. 2020,
     Nasr et al. 2021): guessing "member" when score ≥ t, with TP of m members and FP of n non-members above t,
 
@@ -90,8 +96,11 @@ def epsilon_lower_bound(member_scores: Sequence[float], non_member_scores: Seque
         raise ValueError("need at least one member and one non-member score")
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1); got {delta}")
-    thresholds = (np.unique(np.concatenate([members, non_members])) if threshold is None
-                  else np.asarray([threshold], dtype=np.float64))
+    thresholds = (
+        np.unique(np.concatenate([members, non_members]))
+        if threshold is None
+        else np.asarray([threshold], dtype=np.float64)
+    )
     tp = m - np.searchsorted(members, thresholds, side="left")  # members with score ≥ t
     fp = n - np.searchsorted(non_members, thresholds, side="left")
     tpr_lo, fpr_hi = _cp_lower(tp, m, confidence), _cp_upper(fp, n, confidence)
@@ -102,10 +111,19 @@ def epsilon_lower_bound(member_scores: Sequence[float], non_member_scores: Seque
     eps = np.maximum(forward, backward)
     best = int(np.argmax(eps))
     value = float(eps[best]) if np.isfinite(eps[best]) and eps[best] > 0 else 0.0
-    return {"epsilon_lb": value, "threshold": float(thresholds[best]),
-            "direction": "tpr/fpr" if forward[best] >= backward[best] else "tnr/fnr",
-            "tp": int(tp[best]), "fp": int(fp[best]), "members": m, "non_members": n,
-            "tpr_lo": float(tpr_lo[best]), "fpr_hi": float(fpr_hi[best]), "delta": delta, "confidence": confidence}
+    return {
+        "epsilon_lb": value,
+        "threshold": float(thresholds[best]),
+        "direction": "tpr/fpr" if forward[best] >= backward[best] else "tnr/fnr",
+        "tp": int(tp[best]),
+        "fp": int(fp[best]),
+        "members": m,
+        "non_members": n,
+        "tpr_lo": float(tpr_lo[best]),
+        "fpr_hi": float(fpr_hi[best]),
+        "delta": delta,
+        "confidence": confidence,
+    }
 
 
 # ------------------------------------------------------------------------------ one training run
@@ -147,9 +165,14 @@ def _one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float) -> floa
     return lo
 
 
-def one_run_epsilon_lower_bound(scores: Sequence[float], included: Sequence[bool], delta: float, *,
-                                confidence: float = 0.95, guesses: int | tuple[int, int] | None = None
-                                ) -> dict[str, Any]:
+def one_run_epsilon_lower_bound(
+    scores: Sequence[float],
+    included: Sequence[bool],
+    delta: float,
+    *,
+    confidence: float = 0.95,
+    guesses: int | tuple[int, int] | None = None,
+) -> dict[str, Any]:
     """ε lower bound from ONE training run (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846): m canaries,
     each included in training independently with probability ½ (``included``); the auditor guesses "in" for
     the k+ highest scores, "out" for the k− lowest and abstains on the rest. If the mechanism is (ε, δ)-DP the
@@ -184,14 +207,20 @@ def one_run_epsilon_lower_bound(scores: Sequence[float], included: Sequence[bool
     for k_plus, k_minus in candidates:
         if k_plus < 0 or k_minus < 0 or k_plus + k_minus > m:
             raise ValueError(f"need k+ + k− ≤ m = {m}; got {k_plus} + {k_minus}")
-        v = int(inc[order[:k_plus]].sum() + (~inc[order[m - k_minus:]]).sum())
+        v = int(inc[order[:k_plus]].sum() + (~inc[order[m - k_minus :]]).sum())
         r = k_plus + k_minus
         eps = _one_run_epsilon(m, r, v, delta, alpha)
         if best is None or eps > best["epsilon_lb"]:
             best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r}
     assert best is not None
-    return {**best, "m": m, "delta": delta, "confidence": confidence, "level_per_guess": alpha,
-            "tried": len(candidates)}
+    return {
+        **best,
+        "m": m,
+        "delta": delta,
+        "confidence": confidence,
+        "level_per_guess": alpha,
+        "tried": len(candidates),
+    }
 
 
 __all__ = ["clopper_pearson", "epsilon_lower_bound", "one_run_epsilon_lower_bound"]

@@ -51,11 +51,21 @@ def audit(cfg: RunConfig) -> dict[str, Any]:
     scores, included = canary_scores(cfg, run.initial, run.exchanges, run.protocol)
     bound = one_run_epsilon_lower_bound(scores, included, cfg.privacy.delta)
     privacy = run.summary.get("privacy") or {}
-    return {"epsilon": privacy.get("epsilon"), "target_epsilon": cfg.privacy.epsilon, "delta": cfg.privacy.delta,
-            "epsilon_lb": bound["epsilon_lb"], "canaries": len(scores), "included": int(included.sum()),
-            "guesses": bound.get("guesses"), "correct": bound.get("correct"), "k": bound.get("k"),
-            "strategy": cfg.federation.strategy, "secure": cfg.secure.mode, "test_loss": run.summary.get("test_loss"),
-            "wall_s": run.wall_s}
+    return {
+        "epsilon": privacy.get("epsilon"),
+        "target_epsilon": cfg.privacy.epsilon,
+        "delta": cfg.privacy.delta,
+        "epsilon_lb": bound["epsilon_lb"],
+        "canaries": len(scores),
+        "included": int(included.sum()),
+        "guesses": bound.get("guesses"),
+        "correct": bound.get("correct"),
+        "k": bound.get("k"),
+        "strategy": cfg.federation.strategy,
+        "secure": cfg.secure.mode,
+        "test_loss": run.summary.get("test_loss"),
+        "wall_s": run.wall_s,
+    }
 
 
 __all__ = ["audit", "canary_scores"]

@@ -96,8 +96,9 @@ def _steps_per_round(task: Any, start_tensors: Tensors, half: Any, seed: int) ->
     return int(task.train_local(model, task.new_optimizer(model), half, seed=seed)["steps"])
 
 
-def train_reference_models(task: Any, start_tensors: Tensors, pool: Any, *, n_models: int, rounds: int,
-                           seed: int, rounds_before: int = 0) -> list[Tensors]:
+def train_reference_models(
+    task: Any, start_tensors: Tensors, pool: Any, *, n_models: int, rounds: int, seed: int, rounds_before: int = 0
+) -> list[Tensors]:
     """``n_models`` reference models, model j trained from ``start_tensors`` on a seeded random half of ``pool``:
     ``rounds`` calls of ``task.train_local`` with one optimizer (its schedule and moments carry over between
     rounds, as a client's do). ``rounds_before``: the attacked model's rounds before these, so the learning-rate
@@ -106,7 +107,7 @@ def train_reference_models(task: Any, start_tensors: Tensors, pool: Any, *, n_mo
     out, offset = [], 0
     for j in range(n_models):
         rng = np.random.default_rng(derive_seed(seed, "lira-half", j))
-        half = _half(pool, np.sort(rng.permutation(len(pool))[:len(pool) // 2]))
+        half = _half(pool, np.sort(rng.permutation(len(pool))[: len(pool) // 2]))
         if rounds_before and j == 0:
             offset = rounds_before * _steps_per_round(task, start_tensors, half, derive_seed(seed, "lira-probe"))
         model = task.initial_model()
@@ -127,32 +128,56 @@ def _digest_tensors(tensors: Tensors) -> str:
     return h.hexdigest()
 
 
-def cache_key(cfg: RunConfig, start_tensors: Tensors, pool: Any, *, n_models: int, rounds: int, seed: int,
-              rounds_before: int = 0) -> str:
+def cache_key(
+    cfg: RunConfig, start_tensors: Tensors, pool: Any, *, n_models: int, rounds: int, seed: int, rounds_before: int = 0
+) -> str:
     """What the reference models depend on: the configuration without ``out`` and ``runtime.*`` (but its device),
     the start model's bytes, the pool (its size and, for a list, its content), N, the rounds and the seed."""
-    settings = {k: v for k, v in cfg.flat().items() if k != "out" and (k == "runtime.device" or
-                                                                       not k.startswith("runtime."))}
+    settings = {
+        k: v for k, v in cfg.flat().items() if k != "out" and (k == "runtime.device" or not k.startswith("runtime."))
+    }
     pool_id = hashlib.sha256(repr(pool).encode()).hexdigest() if isinstance(pool, list) else ""
-    body = json.dumps({"v": CACHE_VERSION, "config": settings, "start": _digest_tensors(start_tensors),
-                       "pool": [len(pool), pool_id], "n": n_models, "rounds": rounds, "seed": seed,
-                       "rounds_before": rounds_before},
-                      sort_keys=True, default=str)
+    body = json.dumps(
+        {
+            "v": CACHE_VERSION,
+            "config": settings,
+            "start": _digest_tensors(start_tensors),
+            "pool": [len(pool), pool_id],
+            "n": n_models,
+            "rounds": rounds,
+            "seed": seed,
+            "rounds_before": rounds_before,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(body.encode()).hexdigest()[:24]
 
 
-def reference_models(task: Any, cfg: RunConfig, start_tensors: Tensors, pool: Any, *, n_models: int, rounds: int,
-                     seed: int, cache_dir: str | Path | None = None, rounds_before: int = 0) -> list[Tensors]:
+def reference_models(
+    task: Any,
+    cfg: RunConfig,
+    start_tensors: Tensors,
+    pool: Any,
+    *,
+    n_models: int,
+    rounds: int,
+    seed: int,
+    cache_dir: str | Path | None = None,
+    rounds_before: int = 0,
+) -> list[Tensors]:
     """:func:`train_reference_models`, read from or written to ``<cache_dir>/<cache_key>.pt`` when given."""
     path = None
     if cache_dir is not None:
-        key = cache_key(cfg, start_tensors, pool, n_models=n_models, rounds=rounds, seed=seed,
-                        rounds_before=rounds_before)
+        key = cache_key(
+            cfg, start_tensors, pool, n_models=n_models, rounds=rounds, seed=seed, rounds_before=rounds_before
+        )
         path = Path(cache_dir) / f"{key}.pt"
         if path.exists():
             return torch.load(path, map_location="cpu", weights_only=True)
-    models = train_reference_models(task, start_tensors, pool, n_models=n_models, rounds=rounds, seed=seed,
-                                    rounds_before=rounds_before)
+    models = train_reference_models(
+        task, start_tensors, pool, n_models=n_models, rounds=rounds, seed=seed, rounds_before=rounds_before
+    )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".pt.tmp")
@@ -161,5 +186,4 @@ def reference_models(task: Any, cfg: RunConfig, start_tensors: Tensors, pool: An
     return models
 
 
-__all__ = ["REFERENCE_MODELS", "cache_key", "offline_scores", "reference_models", "statistic",
-           "train_reference_models"]
+__all__ = ["REFERENCE_MODELS", "cache_key", "offline_scores", "reference_models", "statistic", "train_reference_models"]

@@ -71,7 +71,7 @@ def auc(members: Sequence[float], non_members: Sequence[float]) -> float:
     if not len(a) or not len(b):
         return math.nan
     ranks = _ranks(np.concatenate([a, b]))
-    return float((ranks[:len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
+    return float((ranks[: len(a)].sum() - len(a) * (len(a) + 1) / 2) / (len(a) * len(b)))
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
@@ -84,7 +84,7 @@ def _ranks(values: np.ndarray) -> np.ndarray:
         end = start
         while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
             end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        ranks[order[start : end + 1]] = (start + end) / 2 + 1
         start = end + 1
     return ranks
 
@@ -103,8 +103,11 @@ def tpr_at_fpr(members: Sequence[float], non_members: Sequence[float], fpr: floa
 def summarize(per_client: dict[int, tuple[list[float], list[float]]], seed: int) -> dict[str, Any]:
     """AUC and TPRs per client and their means, with a bootstrap interval of the mean AUC."""
     clients = sorted(per_client)
-    out: dict[str, Any] = {"clients": clients, "candidates": [len(per_client[c][0]) for c in clients],
-                           "auc": [auc(*per_client[c]) for c in clients]}
+    out: dict[str, Any] = {
+        "clients": clients,
+        "candidates": [len(per_client[c][0]) for c in clients],
+        "auc": [auc(*per_client[c]) for c in clients],
+    }
     for fpr in FPRS:
         out[f"tpr_at_{fpr:g}_fpr"] = [tpr_at_fpr(*per_client[c], fpr) for c in clients]
     for key in [k for k in out if k not in ("clients", "candidates")]:
@@ -158,9 +161,12 @@ class _Lira:
         self.start, self.rounds = (before, 1) if exchanged else (run.initial, cfg.federation.rounds)
         self.rounds_before = last_round - 1 if exchanged else 0  # the target's rounds before its last one
         self.models: dict[int, list[Tensors]] = {}  # by pool size
-        self.info: dict[str, Any] = {"reference_models": n_models, "rounds": self.rounds,
-                                     "start": "global model before the last exchange" if exchanged else "initial",
-                                     "pool": {}}
+        self.info: dict[str, Any] = {
+            "reference_models": n_models,
+            "rounds": self.rounds,
+            "start": "global model before the last exchange" if exchanged else "initial",
+            "pool": {},
+        }
 
     def reference(self, client: int, members, non_members) -> np.ndarray:
         """(reference models × candidates) statistics, members first."""
@@ -168,20 +174,29 @@ class _Lira:
         pool = task.population_pool(2 * len(task.shard(client)), derive_seed(cfg.seed, "lira-pool"))
         if len(pool) not in self.models:
             self.models[len(pool)] = reference_models(
-                task, cfg, self.start, pool, n_models=self.n_models, rounds=self.rounds,
-                seed=derive_seed(cfg.seed, "lira"), cache_dir=Path(cfg.out).resolve().parent / "lira-cache",
-                rounds_before=self.rounds_before)
+                task,
+                cfg,
+                self.start,
+                pool,
+                n_models=self.n_models,
+                rounds=self.rounds,
+                seed=derive_seed(cfg.seed, "lira"),
+                cache_dir=Path(cfg.out).resolve().parent / "lira-cache",
+                rounds_before=self.rounds_before,
+            )
         self.info["pool"][str(client)] = len(pool)
         rows = []
         for tensors in self.models[len(pool)]:
             model = _module(task, tensors)
-            rows.append(statistic(task.name, task.example_losses(model, members) +
-                                  task.example_losses(model, non_members)))
+            rows.append(
+                statistic(task.name, task.example_losses(model, members) + task.example_losses(model, non_members))
+            )
         return np.stack(rows)
 
 
-def _lira(run: ObservedRun, task, before: Tensors, n_models: int, last_round: int
-          ) -> tuple[_Lira | None, dict[str, Any]]:
+def _lira(
+    run: ObservedRun, task, before: Tensors, n_models: int, last_round: int
+) -> tuple[_Lira | None, dict[str, Any]]:
     if n_models < 1:
         return None, {"skipped": "reference_models = 0"}
     try:
@@ -192,8 +207,9 @@ def _lira(run: ObservedRun, task, before: Tensors, n_models: int, last_round: in
     return lira, lira.info
 
 
-def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
-               reference_models: int = REFERENCE_MODELS) -> dict[str, Any]:
+def membership(
+    run: ObservedRun, *, candidates: int = CANDIDATES, reference_models: int = REFERENCE_MODELS
+) -> dict[str, Any]:
     """The membership attack on an observed run (see the module docstring); ``reference_models``: LiRA's
     (0: no ``lira`` score)."""
     cfg = run.cfg
@@ -204,13 +220,16 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
     final = _final_models(run)
     views = {"server": estimates, "true-local": ex.trained, "final": final}
     initial_model, global_model = _module(task, run.initial), _module(task, before)
-    per_view: dict[str, dict[str, dict[int, tuple[list[float], list[float]]]]] = {v: {s: {} for s in SCORES}
-                                                                                   for v in views}
+    per_view: dict[str, dict[str, dict[int, tuple[list[float], list[float]]]]] = {
+        v: {s: {} for s in SCORES} for v in views
+    }
     for client in sorted(ex.trained):
         members, non_members = task.membership_candidates(client, candidates, derive_seed(cfg.seed, "mia", client))
         pools = (members, non_members)
-        reference = {"calibrated-initial": [task.example_losses(initial_model, p) for p in pools],
-                     "calibrated-global": [task.example_losses(global_model, p) for p in pools]}
+        reference = {
+            "calibrated-initial": [task.example_losses(initial_model, p) for p in pools],
+            "calibrated-global": [task.example_losses(global_model, p) for p in pools],
+        }
         lira_reference = lira.reference(client, members, non_members) if lira is not None else None
         for view, models in views.items():
             if client not in models:
@@ -219,26 +238,42 @@ def membership(run: ObservedRun, *, candidates: int = CANDIDATES,
             losses = [task.example_losses(model, p) for p in pools]
             per_view[view]["loss"][client] = ([-x for x in losses[0]], [-x for x in losses[1]])
             for score, (ref_m, ref_n) in reference.items():
-                per_view[view][score][client] = ([r - x for r, x in zip(ref_m, losses[0])],
-                                                 [r - x for r, x in zip(ref_n, losses[1])])
+                per_view[view][score][client] = (
+                    [r - x for r, x in zip(ref_m, losses[0])],
+                    [r - x for r, x in zip(ref_n, losses[1])],
+                )
             if lira_reference is not None and view in LIRA_VIEWS:
                 z = offline_scores(statistic(task.name, losses[0] + losses[1]), lira_reference).tolist()
-                per_view[view]["lira"][client] = (z[:len(losses[0])], z[len(losses[0]):])
+                per_view[view]["lira"][client] = (z[: len(losses[0])], z[len(losses[0]) :])
     seed = derive_seed(cfg.seed, "mia-bootstrap")
-    result: dict[str, Any] = {view: {score: summarize(per_client, seed) for score, per_client in scores.items()
-                                     if per_client} for view, scores in per_view.items()}
+    result: dict[str, Any] = {
+        view: {score: summarize(per_client, seed) for score, per_client in scores.items() if per_client}
+        for view, scores in per_view.items()
+    }
     server = result.get("server", {})
     best = max(server, key=lambda s: server[s]["auc_mean"]) if server else None
-    result["advantage"] = ({"score": best, "auc_minus_half": server[best]["auc_mean"] - 0.5,
-                            "tpr_at_1pct_fpr": server[best]["tpr_at_0.01_fpr_mean"],
-                            "auc_ci95": server[best]["auc_mean_ci95"]} if best else None)
+    result["advantage"] = (
+        {
+            "score": best,
+            "auc_minus_half": server[best]["auc_mean"] - 0.5,
+            "tpr_at_1pct_fpr": server[best]["tpr_at_0.01_fpr_mean"],
+            "auc_ci95": server[best]["auc_mean_ci95"],
+        }
+        if best
+        else None
+    )
     result["round"] = ex.round
     result["lira"] = lira_info
     if is_private(cfg):  # the audit of the guarantee by this attack (attack/audit.py)
         result["audit"] = audit_from_scores(per_view["server"], cfg.privacy.delta)
         result["audit"]["epsilon"] = (run.summary.get("privacy") or {}).get("epsilon")
-    result["server_sees"] = ("nothing" if not run.protocol.spec.exchanges else
-                             "aggregate only" if cfg.secure.mode in ("secagg", "tee+secagg") else "every payload")
+    result["server_sees"] = (
+        "nothing"
+        if not run.protocol.spec.exchanges
+        else "aggregate only"
+        if cfg.secure.mode in ("secagg", "tee+secagg")
+        else "every payload"
+    )
     return result
 
 
@@ -262,39 +297,53 @@ def audit_from_scores(scores: dict[str, dict[int, tuple[list[float], list[float]
     return best
 
 
-def run_membership(cfg: RunConfig, *, candidates: int = CANDIDATES,
-                   reference_models: int = REFERENCE_MODELS) -> dict[str, Any]:
+def run_membership(
+    cfg: RunConfig, *, candidates: int = CANDIDATES, reference_models: int = REFERENCE_MODELS
+) -> dict[str, Any]:
     """Run ``cfg`` in this process and attack the membership of every client's data."""
     run = observed_run(cfg)
     result = membership(run, candidates=candidates, reference_models=reference_models)
-    result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
-                  test_loss=run.summary.get("test_loss"))
+    result.update(
+        strategy=cfg.federation.strategy,
+        secure=cfg.secure.mode,
+        wall_s=run.wall_s,
+        test_loss=run.summary.get("test_loss"),
+    )
     return result
 
 
 # ------------------------------------------------------------------------------ the command's table
 
 
-TABLE_NOTE = ("mean over clients at the last exchange; model: server = its estimate from what it holds, true-local = "
-              "the client's trained model, final = the model it ends with")
+TABLE_NOTE = (
+    "mean over clients at the last exchange; model: server = its estimate from what it holds, true-local = "
+    "the client's trained model, final = the model it ends with"
+)
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    head = (f"{'run':<40} {'model':<11} {'score':<19} {'AUC':>6} {'95% CI':>13} {'TPR@1%':>7} {'TPR@0.1%':>8} "
-            f"{'n':>5}")
+    head = f"{'run':<40} {'model':<11} {'score':<19} {'AUC':>6} {'95% CI':>13} {'TPR@1%':>7} {'TPR@0.1%':>8} {'n':>5}"
     lines = [head, "-" * len(head)]
     for r in results:
         for view in ("server", "true-local", "final"):
             for score, s in r.get(view, {}).items():
                 ci = s.get("auc_mean_ci95") or [math.nan, math.nan]
-                lines.append(f"{r['run']:<40} {view:<11} {score:<19} {s['auc_mean']:>6.3f} "
-                             f"{ci[0]:>6.3f}–{ci[1]:<6.3f} {s['tpr_at_0.01_fpr_mean']:>7.3f} "
-                             f"{s['tpr_at_0.001_fpr_mean']:>8.3f} {min(s['candidates']):>5}")
+                lines.append(
+                    f"{r['run']:<40} {view:<11} {score:<19} {s['auc_mean']:>6.3f} "
+                    f"{ci[0]:>6.3f}–{ci[1]:<6.3f} {s['tpr_at_0.01_fpr_mean']:>7.3f} "
+                    f"{s['tpr_at_0.001_fpr_mean']:>8.3f} {min(s['candidates']):>5}"
+                )
     return "\n".join(lines)
 
 
-def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, reference_models: int = REFERENCE_MODELS,
-          progress: bool = True) -> list[dict[str, Any]]:
+def sweep(
+    cfg: RunConfig,
+    runs,
+    *,
+    candidates: int = CANDIDATES,
+    reference_models: int = REFERENCE_MODELS,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
     import time
 
@@ -303,17 +352,21 @@ def sweep(cfg: RunConfig, runs, *, candidates: int = CANDIDATES, reference_model
 
     results, started = [], time.perf_counter()
     for i, planned in enumerate(runs, start=1):
-        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **planned.overrides,
-                                                 "out": str(Path(cfg.out) / _folder(planned.label))})
+        run_cfg = load_config(
+            cfg.preset, None, {**cfg.flat(), **planned.overrides, "out": str(Path(cfg.out) / _folder(planned.label))}
+        )
         result = run_membership(run_cfg, candidates=candidates, reference_models=reference_models)
         result.update(run=planned.label, overrides=planned.overrides)
         results.append(result)
         if progress:
             elapsed = time.perf_counter() - started
             adv = result["advantage"] or {}
-            print(f"[{i}/{len(runs)}] {planned.label}: server AUC {0.5 + adv.get('auc_minus_half', math.nan):.3f} "
-                  f"· {result['wall_s']:.0f} s · ETA {elapsed / i * (len(runs) - i) / 60:.1f} min",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{i}/{len(runs)}] {planned.label}: server AUC {0.5 + adv.get('auc_minus_half', math.nan):.3f} "
+                f"· {result['wall_s']:.0f} s · ETA {elapsed / i * (len(runs) - i) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 

@@ -162,8 +162,11 @@ def _nearest(payload: Tensors, sent: dict[int, Tensors]) -> int | None:
     for client, candidate in sent.items():
         if set(candidate) != set(payload) or any(candidate[n].shape != payload[n].shape for n in payload):
             continue
-        distance = sum(float((candidate[n].double() - payload[n].double()).pow(2).sum()) for n in payload
-                       if candidate[n].is_floating_point())
+        distance = sum(
+            float((candidate[n].double() - payload[n].double()).pow(2).sum())
+            for n in payload
+            if candidate[n].is_floating_point()
+        )
         if distance < best_distance:
             best, best_distance = client, distance
     return best
@@ -288,9 +291,9 @@ def nearest_centroid(rows: torch.Tensor, centroids: torch.Tensor, chunk: int = 2
     c_sq = (c * c).sum(1)
     out = torch.empty(rows.shape[0], dtype=torch.long)
     for start in range(0, rows.shape[0], chunk):
-        x = rows[start:start + chunk].double()
+        x = rows[start : start + chunk].double()
         dist = c_sq.unsqueeze(0) - 2.0 * x @ c.T  # + |x|² is the same for every centroid
-        out[start:start + chunk] = dist.argmin(1)
+        out[start : start + chunk] = dist.argmin(1)
     return out
 
 
@@ -370,8 +373,10 @@ def estimator_of(cfg: RunConfig) -> type[Estimator]:
     """The estimator the protocol's spec names (ConfigError when the attack does not cover it)."""
     kind = protocol_spec(cfg.federation.strategy).estimator
     if kind is None:
-        raise ConfigError(f"the reconstruction attack does not cover federation.strategy = "
-                          f"{cfg.federation.strategy!r} (its spec declares no estimator)")
+        raise ConfigError(
+            f"the reconstruction attack does not cover federation.strategy = "
+            f"{cfg.federation.strategy!r} (its spec declares no estimator)"
+        )
     return ESTIMATORS[kind]
 
 
@@ -427,9 +432,17 @@ def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], prot
             errors.append(error)
             recovered.append(fraction)
             initial_errors.append(score(initial, ex.trained[client])[0])
-        rounds.append({"round": ex.round, "clients": clients, "relative_error": errors,
-                       "recovered_fraction": recovered, "relative_error_mean": _mean(errors),
-                       "recovered_fraction_mean": _mean(recovered), "initial_error_mean": _mean(initial_errors)})
+        rounds.append(
+            {
+                "round": ex.round,
+                "clients": clients,
+                "relative_error": errors,
+                "recovered_fraction": recovered,
+                "relative_error_mean": _mean(errors),
+                "recovered_fraction_mean": _mean(recovered),
+                "initial_error_mean": _mean(initial_errors),
+            }
+        )
     if not rounds:
         raise RuntimeError("the run had no exchange round: nothing to attack")
     last = rounds[-1]
@@ -470,8 +483,9 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     clients = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
     ex = Exchange(cfg.federation.rounds, received={})
     for client in clients:
-        state = store.load("all" if client == ALL_SHARDS else f"client-{client}",
-                           upto=(cfg.federation.rounds, ROUND_END))
+        state = store.load(
+            "all" if client == ALL_SHARDS else f"client-{client}", upto=(cfg.federation.rounds, ROUND_END)
+        )
         if state is None:
             raise RuntimeError(f"client {client} left no state in {store.root}")
         ex.trained[client] = {n: state.model[n].detach().clone() for n in names}
@@ -514,9 +528,13 @@ def run_attack(cfg: RunConfig, run: ObservedRun | None = None) -> dict[str, Any]
     run = run if run is not None else observed_run(cfg)
     cfg, summary = run.cfg, run.summary
     result = attack(cfg, run.initial, run.exchanges, run.protocol)
-    result.update(strategy=cfg.federation.strategy, secure=cfg.secure.mode, wall_s=run.wall_s,
-                  test_loss=summary.get("test_loss"),
-                  up_bytes_per_client_per_round=summary.get("bytes", {}).get("up_per_client_per_round"))
+    result.update(
+        strategy=cfg.federation.strategy,
+        secure=cfg.secure.mode,
+        wall_s=run.wall_s,
+        test_loss=summary.get("test_loss"),
+        up_bytes_per_client_per_round=summary.get("bytes", {}).get("up_per_client_per_round"),
+    )
     run_fields = protocol_spec(cfg.federation.strategy).run_fields
     if run_fields is not None:
         result.update(run_fields(cfg))
@@ -531,9 +549,13 @@ class PlannedRun:
     overrides: dict[str, Any]
 
 
-def plan(cfg: RunConfig, strategies: Sequence[str] | None, betas: Sequence[float] | None,
-         memberships: Sequence[str] | None, secure_modes: Sequence[str] | None
-         ) -> tuple[list[PlannedRun], list[str]]:
+def plan(
+    cfg: RunConfig,
+    strategies: Sequence[str] | None,
+    betas: Sequence[float] | None,
+    memberships: Sequence[str] | None,
+    secure_modes: Sequence[str] | None,
+) -> tuple[list[PlannedRun], list[str]]:
     """The runs of a sweep (strategy × β × memberships for trustformer, × secure mode; fedavg-topk at
     ``topk_keep`` = each β when --betas is given) and the combinations skipped, with why."""
     from ..config import SECURE_MODES, STRATEGIES
@@ -583,8 +605,7 @@ def sweep(cfg: RunConfig, runs: Sequence[PlannedRun], *, progress: bool = True) 
     started = time.perf_counter()
     out = Path(cfg.out)
     for i, run in enumerate(runs, start=1):
-        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **run.overrides,
-                                                 "out": str(out / _folder(run.label))})
+        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **run.overrides, "out": str(out / _folder(run.label))})
         result = run_attack(run_cfg)
         result["run"] = run.label
         result["overrides"] = run.overrides
@@ -592,35 +613,60 @@ def sweep(cfg: RunConfig, runs: Sequence[PlannedRun], *, progress: bool = True) 
         if progress:
             elapsed = time.perf_counter() - started
             eta = elapsed / i * (len(runs) - i)
-            print(f"[{i}/{len(runs)}] {run.label}: relative error {result['relative_error_mean']:.4g} · "
-                  f"recovered {result['recovered_fraction_mean']:.4f} · {result['wall_s']:.0f} s · "
-                  f"elapsed {elapsed / 60:.1f} min · ETA {eta / 60:.1f} min", file=sys.stderr, flush=True)
+            print(
+                f"[{i}/{len(runs)}] {run.label}: relative error {result['relative_error_mean']:.4g} · "
+                f"recovered {result['recovered_fraction_mean']:.4f} · {result['wall_s']:.0f} s · "
+                f"elapsed {elapsed / 60:.1f} min · ETA {eta / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
-TABLE_NOTE = (f"relative error ||estimate - true|| / ||true|| and fraction of weights within {TOLERANCE:g}, mean over "
-              "clients at the last exchange round; init err: the public initial model as the estimate")
+TABLE_NOTE = (
+    f"relative error ||estimate - true|| / ||true|| and fraction of weights within {TOLERANCE:g}, mean over "
+    "clients at the last exchange round; init err: the public initial model as the estimate"
+)
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    head = (f"{'run':<40} {'server sees':<14} {'rel. error':>10} {'recovered':>9} {'init err':>8} "
-            f"{'memberships':<24} {'wall s':>6}")
+    head = (
+        f"{'run':<40} {'server sees':<14} {'rel. error':>10} {'recovered':>9} {'init err':>8} "
+        f"{'memberships':<24} {'wall s':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         source = r.get("memberships_source") or "-"
-        lines.append(f"{r['run']:<40} {r['server_sees']:<14} {r['relative_error_mean']:>10.4f} "
-                     f"{r['recovered_fraction_mean']:>9.4f} {r['initial_error_mean']:>8.4f} {source:<24} "
-                     f"{r['wall_s']:>6.0f}")
+        lines.append(
+            f"{r['run']:<40} {r['server_sees']:<14} {r['relative_error_mean']:>10.4f} "
+            f"{r['recovered_fraction_mean']:>9.4f} {r['initial_error_mean']:>8.4f} {source:<24} "
+            f"{r['wall_s']:>6.0f}"
+        )
     return "\n".join(lines)
 
 
 def write_json(path: str | Path, cfg: RunConfig, results: Sequence[dict[str, Any]], command: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"command": command, "setting": cfg.to_dict(), "tolerance": TOLERANCE,
-            "headline": "mean over clients at the last exchange round", "runs": list(results)}
+    body = {
+        "command": command,
+        "setting": cfg.to_dict(),
+        "tolerance": TOLERANCE,
+        "headline": "mean over clients at the last exchange round",
+        "runs": list(results),
+    }
     path.write_text(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
 
 
-__all__ = ["ESTIMATORS", "Exchange", "RunRecorder", "attack", "format_table", "plan", "run_attack", "score",
-           "sweep", "write_json"]
+__all__ = [
+    "ESTIMATORS",
+    "Exchange",
+    "RunRecorder",
+    "attack",
+    "format_table",
+    "plan",
+    "run_attack",
+    "score",
+    "sweep",
+    "write_json",
+]

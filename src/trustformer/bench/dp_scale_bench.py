@@ -38,8 +38,14 @@ from ..config import RunConfig, load_config
 from ..core.accounting import solve_noise_multiplier
 
 SETTING: dict[str, Any] = {
-    "train.local_epochs": 3, "eval.bleu_size": 20, "eval.meteor": False, "eval.bertscore": False,
-    "runtime.threads": 1, "runtime.ray_cpus": 1, "runtime.client_cpus": 1.0, "runtime.checkpoint": False,
+    "train.local_epochs": 3,
+    "eval.bleu_size": 20,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "runtime.threads": 1,
+    "runtime.ray_cpus": 1,
+    "runtime.client_cpus": 1.0,
+    "runtime.checkpoint": False,
     "runtime.progress": False,
 }
 """Every run: one thread (one Ray CPU on the Simulation Engine), no checkpoints, test loss and a small BLEU only."""
@@ -51,16 +57,31 @@ def _label(strategy: str, m: int, clipping: str = "", eps: float | None = None) 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(label, option values) of every run, in the order they run (references first)."""
-    base = {"federation.clients": args.clients, "federation.rounds": args.rounds, "data.client_size": args.client_size,
-            "runtime.engine": args.engine, "privacy.delta": args.delta, **SETTING}
+    base = {
+        "federation.clients": args.clients,
+        "federation.rounds": args.rounds,
+        "data.client_size": args.client_size,
+        "runtime.engine": args.engine,
+        "privacy.delta": args.delta,
+        **SETTING,
+    }
     runs = [("alone", {**base, "federation.strategy": "local", "federation.clients": args.alone_clients})]
     for i, m in enumerate(args.per_round):
         runs.append((_label("fedavg", m), {**base, "federation.strategy": "fedavg", "federation.clients_per_round": m}))
         for eps in args.epsilons:
-            for clipping in (args.clippings if i == 0 else args.more_clippings):
-                runs.append((_label("dp-fedavg", m, clipping, eps),
-                             {**base, "federation.strategy": "dp-fedavg", "privacy.clipping": clipping,
-                              "privacy.epsilon": eps, "privacy.sampling_rate": m / args.clients}))
+            for clipping in args.clippings if i == 0 else args.more_clippings:
+                runs.append(
+                    (
+                        _label("dp-fedavg", m, clipping, eps),
+                        {
+                            **base,
+                            "federation.strategy": "dp-fedavg",
+                            "privacy.clipping": clipping,
+                            "privacy.epsilon": eps,
+                            "privacy.sampling_rate": m / args.clients,
+                        },
+                    )
+                )
     return runs
 
 
@@ -83,21 +104,32 @@ def run_one(label: str, values: dict[str, Any], out: Path) -> dict[str, Any]:
     summary = run(cfg)
     wall = time.perf_counter() - started
     rounds = summary.get("round_time_s", [])
-    row: dict[str, Any] = {"label": label, "strategy": cfg.federation.strategy, "clients": cfg.federation.clients,
-                           "per_round": cfg.federation.clients_per_round or round(cfg.privacy.sampling_rate
-                                                                                  * cfg.federation.clients),
-                           "test_loss": global_loss(Path(cfg.out)), "wall_s": wall,
-                           "s_per_round": statistics.fmean(rounds) if rounds else math.nan}
+    row: dict[str, Any] = {
+        "label": label,
+        "strategy": cfg.federation.strategy,
+        "clients": cfg.federation.clients,
+        "per_round": cfg.federation.clients_per_round or round(cfg.privacy.sampling_rate * cfg.federation.clients),
+        "test_loss": global_loss(Path(cfg.out)),
+        "wall_s": wall,
+        "s_per_round": statistics.fmean(rounds) if rounds else math.nan,
+    }
     privacy = summary.get("privacy")
     if privacy:
         m = cfg.privacy.sampling_rate * cfg.federation.clients
         sigma = privacy["noise_multiplier"]
         clip = privacy.get("clip_norm_next", privacy["clip_norm"])
-        row.update(clipping=privacy.get("clipping", "fixed"), epsilon_target=cfg.privacy.epsilon,
-                   epsilon=privacy["epsilon"], delta=privacy["delta"], sigma=sigma,
-                   update_sigma=privacy.get("update_noise_multiplier", sigma), clip_end=clip,
-                   clip_per_round=privacy.get("clip_norm_per_round"), sigma_per_m=sigma / m,
-                   noise_std=privacy.get("update_noise_multiplier", sigma) * clip / m)
+        row.update(
+            clipping=privacy.get("clipping", "fixed"),
+            epsilon_target=cfg.privacy.epsilon,
+            epsilon=privacy["epsilon"],
+            delta=privacy["delta"],
+            sigma=sigma,
+            update_sigma=privacy.get("update_noise_multiplier", sigma),
+            clip_end=clip,
+            clip_per_round=privacy.get("clip_norm_per_round"),
+            sigma_per_m=sigma / m,
+            noise_std=privacy.get("update_noise_multiplier", sigma) * clip / m,
+        )
     return row
 
 
@@ -113,8 +145,11 @@ def add_gains(rows: list[dict[str, Any]]) -> None:
     fedavg = {r["per_round"]: r["test_loss"] for r in rows if r["strategy"] == "fedavg"}
     for r in rows:
         ref = fedavg.get(r["per_round"])
-        r["gain"] = gain_retained(r["test_loss"], alone, ref) if ref is not None and r["label"] != "alone" else (
-            0.0 if r["label"] == "alone" else math.nan)
+        r["gain"] = (
+            gain_retained(r["test_loss"], alone, ref)
+            if ref is not None and r["label"] != "alone"
+            else (0.0 if r["label"] == "alone" else math.nan)
+        )
 
 
 def learning_point(rows: list[dict[str, Any]], learned: float) -> float | None:
@@ -131,6 +166,7 @@ def learning_point(rows: list[dict[str, Any]], learned: float) -> float | None:
 def participants_needed(z: float, clients: int, epsilon: float, delta: float, rounds: int) -> int | None:
     """**Extrapolated**: the smallest expected participants m (q = m/N) whose solved σ gives σ/m ≤ z at (ε, δ) over
     ``rounds`` releases (bisection on m; None when even m = N does not)."""
+
     def ratio(m: int) -> float:
         return solve_noise_multiplier(epsilon, delta, min(1.0, m / clients), rounds) / m
 
@@ -143,14 +179,15 @@ def participants_needed(z: float, clients: int, epsilon: float, delta: float, ro
     return hi
 
 
-def extrapolate(z: float | None, args: argparse.Namespace, sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
-                ) -> list[dict[str, Any]]:
+def extrapolate(
+    z: float | None, args: argparse.Namespace, sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+) -> list[dict[str, Any]]:
     """The learning point's σ/m carried to larger N at every ε (δ = min(--delta, N^−1.1)); extrapolated."""
     if z is None:
         return []
     out = []
     for n in sizes:
-        delta = min(args.delta, n ** -1.1)
+        delta = min(args.delta, n**-1.1)
         for eps in args.epsilons:
             m = participants_needed(z, n, eps, delta, args.rounds)
             out.append({"clients": n, "epsilon": eps, "delta": delta, "per_round": m, "extrapolated": True})
@@ -158,16 +195,27 @@ def extrapolate(z: float | None, args: argparse.Namespace, sizes: tuple[int, ...
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| run | m / round | test loss | gain retained | ε spent | σ | σ_Δ | C at end | σ/m | σ·C/m | s/round "
-            "| wall s |")
+    head = (
+        "| run | m / round | test loss | gain retained | ε spent | σ | σ_Δ | C at end | σ/m | σ·C/m | s/round "
+        "| wall s |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         dp = "sigma" in r
-        cells = [r["label"], str(r["per_round"]), f"{r['test_loss']:.3f}", f"{r['gain']:.2f}",
-                 (f"{r['epsilon']:.3g}" if r.get("epsilon") is not None else "∞") if dp else "",
-                 f"{r['sigma']:.3f}" if dp else "", f"{r['update_sigma']:.3f}" if dp else "",
-                 f"{r['clip_end']:.3g}" if dp else "", f"{r['sigma_per_m']:.4f}" if dp else "",
-                 f"{r['noise_std']:.2e}" if dp else "", f"{r['s_per_round']:.1f}", f"{r['wall_s']:.0f}"]
+        cells = [
+            r["label"],
+            str(r["per_round"]),
+            f"{r['test_loss']:.3f}",
+            f"{r['gain']:.2f}",
+            (f"{r['epsilon']:.3g}" if r.get("epsilon") is not None else "∞") if dp else "",
+            f"{r['sigma']:.3f}" if dp else "",
+            f"{r['update_sigma']:.3f}" if dp else "",
+            f"{r['clip_end']:.3g}" if dp else "",
+            f"{r['sigma_per_m']:.4f}" if dp else "",
+            f"{r['noise_std']:.2e}" if dp else "",
+            f"{r['s_per_round']:.1f}",
+            f"{r['wall_s']:.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -180,18 +228,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trustformer bench dp-scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=1000, help="clients N (default: 1000)")
     p.add_argument("--client-size", type=int, default=12, help="pairs per client (default: 12)")
-    p.add_argument("--per-round", type=lambda t: _numbers(int, t), default=[100, 300],
-                   help="expected participants per round m, comma-separated (default: 100,300)")
+    p.add_argument(
+        "--per-round",
+        type=lambda t: _numbers(int, t),
+        default=[100, 300],
+        help="expected participants per round m, comma-separated (default: 100,300)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="rounds of every run (default: 5)")
     p.add_argument("--epsilons", type=lambda t: _numbers(float, t), default=[1.0, 8.0], help="default: 1,8")
     p.add_argument("--delta", type=float, default=1e-5, help="δ of every DP row (default: 1e-5)")
-    p.add_argument("--clippings", type=lambda t: t.split(","), default=["fixed", "adaptive"],
-                   help="clipping of the first m's DP rows (default: fixed,adaptive)")
-    p.add_argument("--more-clippings", type=lambda t: t.split(","), default=["adaptive"],
-                   help="clipping of the other m's DP rows (default: adaptive)")
+    p.add_argument(
+        "--clippings",
+        type=lambda t: t.split(","),
+        default=["fixed", "adaptive"],
+        help="clipping of the first m's DP rows (default: fixed,adaptive)",
+    )
+    p.add_argument(
+        "--more-clippings",
+        type=lambda t: t.split(","),
+        default=["adaptive"],
+        help="clipping of the other m's DP rows (default: adaptive)",
+    )
     p.add_argument("--alone-clients", type=int, default=20, help="clients of the training-alone row (default: 20)")
-    p.add_argument("--engine", default="simulation", choices=["simulation", "inprocess"],
-                   help="runtime.engine (default: simulation)")
+    p.add_argument(
+        "--engine",
+        default="simulation",
+        choices=["simulation", "inprocess"],
+        help="runtime.engine (default: simulation)",
+    )
     p.add_argument("--learned", type=float, default=0.5, help="gain retained that counts as learning (default: 0.5)")
     p.add_argument("--out", default="runs/bench-dp-scale", help="folder of the runs (default: runs/bench-dp-scale)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
@@ -201,33 +265,62 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs, out = plan(args), Path(args.out)
-    print(f"setting: tiny model · N = {args.clients} clients × {args.client_size} pairs · {args.rounds} rounds · "
-          f"m = {args.per_round} per round · engine {args.engine} · {len(runs)} runs, one at a time · output {out}",
-          file=sys.stderr, flush=True)
+    print(
+        f"setting: tiny model · N = {args.clients} clients × {args.client_size} pairs · {args.rounds} rounds · "
+        f"m = {args.per_round} per round · engine {args.engine} · {len(runs)} runs, one at a time · output {out}",
+        file=sys.stderr,
+        flush=True,
+    )
     rows, started = [], time.perf_counter()
     for i, (label, values) in enumerate(runs, start=1):
         rows.append(row := run_one(label, values, out))
         elapsed = time.perf_counter() - started
-        print(f"[{i}/{len(runs)}] {label}: test loss {row['test_loss']:.3f} · {row['s_per_round']:.1f} s/round · "
-              f"{row['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
-              f"{elapsed / i * (len(runs) - i) / 60:.1f} min", file=sys.stderr, flush=True)
+        print(
+            f"[{i}/{len(runs)}] {label}: test loss {row['test_loss']:.3f} · {row['s_per_round']:.1f} s/round · "
+            f"{row['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
+            f"{elapsed / i * (len(runs) - i) / 60:.1f} min",
+            file=sys.stderr,
+            flush=True,
+        )
     add_gains(rows)
     z = learning_point(rows, args.learned)
     extrapolated = extrapolate(z, args)
     print(format_table(rows))
     print(f"learning point (gain {args.learned:g}): σ/m = " + (f"{z:.4f}" if z else "not bracketed by the rows"))
     for e in extrapolated:
-        print(f"extrapolated: N = {e['clients']:,} at ε = {e['epsilon']:g}, δ = {e['delta']:.2g}: m = "
-              + (f"{e['per_round']:,} per round" if e["per_round"] else "more than N"))
+        print(
+            f"extrapolated: N = {e['clients']:,} at ε = {e['epsilon']:g}, δ = {e['delta']:.2g}: m = "
+            + (f"{e['per_round']:,} per round" if e["per_round"] else "more than N")
+        )
     print(f"total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench dp-scale " + shlex.join(argv or []),
-                                               "rows": rows, "learning_point_sigma_per_m": z,
-                                               "extrapolated": extrapolated}, indent=2, allow_nan=True) + "\n",
-                                   encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "command": "trustformer bench dp-scale " + shlex.join(argv or []),
+                    "rows": rows,
+                    "learning_point_sigma_per_m": z,
+                    "extrapolated": extrapolated,
+                },
+                indent=2,
+                allow_nan=True,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
     return 0
 
 
-__all__ = ["SETTING", "add_gains", "extrapolate", "format_table", "global_loss", "learning_point", "main",
-           "participants_needed", "plan", "run_one"]
+__all__ = [
+    "SETTING",
+    "add_gains",
+    "extrapolate",
+    "format_table",
+    "global_loss",
+    "learning_point",
+    "main",
+    "participants_needed",
+    "plan",
+    "run_one",
+]

@@ -59,8 +59,12 @@ DEFAULT_SETTING: dict[str, Any] = {
 }
 """The benchmark's non-IID setting ("domain-3x3000"), applied on top of the ``small`` preset."""
 
-BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "federation.finetune_epochs": 1,
-                                 "runtime.threads": 1}
+BENCH_OPTIONS: dict[str, Any] = {
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "federation.finetune_epochs": 1,
+    "runtime.threads": 1,
+}
 """Every run: test loss and BLEU only (no METEOR / BERTScore), one epoch of fine-tuning, one torch thread."""
 
 TINY_SETTING: dict[str, Any] = {"data.partition": "domain", "data.own_test_size": 20}
@@ -83,37 +87,59 @@ class BenchRun:
         return f"{name}-seed{self.seed}"
 
 
-def plan_runs(betas: list[float], widths: list[int], seeds: list[int], memberships: list[str] | None = None, *,
-              dp: bool = True, secagg: bool = True) -> list[BenchRun]:
+def plan_runs(
+    betas: list[float],
+    widths: list[int],
+    seeds: list[int],
+    memberships: list[str] | None = None,
+    *,
+    dp: bool = True,
+    secagg: bool = True,
+) -> list[BenchRun]:
     """The benchmark's runs (module docstring), deciding runs once per seed; ``widths`` are the coded runs'
     ``federation.payload_bits``."""
     plans: list[tuple[str, dict[str, Any], float | None, bool]] = [
         ("local", {"federation.strategy": "local"}, None, True),
         ("fedavg", {"federation.strategy": "fedavg"}, None, True),
-        *((f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None, True)
-          for bits in widths),
+        *(
+            (f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None, True)
+            for bits in widths
+        ),
     ]
     for beta in betas:
         for mode in memberships or [None]:
             name = f"trustformer β={beta:g}" + (f" {mode}" if mode else "")
-            base = {"federation.strategy": "trustformer", "federation.beta": beta,
-                    **({"federation.memberships": mode} if mode else {})}
+            base = {
+                "federation.strategy": "trustformer",
+                "federation.beta": beta,
+                **({"federation.memberships": mode} if mode else {}),
+            }
             plans.append((name, base, beta, True))
             plans += [(f"{name} {bits}-bit", {**base, "federation.payload_bits": bits}, beta, True) for bits in widths]
             if secagg:
                 plans.append((f"{name} +secagg", {**base, "secure.mode": "secagg"}, beta, False))
         every = math.ceil(1 / beta - 1e-9)
-        plans.append((f"fedavg every {every}", {"federation.strategy": "fedavg", "federation.agg_every": every}, beta,
-                      True))
-        plans.append((f"top-k {beta / 2:g}", {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2},
-                      beta, True))
+        plans.append(
+            (f"fedavg every {every}", {"federation.strategy": "fedavg", "federation.agg_every": every}, beta, True)
+        )
+        plans.append(
+            (
+                f"top-k {beta / 2:g}",
+                {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2},
+                beta,
+                True,
+            )
+        )
     if secagg:
         plans.append(("fedavg +secagg", {"federation.strategy": "fedavg", "secure.mode": "secagg"}, None, False))
     if dp:
         plans += [(s, {"federation.strategy": s}, None, False) for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")]
     unique = [plan for i, plan in enumerate(plans) if plan[0] not in {p[0] for p in plans[:i]}]  # βs sharing ⌈1/β⌉
-    return [BenchRun(label, overrides, seed, beta, deciding) for label, overrides, beta, deciding in unique
-            for seed in (seeds if deciding else seeds[:1])]
+    return [
+        BenchRun(label, overrides, seed, beta, deciding)
+        for label, overrides, beta, deciding in unique
+        for seed in (seeds if deciding else seeds[:1])
+    ]
 
 
 def plan_extra_rows(rows: list[str], seeds: list[int]) -> list[BenchRun]:
@@ -123,8 +149,10 @@ def plan_extra_rows(rows: list[str], seeds: list[int]) -> list[BenchRun]:
         label, sep, options = text.partition(":")
         overrides = dict(parse_override(item) for item in options.split())
         if not sep or not label.strip() or not overrides:
-            raise ConfigError(f"--row {text!r}: expected 'LABEL: key=value ...', e.g. "
-                              "'fedprox μ=0.1: federation.strategy=fedprox fedprox.mu=0.1'")
+            raise ConfigError(
+                f"--row {text!r}: expected 'LABEL: key=value ...', e.g. "
+                "'fedprox μ=0.1: federation.strategy=fedprox fedprox.mu=0.1'"
+            )
         plans += [BenchRun(label.strip(), overrides, seed) for seed in seeds]
     return plans
 
@@ -148,33 +176,64 @@ def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], beta
     adapters = {rank: {**lora, "model.lora_rank": rank, "model.lora_alpha": 2.0 * rank} for rank in ranks}
     ranked = sorted(ranks, reverse=True)
     # the cheap rows that decide the targets first (the coded ones), then at 32 bits, then Trustformer
-    plans += [(f"public + fedavg lora r{rank} {bits}-bit", {**adapters[rank], "federation.strategy": "fedavg",
-                                                            "federation.payload_bits": bits}, None, "run")
-              for bits in widths for rank in ranked]
+    plans += [
+        (
+            f"public + fedavg lora r{rank} {bits}-bit",
+            {**adapters[rank], "federation.strategy": "fedavg", "federation.payload_bits": bits},
+            None,
+            "run",
+        )
+        for bits in widths
+        for rank in ranked
+    ]
     for beta in betas:
         tf = {"federation.strategy": "trustformer", "federation.beta": beta}
-        plans += [(f"public + trustformer β={beta:g} lora r{ranked[0]}", {**adapters[ranked[0]], **tf}, beta, "run")
-                  ] if ranks else []
-    plans += [(f"public + fedavg lora r{rank}", {**adapters[rank], "federation.strategy": "fedavg"}, None, "run")
-              for rank in ranked]
+        plans += (
+            [(f"public + trustformer β={beta:g} lora r{ranked[0]}", {**adapters[ranked[0]], **tf}, beta, "run")]
+            if ranks
+            else []
+        )
+    plans += [
+        (f"public + fedavg lora r{rank}", {**adapters[rank], "federation.strategy": "fedavg"}, None, "run")
+        for rank in ranked
+    ]
     for beta in betas:
-        plans.append((f"public + trustformer β={beta:g}", {**PUBLIC, "federation.strategy": "trustformer",
-                                                            "federation.beta": beta}, beta, "run"))
-    return [BenchRun(label, overrides, seed, beta, True, kind) for label, overrides, beta, kind in plans
-            for seed in seeds]
+        plans.append(
+            (
+                f"public + trustformer β={beta:g}",
+                {**PUBLIC, "federation.strategy": "trustformer", "federation.beta": beta},
+                beta,
+                "run",
+            )
+        )
+    return [
+        BenchRun(label, overrides, seed, beta, True, kind) for label, overrides, beta, kind in plans for seed in seeds
+    ]
 
 
 RECORD_DP: dict[str, Any] = {"privacy.unit": "record", "privacy.delta": 1e-5, "privacy.batch_size": 256}
 """Every record-level DP row: DP-SGD with δ = 1e-5 (below 1/records) and an expected Poisson batch of 256 pairs
 (large batches are what make DP-SGD's noise small against the signal; Li et al. 2022)."""
 
-PAPER_DP_READING: dict[str, Any] = {"privacy.unit": "record", "privacy.epsilon": 1.0, "privacy.delta": 1e-3,
-                                    "privacy.batch_size": 256}
+PAPER_DP_READING: dict[str, Any] = {
+    "privacy.unit": "record",
+    "privacy.epsilon": 1.0,
+    "privacy.delta": 1e-3,
+    "privacy.batch_size": 256,
+}
 """The DP baselines' record-level reading at the paper's ε = 1 and δ = 1e-3 (per-record clip C = 0.5)."""
 
 
-def plan_record_dp_runs(epsilons: list[float], seeds: list[int], *, public: bool, lora_rank: int, beta: float = 0.5,
-                        bits: int = 2, paper: bool = True) -> list[BenchRun]:
+def plan_record_dp_runs(
+    epsilons: list[float],
+    seeds: list[int],
+    *,
+    public: bool,
+    lora_rank: int,
+    beta: float = 0.5,
+    bits: int = 2,
+    paper: bool = True,
+) -> list[BenchRun]:
     """Record-level DP rows (``--record-dp``): per ε, FedAvg, FedAvg at ``bits`` and Trustformer β from scratch and
     (``public``) from the public model with LoRA adapters of ``lora_rank`` (and FedAvg of the full public model);
     the largest ε's rows run with every seed. ``paper``: the three DP baselines' record-level reading."""
@@ -185,15 +244,23 @@ def plan_record_dp_runs(epsilons: list[float], seeds: list[int], *, public: bool
         (f"trustformer β={beta:g}", {"federation.strategy": "trustformer", "federation.beta": beta}, beta),
     ]
     if public:  # first: DP is known to work best from a public start (Li et al. 2022; Yu et al. 2022)
-        bases = ([(f"public + {name} lora r{lora_rank}", {**lora, **values}, b) for name, values, b in bases]
-                 + [("public + fedavg", {**PUBLIC, "federation.strategy": "fedavg"}, None)] + bases)
+        bases = (
+            [(f"public + {name} lora r{lora_rank}", {**lora, **values}, b) for name, values, b in bases]
+            + [("public + fedavg", {**PUBLIC, "federation.strategy": "fedavg"}, None)]
+            + bases
+        )
     top = max(epsilons, default=None)
-    runs = [BenchRun(f"{name} dp ε={eps:g}", {**values, **RECORD_DP, "privacy.epsilon": eps}, seed, b, eps == top)
-            for eps in sorted(epsilons, reverse=True) for name, values, b in bases
-            for seed in (seeds if eps == top else seeds[:1])]
+    runs = [
+        BenchRun(f"{name} dp ε={eps:g}", {**values, **RECORD_DP, "privacy.epsilon": eps}, seed, b, eps == top)
+        for eps in sorted(epsilons, reverse=True)
+        for name, values, b in bases
+        for seed in (seeds if eps == top else seeds[:1])
+    ]
     if paper:
-        runs += [BenchRun(f"{s} record ε=1", {"federation.strategy": s, **PAPER_DP_READING}, seeds[0], None, False)
-                 for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")]
+        runs += [
+            BenchRun(f"{s} record ε=1", {"federation.strategy": s, **PAPER_DP_READING}, seeds[0], None, False)
+            for s in ("dp-fedavg", "dp-fedsam", "dp-blur-lus")
+        ]
     # the rows that decide the verdict first: the first base (FedAvg's) at every ε, then the paper's reading
     first = [r for r in runs if r.label.startswith(f"{bases[0][0]} dp ")]
     paper_rows = [r for r in runs if r.label.endswith(" record ε=1")][:1]
@@ -237,8 +304,13 @@ def run_one(values: dict[str, Any], reuse: bool, kind: str = "run") -> dict[str,
     # training alone: the server holds nothing, and each LiRA reference model would repeat a whole training; LiRA's
     # check on true local models is the exchanging rows' true-local view (and `attack membership`)
     lira = REFERENCE_MODELS if run.protocol.spec.exchanges else 0
-    result = {"config": cfg.to_dict(), "summary": _summary_fields(run.summary), "wall_s": time.perf_counter() - started,
-              "attack": _attack_fields(run_attack(run.cfg, run)), "membership": membership(run, reference_models=lira)}
+    result = {
+        "config": cfg.to_dict(),
+        "summary": _summary_fields(run.summary),
+        "wall_s": time.perf_counter() - started,
+        "attack": _attack_fields(run_attack(run.cfg, run)),
+        "membership": membership(run, reference_models=lira),
+    }
     (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return result
 
@@ -263,17 +335,30 @@ def _public_model_alone(cfg: RunConfig) -> dict[str, Any]:
         per_client[c] = tuple([-x for x in task.example_losses(model, pool)] for pool in (members, non_members))
     loss = summarize(per_client, derive_seed(cfg.seed, "mia-bootstrap"))
     n = len(own)
-    summary = {"test_loss": [test_loss] * n, "bleu": [bleu] * n,
-               "own_test_loss": [o.get("own_test_loss") for o in own], "own_bleu": [o.get("own_bleu") for o in own],
-               "bytes": {"up_per_client_per_round": 0.0, "down_per_client_per_round": 0.0},
-               "public_model": task.public().report if hasattr(task, "public") else {}}
-    result = {"config": cfg.to_dict(), "summary": summary, "wall_s": time.perf_counter() - started,
-              "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": math.nan,
-                         "initial_error_mean": math.nan},
-              "membership": {"server": {"loss": loss}, "server_sees": "nothing (the public model alone)",
-                             "advantage": {"score": "loss", "auc_minus_half": loss["auc_mean"] - 0.5,
-                                           "tpr_at_1pct_fpr": loss["tpr_at_0.01_fpr_mean"],
-                                           "auc_ci95": loss["auc_mean_ci95"]}}}
+    summary = {
+        "test_loss": [test_loss] * n,
+        "bleu": [bleu] * n,
+        "own_test_loss": [o.get("own_test_loss") for o in own],
+        "own_bleu": [o.get("own_bleu") for o in own],
+        "bytes": {"up_per_client_per_round": 0.0, "down_per_client_per_round": 0.0},
+        "public_model": task.public().report if hasattr(task, "public") else {},
+    }
+    result = {
+        "config": cfg.to_dict(),
+        "summary": summary,
+        "wall_s": time.perf_counter() - started,
+        "attack": {"recovered_fraction_mean": 0.0, "relative_error_mean": math.nan, "initial_error_mean": math.nan},
+        "membership": {
+            "server": {"loss": loss},
+            "server_sees": "nothing (the public model alone)",
+            "advantage": {
+                "score": "loss",
+                "auc_minus_half": loss["auc_mean"] - 0.5,
+                "tpr_at_1pct_fpr": loss["tpr_at_0.01_fpr_mean"],
+                "auc_ci95": loss["auc_mean_ci95"],
+            },
+        },
+    }
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return result
@@ -294,8 +379,21 @@ def run_configs(cfg: RunConfig, runs: list[BenchRun]) -> list[tuple[dict[str, An
 
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("test_loss", "bleu", "own_test_loss", "own_bleu", "ft_test_loss", "ft_bleu", "ft_own_test_loss",
-            "ft_own_bleu", "finetune_s", "bytes", "samples", "time_s", "privacy")
+    keys = (
+        "test_loss",
+        "bleu",
+        "own_test_loss",
+        "own_bleu",
+        "ft_test_loss",
+        "ft_bleu",
+        "ft_own_test_loss",
+        "ft_own_bleu",
+        "finetune_s",
+        "bytes",
+        "samples",
+        "time_s",
+        "privacy",
+    )
     return {k: summary[k] for k in keys if k in summary}
 
 
@@ -314,8 +412,12 @@ def gain_retained(value: float, local: float, fedavg: float, *, higher_is_better
     return gain / gap if gap > 0 else math.nan
 
 
-METRICS = (("loss", "test_loss", False), ("bleu", "bleu", True), ("own_loss", "own_test_loss", False),
-           ("own_bleu", "own_bleu", True))
+METRICS = (
+    ("loss", "test_loss", False),
+    ("bleu", "bleu", True),
+    ("own_loss", "own_test_loss", False),
+    ("own_bleu", "own_bleu", True),
+)
 
 
 def _mean(values: list[float | None]) -> float:
@@ -338,9 +440,10 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
     up, down = fedavg["up_bytes"], fedavg["down_bytes"]
     for row in rows:
         for name, _key, higher in METRICS:  # per seed against local and FedAvg of the same seed, then averaged
-            row[f"gain_{name}_per_seed"] = [gain_retained(v, lv, fv, higher_is_better=higher) for v, lv, fv in
-                                            zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"],
-                                                fedavg[f"{name}_per_seed"])]
+            row[f"gain_{name}_per_seed"] = [
+                gain_retained(v, lv, fv, higher_is_better=higher)
+                for v, lv, fv in zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"], fedavg[f"{name}_per_seed"])
+            ]
             spread = row[f"gain_{name}_per_seed"]
             row[f"gain_{name}"] = _mean(spread)
             row[f"gain_{name}_spread"] = (max(spread) - min(spread)) / 2 if len(spread) > 1 else math.nan
@@ -351,8 +454,12 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
         p_local, p_fedavg = public_refs
         for row in rows:
             for name, _key, higher in METRICS:
-                per_seed = [gain_retained(v, lv, fv, higher_is_better=higher) for v, lv, fv in
-                            zip(row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"])]
+                per_seed = [
+                    gain_retained(v, lv, fv, higher_is_better=higher)
+                    for v, lv, fv in zip(
+                        row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"]
+                    )
+                ]
                 row[f"pgain_{name}_per_seed"] = per_seed
                 row[f"pgain_{name}"] = _mean(per_seed)
     mark_pareto(rows, "gain_loss", "pareto")
@@ -362,9 +469,14 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
 
 def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) -> dict[str, Any]:
     run0, first = group[0]
-    row: dict[str, Any] = {"run": label, "strategy": first["config"]["federation"]["strategy"], "beta": run0.beta,
-                           "overrides": run0.overrides, "seeds": [r.seed for r, _ in group],
-                           "wall_s": _mean([res["wall_s"] for _, res in group])}
+    row: dict[str, Any] = {
+        "run": label,
+        "strategy": first["config"]["federation"]["strategy"],
+        "beta": run0.beta,
+        "overrides": run0.overrides,
+        "seeds": [r.seed for r, _ in group],
+        "wall_s": _mean([res["wall_s"] for _, res in group]),
+    }
     prefix = "ft_" if tuned else ""
     for name, key, _higher in METRICS:
         per_seed = [_mean(res["summary"].get(prefix + key) or [math.nan]) for _, res in group]
@@ -409,10 +521,16 @@ def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
         for other in rows:
             if other is row or any(math.isnan(other[k]) for k in (gain_key, "upload_vs_fedavg", "mia_advantage")):
                 continue
-            no_worse = (other[gain_key] >= row[gain_key] - gain_tol and other["upload_vs_fedavg"] <= row[
-                "upload_vs_fedavg"] * 1.02 and other["mia_advantage"] <= row["mia_advantage"] + adv_tol)
-            better = (other[gain_key] > row[gain_key] + gain_tol or other["upload_vs_fedavg"] < row[
-                "upload_vs_fedavg"] * 0.98 or other["mia_advantage"] < row["mia_advantage"] - adv_tol)
+            no_worse = (
+                other[gain_key] >= row[gain_key] - gain_tol
+                and other["upload_vs_fedavg"] <= row["upload_vs_fedavg"] * 1.02
+                and other["mia_advantage"] <= row["mia_advantage"] + adv_tol
+            )
+            better = (
+                other[gain_key] > row[gain_key] + gain_tol
+                or other["upload_vs_fedavg"] < row["upload_vs_fedavg"] * 0.98
+                or other["mia_advantage"] < row["mia_advantage"] - adv_tol
+            )
             if no_worse and better:
                 dominated_by.append(other["run"])
         row[flag] = not dominated_by and not math.isnan(row[gain_key])
@@ -421,9 +539,11 @@ def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     public = any("pgain_loss" in r for r in rows)
-    head = (f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
-            + (f"{'pgain':>5} {'pgown':>5} " if public else "")
-            + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'ε':>5} {'ε_lb':>5} {'rec.':>6} {'front':>5}")
+    head = (
+        f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
+        + (f"{'pgain':>5} {'pgown':>5} " if public else "")
+        + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'ε':>5} {'ε_lb':>5} {'rec.':>6} {'front':>5}"
+    )
     lines = [head, "-" * len(head)]
 
     def num(value: float, width: int, digits: int) -> str:
@@ -437,25 +557,37 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
     for r in rows:
         front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
-        lines.append(f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
-                     f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
-                     f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} "
-                     + (f"{num(r.get('pgain_loss', math.nan), 5, 2)} {num(r.get('pgain_own_loss', math.nan), 5, 2)} "
-                        if public else "")
-                     + f"{num(r['upload_vs_fedavg'], 6, 3)} "
-                     f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
-                     f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r.get('epsilon', math.nan), 5, 2)} "
-                     f"{num(r.get('epsilon_lb', math.nan), 5, 2)} {num(r['recovered'], 6, 4)} {front:>5}")
-    lines.append("loss: mean test loss on the shared test set (± half the seed range); own: on each client's own "
-                 "held-out "
-                 "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
-                 "BLEU, own-data loss; " + ("pgain / pgown: the same on pooled and own-data loss against the "
-                 "public-start references (public + local = 0, public + fedavg = 1); " if public else "")
-                 + "up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
-                 "advantage (AUC − 0.5 of its best score, LiRA included); TPR1%: its TPR at 1% FPR; ε: the DP "
-                 "guarantee the run reports (record level: the largest client's); ε_lb: the attack's empirical lower "
-                 "bound on ε (Clopper-Pearson, 95%); rec.: weights it recovers "
-                 "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain")
+        lines.append(
+            f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
+            f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
+            f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} "
+            + (
+                f"{num(r.get('pgain_loss', math.nan), 5, 2)} {num(r.get('pgain_own_loss', math.nan), 5, 2)} "
+                if public
+                else ""
+            )
+            + f"{num(r['upload_vs_fedavg'], 6, 3)} "
+            f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
+            f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r.get('epsilon', math.nan), 5, 2)} "
+            f"{num(r.get('epsilon_lb', math.nan), 5, 2)} {num(r['recovered'], 6, 4)} {front:>5}"
+        )
+    lines.append(
+        "loss: mean test loss on the shared test set (± half the seed range); own: on each client's own "
+        "held-out "
+        "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
+        "BLEU, own-data loss; "
+        + (
+            "pgain / pgown: the same on pooled and own-data loss against the "
+            "public-start references (public + local = 0, public + fedavg = 1); "
+            if public
+            else ""
+        )
+        + "up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
+        "advantage (AUC − 0.5 of its best score, LiRA included); TPR1%: its TPR at 1% FPR; ε: the DP "
+        "guarantee the run reports (record level: the largest client's); ε_lb: the attack's empirical lower "
+        "bound on ε (Clopper-Pearson, 95%); rec.: weights it recovers "
+        "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain"
+    )
     return "\n".join(lines)
 
 
@@ -470,23 +602,36 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=False)
     shown = [r for r in rows if not math.isnan(r["upload_vs_fedavg"]) and r["upload_vs_fedavg"] > 0]
     scatter = None
-    for ax, key, flag, title in ((axes[0], "gain_loss", "pareto", "shared test set"),
-                                 (axes[1], "gain_own_loss", "pareto_own", "each client's own data")):
+    for ax, key, flag, title in (
+        (axes[0], "gain_loss", "pareto", "shared test set"),
+        (axes[1], "gain_own_loss", "pareto_own", "each client's own data"),
+    ):
         points = [r for r in shown if not math.isnan(r[key])]
-        ax.set_title(f"gain on {title}\nred ring: Pareto front"
-                     + ("; DP runs (far below) sit on the bottom edge"
-                        if any(r["run"].startswith("dp-") for r in points)
-                        else ""), fontsize=9)
+        ax.set_title(
+            f"gain on {title}\nred ring: Pareto front"
+            + (
+                "; DP runs (far below) sit on the bottom edge"
+                if any(r["run"].startswith("dp-") for r in points)
+                else ""
+            ),
+            fontsize=9,
+        )
         if not points:  # no gain to show: FedAvg and training alone tie on this measure, or it was not measured
             ax.text(0.5, 0.5, "gain undefined (FedAvg ≈ training alone)", ha="center", transform=ax.transAxes)
             continue
         low, high = -0.6, max([1.4] + [r[key] + 0.1 for r in points])
         clipped = [max(low + 0.05, r[key]) for r in points]  # far below training alone (the DP runs): at the edge
-        scatter = ax.scatter([r["upload_vs_fedavg"] for r in points], clipped,
-                             c=[r["mia_advantage"] for r in points], cmap="viridis_r", vmin=0,
-                             vmax=max([0.3] + [r["mia_advantage"] for r in points
-                                               if not math.isnan(r["mia_advantage"])]),
-                             s=60, edgecolors=["red" if r[flag] else "none" for r in points], linewidths=1.8)
+        scatter = ax.scatter(
+            [r["upload_vs_fedavg"] for r in points],
+            clipped,
+            c=[r["mia_advantage"] for r in points],
+            cmap="viridis_r",
+            vmin=0,
+            vmax=max([0.3] + [r["mia_advantage"] for r in points if not math.isnan(r["mia_advantage"])]),
+            s=60,
+            edgecolors=["red" if r[flag] else "none" for r in points],
+            linewidths=1.8,
+        )
         for r, y in zip(points, clipped):
             finetuned, dp = r["run"].endswith(" + fine-tuning"), r["run"].startswith("dp-")
             if not r[flag] and (finetuned or dp):  # named: the front, and runs before fine-tuning but DP's
@@ -525,48 +670,77 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="trustformer bench federation",
         description="Every protocol on one privacy–utility–bytes frontier on a non-IID setting (module docstring of "
-                    "trustformer.bench.federation_bench; docs/benchmarks.md).")
+        "trustformer.bench.federation_bench; docs/benchmarks.md).",
+    )
     add_config_options(p)
     p.add_argument("--betas", default="0.1,0.5", help="Trustformer betas and byte budgets (default: 0.1,0.5)")
-    p.add_argument("--bits", type=_widths, default="4,2",
-                   help="the coded runs' widths, comma-separated, each 16, 8, 4 or 2 (default: 4,2)")
+    p.add_argument(
+        "--bits",
+        type=_widths,
+        default="4,2",
+        help="the coded runs' widths, comma-separated, each 16, 8, 4 or 2 (default: 4,2)",
+    )
     p.add_argument("--memberships", default="", help="Trustformer membership modes (default: the protocol's default)")
     p.add_argument("--seeds", default="0,1", help="seeds of the runs that decide the verdict (default: 0,1)")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
     p.add_argument("--no-dp", action="store_true", help="leave out the DP baselines")
     p.add_argument("--no-secagg", action="store_true", help="leave out the secure-aggregation runs")
-    p.add_argument("--only", default="", help="comma-separated labels to run (with local and fedavg), e.g. "
-                                              "'trustformer β=0.5,top-k 0.25'")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated labels to run (with local and fedavg), e.g. 'trustformer β=0.5,top-k 0.25'",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the table and every measurement as JSON")
     p.add_argument("--figure", metavar="FILE.png", help="also draw the frontier")
-    p.add_argument("--reuse", action="store_true", help="take a run whose folder holds the measurements of exactly "
-                                                        "the same configuration instead of running it again")
-    p.add_argument("--public", action="store_true",
-                   help="add the public-start rows: the public model alone, public + local, public + fedavg, "
-                        "public + fedavg with LoRA adapters (--lora-ranks, at 32 bits and --bits), public + "
-                        "trustformer (--betas; full model and adapters); '--only public' runs just these")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a run whose folder holds the measurements of exactly "
+        "the same configuration instead of running it again",
+    )
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="add the public-start rows: the public model alone, public + local, public + fedavg, "
+        "public + fedavg with LoRA adapters (--lora-ranks, at 32 bits and --bits), public + "
+        "trustformer (--betas; full model and adapters); '--only public' runs just these",
+    )
     p.add_argument("--lora-ranks", default="4,16", help="--public: LoRA ranks of the adapter rows (default: 4,16)")
-    p.add_argument("--record-dp", default="", metavar="EPSILONS",
-                   help="add record-level DP-SGD rows at these ε (comma-separated, e.g. 1,3,8; δ = 1e-5): FedAvg, "
-                        "FedAvg at the narrowest --bits, Trustformer at the largest --betas, from scratch and, with "
-                        "--public, from the public model with LoRA (largest --lora-ranks) and full; plus the DP "
-                        "baselines' record-level reading at ε = 1. '--only dp' runs just these")
-    p.add_argument("--row", action="append", default=[], metavar="'LABEL: key=value ...'",
-                   help="add a row of any protocol, decided with every seed: its label, a colon, then its options "
-                        "as space-separated key=value (e.g. 'fedprox μ=0.1: federation.strategy=fedprox "
-                        "fedprox.mu=0.1'); repeatable")
-    p.add_argument("--no-default-setting", action="store_true",
-                   help="do not apply the benchmark's non-IID setting; run the preset/config as given")
+    p.add_argument(
+        "--record-dp",
+        default="",
+        metavar="EPSILONS",
+        help="add record-level DP-SGD rows at these ε (comma-separated, e.g. 1,3,8; δ = 1e-5): FedAvg, "
+        "FedAvg at the narrowest --bits, Trustformer at the largest --betas, from scratch and, with "
+        "--public, from the public model with LoRA (largest --lora-ranks) and full; plus the DP "
+        "baselines' record-level reading at ε = 1. '--only dp' runs just these",
+    )
+    p.add_argument(
+        "--row",
+        action="append",
+        default=[],
+        metavar="'LABEL: key=value ...'",
+        help="add a row of any protocol, decided with every seed: its label, a colon, then its options "
+        "as space-separated key=value (e.g. 'fedprox μ=0.1: federation.strategy=fedprox "
+        "fedprox.mu=0.1'); repeatable",
+    )
+    p.add_argument(
+        "--no-default-setting",
+        action="store_true",
+        help="do not apply the benchmark's non-IID setting; run the preset/config as given",
+    )
     return p.parse_args(argv)
 
 
-def base_config(args: argparse.Namespace, options: dict[str, Any] | None = None,
-                out: str = "runs/bench-federation") -> RunConfig:
+def base_config(
+    args: argparse.Namespace, options: dict[str, Any] | None = None, out: str = "runs/bench-federation"
+) -> RunConfig:
     """The configuration every run shares: the named setting (and the benchmark's ``options``, default
     :data:`BENCH_OPTIONS`) under the user's options; ``out`` when ``--out`` is not given."""
     given = {item.partition("=")[0] for item in args.set}
-    setting = {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small"
-                                                  else TINY_SETTING)
+    setting = (
+        {} if args.no_default_setting else (DEFAULT_SETTING if (args.preset or "small") == "small" else TINY_SETTING)
+    )
     options = BENCH_OPTIONS if options is None else options
     extra = {**options, **{k: v for k, v in setting.items() if not k.startswith("federation.")}}
     if args.data and "data.partition" not in given:
@@ -585,32 +759,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = base_config(args)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    runs = plan_runs([float(b) for b in args.betas.split(",") if b.strip()], args.bits, seeds,
-                     [m.strip() for m in args.memberships.split(",") if m.strip()] or None,
-                     dp=not args.no_dp, secagg=not args.no_secagg)
+    runs = plan_runs(
+        [float(b) for b in args.betas.split(",") if b.strip()],
+        args.bits,
+        seeds,
+        [m.strip() for m in args.memberships.split(",") if m.strip()] or None,
+        dp=not args.no_dp,
+        secagg=not args.no_secagg,
+    )
     runs += plan_extra_rows(args.row, seeds)
     if cfg.train.init != "scratch":  # a --public-data file given: the from-scratch rows still start from scratch
         for run in runs:
             run.overrides = {**SCRATCH, **run.overrides}
     if args.public:
-        runs += plan_public_runs(seeds, [int(r) for r in args.lora_ranks.split(",") if r.strip()], args.bits,
-                                 [float(b) for b in args.betas.split(",") if b.strip()])
+        runs += plan_public_runs(
+            seeds,
+            [int(r) for r in args.lora_ranks.split(",") if r.strip()],
+            args.bits,
+            [float(b) for b in args.betas.split(",") if b.strip()],
+        )
     if args.record_dp:
-        runs += plan_record_dp_runs([float(e) for e in args.record_dp.split(",") if e.strip()], seeds,
-                                    public=args.public, lora_rank=max(int(r) for r in args.lora_ranks.split(",")),
-                                    beta=max(float(b) for b in args.betas.split(",")), bits=min(args.bits))
+        runs += plan_record_dp_runs(
+            [float(e) for e in args.record_dp.split(",") if e.strip()],
+            seeds,
+            public=args.public,
+            lora_rank=max(int(r) for r in args.lora_ranks.split(",")),
+            beta=max(float(b) for b in args.betas.split(",")),
+            bits=min(args.bits),
+        )
     if args.only:
         wanted = {x.strip() for x in args.only.split(",") if x.strip()}
         keep = {"local", "fedavg", *wanted}
         if PUBLIC_PREFIX in wanted:
             keep |= {"public + local", "public + fedavg"}  # the public-start references (pgain)
-        runs = [r for r in runs if r.label in keep or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))
-                or ("dp" in wanted and (" dp ε=" in r.label or " record ε=" in r.label))]
+        runs = [
+            r
+            for r in runs
+            if r.label in keep
+            or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))
+            or ("dp" in wanted and (" dp ε=" in r.label or " record ε=" in r.label))
+        ]
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
-    print(f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "
-          f"{d.client_sizes or d.client_size or 'all'} pairs per client + {d.own_test_size} held out · {f.rounds} "
-          f"rounds · {len(runs)} runs, {args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
+    print(
+        f"setting: preset {cfg.preset} · {f.clients} clients · partition {d.partition} · "
+        f"{d.client_sizes or d.client_size or 'all'} pairs per client + {d.own_test_size} held out · {f.rounds} "
+        f"rounds · {len(runs)} runs, {args.jobs} at a time · output {out}",
+        file=sys.stderr,
+        flush=True,
+    )
     jobs = run_configs(cfg, runs)
     results: list[dict[str, Any] | None] = [None] * len(runs)
     if args.reuse:
@@ -625,25 +822,56 @@ def main(argv: list[str] | None = None) -> int:
             i = futures[future]
             results[i] = r = future.result()
             elapsed = time.perf_counter() - started
-            print(f"[{done}/{len(todo)}] {runs[i].label} (seed {runs[i].seed}): test loss "
-                  f"{_mean(r['summary']['test_loss']):.3f} · BLEU {_mean(r['summary']['bleu']):.2f} · "
-                  f"{r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
-                  f"{elapsed / done * (len(todo) - done) / 60:.1f} min", file=sys.stderr, flush=True)
+            print(
+                f"[{done}/{len(todo)}] {runs[i].label} (seed {runs[i].seed}): test loss "
+                f"{_mean(r['summary']['test_loss']):.3f} · BLEU {_mean(r['summary']['bleu']):.2f} · "
+                f"{r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
+                f"{elapsed / done * (len(todo) - done) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     rows = table(runs, results)
     print(format_table(rows))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
-    print(f"FedAvg − local: {local['loss'] - fedavg['loss']:.3f} nats of pooled test loss, "
-          f"{fedavg['bleu'] - local['bleu']:.2f} BLEU; own data: {local['own_loss'] - fedavg['own_loss']:.3f} nats · "
-          f"total {(time.perf_counter() - started) / 60:.1f} min")
+    print(
+        f"FedAvg − local: {local['loss'] - fedavg['loss']:.3f} nats of pooled test loss, "
+        f"{fedavg['bleu'] - local['bleu']:.2f} BLEU; own data: {local['own_loss'] - fedavg['own_loss']:.3f} nats · "
+        f"total {(time.perf_counter() - started) / 60:.1f} min"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench federation " + shlex.join(argv or []),
-                                               "setting": cfg.to_dict(), "rows": rows}, indent=2,
-                                              ensure_ascii=False, allow_nan=True) + "\n", encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "command": "trustformer bench federation " + shlex.join(argv or []),
+                    "setting": cfg.to_dict(),
+                    "rows": rows,
+                },
+                indent=2,
+                ensure_ascii=False,
+                allow_nan=True,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
     if args.figure:
         print(f"figure: {figure(rows, args.figure)}", file=sys.stderr)
     return 0
 
 
-__all__ = ["BENCH_OPTIONS", "DEFAULT_SETTING", "BenchRun", "figure", "format_table", "gain_retained", "main",
-           "finished", "mark_pareto", "plan_public_runs", "plan_runs", "run_configs", "run_one", "table"]
+__all__ = [
+    "BENCH_OPTIONS",
+    "DEFAULT_SETTING",
+    "BenchRun",
+    "figure",
+    "format_table",
+    "gain_retained",
+    "main",
+    "finished",
+    "mark_pareto",
+    "plan_public_runs",
+    "plan_runs",
+    "run_configs",
+    "run_one",
+    "table",
+]

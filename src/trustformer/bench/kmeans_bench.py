@@ -142,8 +142,16 @@ def _have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def run_ours(x: torch.Tensor, c0: torch.Tensor, *, max_iter: int, tol: float, label_tol: float,
-             method: str = "auto", init_labels: torch.Tensor | None = None) -> tuple[float, int, torch.Tensor]:
+def run_ours(
+    x: torch.Tensor,
+    c0: torch.Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+    label_tol: float,
+    method: str = "auto",
+    init_labels: torch.Tensor | None = None,
+) -> tuple[float, int, torch.Tensor]:
     t = time.perf_counter()
     res = kmeans(x, c0, max_iter=max_iter, tol=tol, label_tol=label_tol, method=method, init_labels=init_labels)
     run_ours.last = res  # type: ignore[attr-defined]
@@ -163,16 +171,24 @@ def run_sklearn(x: torch.Tensor, c0: torch.Tensor, *, max_iter: int, tol: float)
     return dt, int(km.n_iter_), torch.from_numpy(np.ascontiguousarray(km.cluster_centers_, dtype=np.float32))
 
 
-def _faiss_fit(xn: np.ndarray, cn: np.ndarray, niter: int, seed: int, threads: int,
-               assign: bool) -> tuple[float, np.ndarray]:
+def _faiss_fit(
+    xn: np.ndarray, cn: np.ndarray, niter: int, seed: int, threads: int, assign: bool
+) -> tuple[float, np.ndarray]:
     """In the faiss worker process: faiss.Kmeans from cn for niter iterations (+ memberships), timed."""
     import faiss  # type: ignore[import-not-found]
 
     faiss.omp_set_num_threads(threads)
     r, f = xn.shape
     t = time.perf_counter()
-    km = faiss.Kmeans(f, cn.shape[0], niter=niter, seed=seed, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=max(r, 1))
+    km = faiss.Kmeans(
+        f,
+        cn.shape[0],
+        niter=niter,
+        seed=seed,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=max(r, 1),
+    )
     km.train(xn, init_centroids=cn)
     if assign:  # the memberships (and with them the inertia) that ours and scikit-learn return
         km.index.search(xn, 1)
@@ -204,8 +220,9 @@ def close_faiss_pool() -> None:
         _FAISS_POOL = None
 
 
-def run_faiss(x: torch.Tensor, c0: torch.Tensor, *, niter: int, seed: int,
-              assign: bool = True) -> tuple[float, int, torch.Tensor]:
+def run_faiss(
+    x: torch.Tensor, c0: torch.Tensor, *, niter: int, seed: int, assign: bool = True
+) -> tuple[float, int, torch.Tensor]:
     xn = np.ascontiguousarray(x.numpy(), dtype=np.float32)
     cn = np.ascontiguousarray(c0.numpy(), dtype=np.float32)
     dt, cent = _faiss_pool().apply(_faiss_fit, (xn, cn, niter, seed, torch.get_num_threads(), assign))
@@ -221,8 +238,15 @@ def nearest_inertia(x: torch.Tensor, c: torch.Tensor) -> float:
 # ------------------------------------------------------------------------------------- cases
 
 
-def compare(case: str, x: torch.Tensor, c0: torch.Tensor, phase: str, args: argparse.Namespace,
-            methods: list[str], prev_labels: torch.Tensor | None = None) -> tuple[list[Row], KMeansResult]:
+def compare(
+    case: str,
+    x: torch.Tensor,
+    c0: torch.Tensor,
+    phase: str,
+    args: argparse.Namespace,
+    methods: list[str],
+    prev_labels: torch.Tensor | None = None,
+) -> tuple[list[Row], KMeansResult]:
     """Every method from the same start on x, median seconds over args.repeats.
 
     Cold: all from c0. Warm (prev_labels given): ours from c0 with init_labels=prev_labels, i.e. from the
@@ -357,7 +381,7 @@ def memory_case(args: argparse.Namespace) -> dict[str, Any]:
         "x_mb": r * f * 4 / 2**20,
         "seconds": got["seconds"],
         "method": "fresh process, MALLOC_MMAP_THRESHOLD_=131072; RSS sampled every 1 ms during "
-                  "kmeans(max_iter=1) minus RSS before (x and init allocated)",
+        "kmeans(max_iter=1) minus RSS before (x and init allocated)",
     }
 
 
@@ -368,8 +392,10 @@ def load_state(path: str) -> dict[str, torch.Tensor]:
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     if not isinstance(state, dict) or not any(torch.is_tensor(t) and t.is_floating_point() for t in state.values()):
-        raise SystemExit(f"trustformer bench kmeans: {path} holds no floating-point tensors (expected a model "
-                         "state dict or a client snapshot r<round>-trained.pt)")
+        raise SystemExit(
+            f"trustformer bench kmeans: {path} holds no floating-point tensors (expected a model "
+            "state dict or a client snapshot r<round>-trained.pt)"
+        )
     return state
 
 
@@ -389,13 +415,20 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
     mats_b = {n: as_matrix(before[n].float()) for n in names}
     mats_a = {n: as_matrix(after[n].float()) for n in names}
     drift = {n: relative_drift(mats_b[n], mats_a[n]) for n in names if mats_b[n].shape[0] > 1}
-    out: dict[str, Any] = {"tensors": len(names), "params": sum(m.numel() for m in mats_b.values()),
-                           "median_relative_drift": statistics.median(drift.values()), "betas": {}}
+    out: dict[str, Any] = {
+        "tensors": len(names),
+        "params": sum(m.numel() for m in mats_b.values()),
+        "median_relative_drift": statistics.median(drift.values()),
+        "betas": {},
+    }
     opts = dict(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
 
-    def timed_layers(mats: dict[str, torch.Tensor], starts: dict[str, torch.Tensor],
-                     labels: dict[str, torch.Tensor] | None = None,
-                     **over: Any) -> tuple[float, dict[str, KMeansResult]]:
+    def timed_layers(
+        mats: dict[str, torch.Tensor],
+        starts: dict[str, torch.Tensor],
+        labels: dict[str, torch.Tensor] | None = None,
+        **over: Any,
+    ) -> tuple[float, dict[str, KMeansResult]]:
         t = time.perf_counter()
         res = cluster_layers(mats, starts, init_labels=labels, **{**opts, **over})  # type: ignore[arg-type]
         return time.perf_counter() - t, res
@@ -414,8 +447,10 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
         cap = args.warm_max_iter
         t_cap, capped = timed_layers(mats_a, prev_c, prev_l, max_iter=cap)
         t_cap_f, capped_f = timed_layers(mats_a, prev_c, prev_l, max_iter=cap, empty="farthest")
-        starts_a = {n: mats_a[n][choose_initial_rows(m.shape[0], inits[n].shape[0], args.seed)].clone()
-                    for n, m in mats_a.items()}  # cold on AFTER: its own rows at the same indices
+        starts_a = {
+            n: mats_a[n][choose_initial_rows(m.shape[0], inits[n].shape[0], args.seed)].clone()
+            for n, m in mats_a.items()
+        }  # cold on AFTER: its own rows at the same indices
         t_cold_after, cold_after = timed_layers(mats_a, starts_a)
         nontrivial = [n for n in names if 1 < inits[n].shape[0] < mats_b[n].shape[0]]
         lloyd = [n for n in nontrivial if mats_b[n].shape[1] > 1]
@@ -427,21 +462,42 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
             return sum(res[n].inertia for n in names)
 
         entry: dict[str, Any] = {
-            "cluster_s": {"cold": t_cold, "warm": t_warm, "warm_centroids_only": t_warm_c,
-                          "cold_after": t_cold_after, "warm_capped": t_cap, "warm_capped_farthest": t_cap_f},
+            "cluster_s": {
+                "cold": t_cold,
+                "warm": t_warm,
+                "warm_centroids_only": t_warm_c,
+                "cold_after": t_cold_after,
+                "warm_capped": t_cap,
+                "warm_capped_farthest": t_cap_f,
+            },
             "warm_max_iter": cap,
-            "lloyd_layers": len(lloyd), "one_d_layers": len(nontrivial) - len(lloyd),
-            "mean_iter": {"cold": mean_it(cold), "warm": mean_it(warm), "warm_centroids_only": mean_it(warm_c),
-                          "cold_after": mean_it(cold_after), "warm_capped": mean_it(capped),
-                          "warm_capped_farthest": mean_it(capped_f)},
-            "inertia": {"cold": total(cold), "warm": total(warm), "warm_centroids_only": total(warm_c),
-                        "cold_after": total(cold_after), "warm_capped": total(capped),
-                        "warm_capped_farthest": total(capped_f)},
-            "empty_clusters": {"warm": sum(int((torch.bincount(warm[n].labels, minlength=inits[n].shape[0]) == 0)
-                                               .sum()) for n in lloyd),
-                               "warm_centroids_only": sum(int((torch.bincount(
-                                   warm_c[n].labels, minlength=inits[n].shape[0]) == 0).sum()) for n in lloyd),
-                               "clusters": sum(inits[n].shape[0] for n in lloyd)},
+            "lloyd_layers": len(lloyd),
+            "one_d_layers": len(nontrivial) - len(lloyd),
+            "mean_iter": {
+                "cold": mean_it(cold),
+                "warm": mean_it(warm),
+                "warm_centroids_only": mean_it(warm_c),
+                "cold_after": mean_it(cold_after),
+                "warm_capped": mean_it(capped),
+                "warm_capped_farthest": mean_it(capped_f),
+            },
+            "inertia": {
+                "cold": total(cold),
+                "warm": total(warm),
+                "warm_centroids_only": total(warm_c),
+                "cold_after": total(cold_after),
+                "warm_capped": total(capped),
+                "warm_capped_farthest": total(capped_f),
+            },
+            "empty_clusters": {
+                "warm": sum(
+                    int((torch.bincount(warm[n].labels, minlength=inits[n].shape[0]) == 0).sum()) for n in lloyd
+                ),
+                "warm_centroids_only": sum(
+                    int((torch.bincount(warm_c[n].labels, minlength=inits[n].shape[0]) == 0).sum()) for n in lloyd
+                ),
+                "clusters": sum(inits[n].shape[0] for n in lloyd),
+            },
             "layer_seconds_warm": {n: warm[n].seconds for n in names},
             "methods": {},
         }
@@ -465,9 +521,13 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
                         acc[3] += row.iterations * row.flop_per_iter
                 best = min(v[2] for v in sums.values())
                 entry["methods"][f"{phase} {group}"] = {
-                    m: {"seconds": v[0], "mean_iter": v[1] / len(which), "inertia": v[2],
+                    m: {
+                        "seconds": v[0],
+                        "mean_iter": v[1] / len(which),
+                        "inertia": v[2],
                         "rel_inertia": v[2] / best if best > 0 else 1.0,
-                        "gflops": v[3] / v[0] / 1e9 if v[0] > 0 else math.nan}
+                        "gflops": v[3] / v[0] / 1e9 if v[0] > 0 else math.nan,
+                    }
                     for m, v in sums.items()
                 }
         out["betas"][f"{beta:g}"] = entry
@@ -480,14 +540,17 @@ def drift_sweep_case(args: argparse.Namespace) -> list[dict[str, Any]]:
     then AFTER_t warm from BEFORE's centroids + memberships and cold from the same rows, each with empty
     clusters kept (the protocol's setting) and relocated to the farthest rows (empty="farthest")."""
     before, after = load_state(args.weights[0]), load_state(args.weights[1])
-    names = [n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after
-             and t.dim() >= 2]
+    names = [
+        n for n, t in before.items() if torch.is_tensor(t) and t.is_floating_point() and n in after and t.dim() >= 2
+    ]
     mats_b = {n: as_matrix(before[n].float()) for n in names}
     opts = dict(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
     out = []
     for beta in args.betas:
-        inits = {n: m[choose_initial_rows(m.shape[0], num_clusters(m.shape[0], beta), args.seed)].clone()
-                 for n, m in mats_b.items()}
+        inits = {
+            n: m[choose_initial_rows(m.shape[0], num_clusters(m.shape[0], beta), args.seed)].clone()
+            for n, m in mats_b.items()
+        }
         lloyd = [n for n in names if 1 < inits[n].shape[0] < mats_b[n].shape[0]]
         if not lloyd:
             continue
@@ -496,17 +559,26 @@ def drift_sweep_case(args: argparse.Namespace) -> list[dict[str, Any]]:
             log(f"[kmeans bench] drift sweep b={beta:g} t={t:g}")
             mats_t = {n: mats_b[n] + t * (as_matrix(after[n].float()) - mats_b[n]) for n in lloyd}
             drift = statistics.median(relative_drift(mats_b[n], mats_t[n]) for n in lloyd)
-            starts = {n: mats_t[n][choose_initial_rows(mats_t[n].shape[0], inits[n].shape[0], args.seed)].clone()
-                      for n in lloyd}
+            starts = {
+                n: mats_t[n][choose_initial_rows(mats_t[n].shape[0], inits[n].shape[0], args.seed)].clone()
+                for n in lloyd
+            }
             entry: dict[str, Any] = {"beta": beta, "t": t, "median_relative_drift": drift, "layers": len(lloyd)}
             for empty in ("keep", "farthest"):
-                warm = cluster_layers(mats_t, {n: prev[n].centroids for n in lloyd}, empty=empty,
-                                      init_labels={n: prev[n].labels for n in lloyd}, **opts)  # type: ignore[arg-type]
+                warm = cluster_layers(
+                    mats_t,
+                    {n: prev[n].centroids for n in lloyd},
+                    empty=empty,
+                    init_labels={n: prev[n].labels for n in lloyd},
+                    **opts,
+                )  # type: ignore[arg-type]
                 cold = cluster_layers(mats_t, starts, empty=empty, **opts)  # type: ignore[arg-type]
-                entry[empty] = {"warm_mean_iter": statistics.mean(warm[n].iterations for n in lloyd),
-                                "cold_mean_iter": statistics.mean(cold[n].iterations for n in lloyd),
-                                "warm_inertia": sum(warm[n].inertia for n in lloyd),
-                                "cold_inertia": sum(cold[n].inertia for n in lloyd)}
+                entry[empty] = {
+                    "warm_mean_iter": statistics.mean(warm[n].iterations for n in lloyd),
+                    "cold_mean_iter": statistics.mean(cold[n].iterations for n in lloyd),
+                    "warm_inertia": sum(warm[n].inertia for n in lloyd),
+                    "cold_inertia": sum(cold[n].inertia for n in lloyd),
+                }
             base = max(entry["keep"]["cold_inertia"], 1e-300)
             for empty in ("keep", "farthest"):
                 entry[empty]["warm_over_cold_keep_inertia"] = entry[empty]["warm_inertia"] / base
@@ -538,8 +610,15 @@ def alignment_case(args: argparse.Namespace) -> list[dict[str, Any]]:
         for method in ("lloyd", "merge"):
             log(f"[kmeans bench] alignment {r}x{f} b={beta:g} {method}")
             ra, rb = kmeans(xa, c0, method=method), kmeans(xb, c0, method=method)
-            out.append({"beta": beta, "method": method, "agreement": float((ra.labels == rb.labels).double().mean()),
-                        "inertia": ra.inertia, "seconds": ra.seconds})
+            out.append(
+                {
+                    "beta": beta,
+                    "method": method,
+                    "agreement": float((ra.labels == rb.labels).double().mean()),
+                    "inertia": ra.inertia,
+                    "seconds": ra.seconds,
+                }
+            )
     return out
 
 
@@ -547,8 +626,10 @@ def alignment_case(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def print_rows(rows: list[Row], mm: float) -> None:
-    head = (f"{'case':<28} {'phase':<5} {'method':<10} {'s':>9} {'it':>4} {'s/it':>9} {'GFLOP/s':>8} {'%mm':>5} "
-            f"{'inertia/best':>13}")
+    head = (
+        f"{'case':<28} {'phase':<5} {'method':<10} {'s':>9} {'it':>4} {'s/it':>9} {'GFLOP/s':>8} {'%mm':>5} "
+        f"{'inertia/best':>13}"
+    )
     print(head)
     print("-" * len(head))
     last = None
@@ -557,8 +638,10 @@ def print_rows(rows: list[Row], mm: float) -> None:
             print()
         last = (row.case, row.phase)
         per = row.seconds / max(row.iterations, 1)
-        print(f"{row.case:<28} {row.phase:<5} {row.method:<10} {row.seconds:>9.4f} {row.iterations:>4d} "
-              f"{per:>9.5f} {row.gflops:>8.1f} {100 * row.gflops / mm:>5.0f} {row.rel_inertia:>13.6f}")
+        print(
+            f"{row.case:<28} {row.phase:<5} {row.method:<10} {row.seconds:>9.4f} {row.iterations:>4d} "
+            f"{per:>9.5f} {row.gflops:>8.1f} {100 * row.gflops / mm:>5.0f} {row.rel_inertia:>13.6f}"
+        )
 
 
 def per_iteration_summary(rows: list[Row]) -> list[dict[str, Any]]:
@@ -575,69 +658,120 @@ def per_iteration_summary(rows: list[Row]) -> list[dict[str, Any]]:
             continue
         per = lambda row: row.seconds / max(row.iterations, 1)  # noqa: E731
         fastest = min(libs, key=per)
-        out.append({"case": case, "phase": phase, "ours_s_per_it": per(ours), "library": fastest.method,
-                    "library_s_per_it": per(fastest), "ratio": per(fastest) / per(ours),
-                    "ours_rel_inertia": ours.rel_inertia, "library_rel_inertia": fastest.rel_inertia})
+        out.append(
+            {
+                "case": case,
+                "phase": phase,
+                "ours_s_per_it": per(ours),
+                "library": fastest.method,
+                "library_s_per_it": per(fastest),
+                "ratio": per(fastest) / per(ours),
+                "ours_rel_inertia": ours.rel_inertia,
+                "library_rel_inertia": fastest.rel_inertia,
+            }
+        )
     return out
 
 
 def print_summary(summary: list[dict[str, Any]]) -> None:
-    print("\nper iteration, ours=sk against the faster library (same start, same stopping rule; ratio ≥ 0.9 is "
-          "the target)")
+    print(
+        "\nper iteration, ours=sk against the faster library (same start, same stopping rule; ratio ≥ 0.9 is "
+        "the target)"
+    )
     for e in summary:
-        print(f"  {e['case']:<28} {e['phase']:<5} ours {1e3 * e['ours_s_per_it']:8.3f} ms/it, {e['library']:<7} "
-              f"{1e3 * e['library_s_per_it']:8.3f} ms/it, ratio {e['ratio']:5.2f}, inertia/best ours "
-              f"{e['ours_rel_inertia']:.6f} {e['library']} {e['library_rel_inertia']:.6f}")
+        print(
+            f"  {e['case']:<28} {e['phase']:<5} ours {1e3 * e['ours_s_per_it']:8.3f} ms/it, {e['library']:<7} "
+            f"{1e3 * e['library_s_per_it']:8.3f} ms/it, ratio {e['ratio']:5.2f}, inertia/best ours "
+            f"{e['ours_rel_inertia']:.6f} {e['library']} {e['library_rel_inertia']:.6f}"
+        )
 
 
 def print_weights(w: dict[str, Any], train_s: float | None) -> None:
-    print(f"\nreal weights: {w['tensors']} tensors, {w['params']:,} parameters; median drift between the two "
-          f"files ‖AFTER − BEFORE‖ / ‖BEFORE − row mean‖ = {w['median_relative_drift']:.2f}")
-    print("  cluster_layers (all layers, one call): warm = from BEFORE's centroids + memberships (init_labels), "
-          "warm-c = centroids only, cold-A = AFTER cold from its own rows at the same indices")
+    print(
+        f"\nreal weights: {w['tensors']} tensors, {w['params']:,} parameters; median drift between the two "
+        f"files ‖AFTER − BEFORE‖ / ‖BEFORE − row mean‖ = {w['median_relative_drift']:.2f}"
+    )
+    print(
+        "  cluster_layers (all layers, one call): warm = from BEFORE's centroids + memberships (init_labels), "
+        "warm-c = centroids only, cold-A = AFTER cold from its own rows at the same indices"
+    )
     for beta, e in w["betas"].items():
         cs, it, ine, emp = e["cluster_s"], e["mean_iter"], e["inertia"], e["empty_clusters"]
-        print(f"  b={beta}: seconds cold {cs['cold']:.3f} warm {cs['warm']:.3f} warm-c {cs['warm_centroids_only']:.3f} "
-              f"cold-A {cs['cold_after']:.3f} | mean Lloyd iterations ({e['lloyd_layers']} 2-D layers) cold "
-              f"{it['cold']:.2f} warm {it['warm']:.2f} warm-c {it['warm_centroids_only']:.2f} cold-A "
-              f"{it['cold_after']:.2f} | inertia warm / cold-A {ine['warm'] / ine['cold_after']:.4f}, warm-c / cold-A "
-              f"{ine['warm_centroids_only'] / ine['cold_after']:.4f} | empty clusters warm {emp['warm']}, warm-c "
-              f"{emp['warm_centroids_only']} of {emp['clusters']}")
-        print(f"        warm capped at {e['warm_max_iter']} iterations: mean {it['warm_capped']:.2f}, inertia / cold-A "
-              f"{ine['warm_capped'] / ine['cold_after']:.4f} ({cs['warm_capped']:.3f} s); with empty clusters "
-              f"relocated (empty='farthest'): mean {it['warm_capped_farthest']:.2f}, inertia / cold-A "
-              f"{ine['warm_capped_farthest'] / ine['cold_after']:.4f} ({cs['warm_capped_farthest']:.3f} s)")
+        print(
+            f"  b={beta}: seconds cold {cs['cold']:.3f} warm {cs['warm']:.3f} warm-c {cs['warm_centroids_only']:.3f} "
+            f"cold-A {cs['cold_after']:.3f} | mean Lloyd iterations ({e['lloyd_layers']} 2-D layers) cold "
+            f"{it['cold']:.2f} warm {it['warm']:.2f} warm-c {it['warm_centroids_only']:.2f} cold-A "
+            f"{it['cold_after']:.2f} | inertia warm / cold-A {ine['warm'] / ine['cold_after']:.4f}, warm-c / cold-A "
+            f"{ine['warm_centroids_only'] / ine['cold_after']:.4f} | empty clusters warm {emp['warm']}, warm-c "
+            f"{emp['warm_centroids_only']} of {emp['clusters']}"
+        )
+        print(
+            f"        warm capped at {e['warm_max_iter']} iterations: mean {it['warm_capped']:.2f}, inertia / cold-A "
+            f"{ine['warm_capped'] / ine['cold_after']:.4f} ({cs['warm_capped']:.3f} s); with empty clusters "
+            f"relocated (empty='farthest'): mean {it['warm_capped_farthest']:.2f}, inertia / cold-A "
+            f"{ine['warm_capped_farthest'] / ine['cold_after']:.4f} ({cs['warm_capped_farthest']:.3f} s)"
+        )
         if train_s:
-            print(f"        clustering / training ({train_s:.1f} s): warm {100 * cs['warm'] / train_s:.2f}%, "
-                  f"cold {100 * cs['cold'] / train_s:.2f}%")
+            print(
+                f"        clustering / training ({train_s:.1f} s): warm {100 * cs['warm'] / train_s:.2f}%, "
+                f"cold {100 * cs['cold'] / train_s:.2f}%"
+            )
         for key, per in e["methods"].items():
-            line = ", ".join(f"{m} {v['seconds']:.3f}s it {v['mean_iter']:.1f} "
-                             + (f"{v['gflops']:.0f}GF/s " if key.endswith("2-D") else "")
-                             + f"inertia/best {v['rel_inertia']:.4f}" for m, v in per.items())
+            line = ", ".join(
+                f"{m} {v['seconds']:.3f}s it {v['mean_iter']:.1f} "
+                + (f"{v['gflops']:.0f}GF/s " if key.endswith("2-D") else "")
+                + f"inertia/best {v['rel_inertia']:.4f}"
+                for m, v in per.items()
+            )
             print(f"    {key}: {line}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="trustformer bench kmeans", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="trustformer bench kmeans",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="skip the 250,000×256 timings (the memory case still runs)")
     p.add_argument("--betas", default="0.1,0.5,0.9", help="comma-separated β values (default 0.1,0.5,0.9)")
     p.add_argument("--big-betas", default="0.1", help="β values for 250,000×256 (default 0.1)")
     p.add_argument("--big-iters", type=int, default=2, help="iterations per method at 250,000×256 (default 2)")
-    p.add_argument("--shapes", default="512x256,256x512,256x256",
-                   help="RxF shapes timed at every β, cold and warm (default: the paper's small ones; '' = none)")
-    p.add_argument("--big-rows", type=int, default=250_000,
-                   help="rows of the big shape, ×256 (default 250000; 0 = skip its timings and memory case)")
+    p.add_argument(
+        "--shapes",
+        default="512x256,256x512,256x256",
+        help="RxF shapes timed at every β, cold and warm (default: the paper's small ones; '' = none)",
+    )
+    p.add_argument(
+        "--big-rows",
+        type=int,
+        default=250_000,
+        help="rows of the big shape, ×256 (default 250000; 0 = skip its timings and memory case)",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    p.add_argument("--weights", nargs=2, metavar=("BEFORE.pt", "AFTER.pt"),
-                   help="two state_dict files of one model saved at two consecutive rounds")
-    p.add_argument("--drift-sweep", default="0.1,0.25,0.5,1",
-                   help="with --weights: fractions t of the change between the two files to time warm against "
-                        "cold at (default 0.1,0.25,0.5,1; '' = skip)")
-    p.add_argument("--warm-max-iter", type=int, default=3,
-                   help="with --weights: also run the warm start capped at this many iterations (default 3)")
-    p.add_argument("--train-seconds", type=float, default=None,
-                   help="local training time of one round, to print clustering as a share of it")
+    p.add_argument(
+        "--weights",
+        nargs=2,
+        metavar=("BEFORE.pt", "AFTER.pt"),
+        help="two state_dict files of one model saved at two consecutive rounds",
+    )
+    p.add_argument(
+        "--drift-sweep",
+        default="0.1,0.25,0.5,1",
+        help="with --weights: fractions t of the change between the two files to time warm against "
+        "cold at (default 0.1,0.25,0.5,1; '' = skip)",
+    )
+    p.add_argument(
+        "--warm-max-iter",
+        type=int,
+        default=3,
+        help="with --weights: also run the warm start capped at this many iterations (default 3)",
+    )
+    p.add_argument(
+        "--train-seconds",
+        type=float,
+        default=None,
+        help="local training time of one round, to print clustering as a share of it",
+    )
     p.add_argument("--methods", default="ours,sklearn,faiss", help="comparison libraries to run")
     p.add_argument("--merge", action="store_true", help="also time the opt-in closest-pair merge (β ≥ 0.5)")
     p.add_argument("--align-rows", type=int, default=4000, help="rows of the alignment check (0 = skip)")
@@ -682,10 +816,17 @@ def _main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     mm1 = matmul_gflops()
     torch.set_num_threads(threads)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{threads} threads; fp32 2048³ matrix product {mm:.0f} GFLOP/s ({mm1:.0f} on 1 thread)")
-    report: dict[str, Any] = {"matmul_gflops": mm, "matmul_gflops_1thread": mm1, "threads": threads,
-                              "torch": torch.__version__, "methods": ["ours", "ours=sk"] + methods}
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{threads} threads; fp32 2048³ matrix product {mm:.0f} GFLOP/s ({mm1:.0f} on 1 thread)"
+    )
+    report: dict[str, Any] = {
+        "matmul_gflops": mm,
+        "matmul_gflops_1thread": mm1,
+        "threads": threads,
+        "torch": torch.__version__,
+        "methods": ["ours", "ours=sk"] + methods,
+    }
     rows = synthetic_cases(args, methods)
     if not args.quick and args.big_rows:
         rows += big_case(args, methods)
@@ -697,8 +838,10 @@ def _main(args: argparse.Namespace) -> int:
         al = alignment_case(args)
         print("\nalignment (two clients = same matrix + independent noise, same init): rows with the same index")
         for a in al:
-            print(f"  {args.align_rows}x256 b={a['beta']:g} {a['method']:<6} agreement {a['agreement']:.3f} "
-                  f"inertia {a['inertia']:.5g} ({a['seconds']:.2f} s)")
+            print(
+                f"  {args.align_rows}x256 b={a['beta']:g} {a['method']:<6} agreement {a['agreement']:.3f} "
+                f"inertia {a['inertia']:.5g} ({a['seconds']:.2f} s)"
+            )
         report["alignment"] = al
     if args.weights:
         w = weights_case(args, methods)
@@ -706,24 +849,32 @@ def _main(args: argparse.Namespace) -> int:
         report["weights"] = w
         if args.drift_sweep:
             sweep = drift_sweep_case(args)
-            print("\ndrift sweep (2-D layers; AFTER_t = BEFORE + t·(AFTER − BEFORE); warm from BEFORE's centroids + "
-                  "memberships, cold from the same rows as BEFORE's cold run)")
-            print("  inertia relative to the cold run with empty clusters kept (the protocol's setting); "
-                  "'farthest' relocates empty clusters as scikit-learn does")
+            print(
+                "\ndrift sweep (2-D layers; AFTER_t = BEFORE + t·(AFTER − BEFORE); warm from BEFORE's centroids + "
+                "memberships, cold from the same rows as BEFORE's cold run)"
+            )
+            print(
+                "  inertia relative to the cold run with empty clusters kept (the protocol's setting); "
+                "'farthest' relocates empty clusters as scikit-learn does"
+            )
             for e in sweep:
                 kp, fa = e["keep"], e["farthest"]
-                print(f"  b={e['beta']:g} t={e['t']:<5g} median drift {e['median_relative_drift']:.2f}: mean Lloyd "
-                      f"iterations warm {kp['warm_mean_iter']:.2f} cold {kp['cold_mean_iter']:.2f} | farthest: warm "
-                      f"{fa['warm_mean_iter']:.2f} cold {fa['cold_mean_iter']:.2f} | inertia warm "
-                      f"{kp['warm_over_cold_keep_inertia']:.4f}, farthest warm {fa['warm_over_cold_keep_inertia']:.4f} "
-                      f"cold {fa['cold_over_cold_keep_inertia']:.4f}")
+                print(
+                    f"  b={e['beta']:g} t={e['t']:<5g} median drift {e['median_relative_drift']:.2f}: mean Lloyd "
+                    f"iterations warm {kp['warm_mean_iter']:.2f} cold {kp['cold_mean_iter']:.2f} | farthest: warm "
+                    f"{fa['warm_mean_iter']:.2f} cold {fa['cold_mean_iter']:.2f} | inertia warm "
+                    f"{kp['warm_over_cold_keep_inertia']:.4f}, farthest warm {fa['warm_over_cold_keep_inertia']:.4f} "
+                    f"cold {fa['cold_over_cold_keep_inertia']:.4f}"
+                )
             report["drift_sweep"] = sweep
     if not args.no_memory and args.big_rows:
         mem = memory_case(args)
-        print(f"\npeak extra memory, one iteration at {mem['shape'][0]}x{mem['shape'][1]} k={mem['k']}: "
-              f"{mem['peak_extra_mb']:.1f} MB (resident size, fresh process; analytic bound {mem['bound_mb']:.0f} MB; "
-              f"x itself {mem['x_mb']:.0f} MB; a dense r×k distance matrix would be "
-              f"{mem['dense_distance_matrix_mb']:.0f} MB); {mem['seconds']:.1f} s")
+        print(
+            f"\npeak extra memory, one iteration at {mem['shape'][0]}x{mem['shape'][1]} k={mem['k']}: "
+            f"{mem['peak_extra_mb']:.1f} MB (resident size, fresh process; analytic bound {mem['bound_mb']:.0f} MB; "
+            f"x itself {mem['x_mb']:.0f} MB; a dense r×k distance matrix would be "
+            f"{mem['dense_distance_matrix_mb']:.0f} MB); {mem['seconds']:.1f} s"
+        )
         report["memory"] = mem
     mm_end = matmul_gflops()
     print(f"matrix product at the end: {mm_end:.0f} GFLOP/s (shared machine: compare the two)")

@@ -58,8 +58,9 @@ def malicious_clients(clients: int, count: int) -> list[int]:
     return sorted({1 + int(i * step) for i in range(count)})
 
 
-def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: list[str], malicious: list[int]
-         ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
+def plan(
+    cfg: RunConfig, strategies: list[str], defences: list[str], faults: list[str], malicious: list[int]
+) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
     """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
     left out."""
     n = cfg.federation.clients_per_round or cfg.federation.clients
@@ -72,12 +73,20 @@ def plan(cfg: RunConfig, strategies: list[str], defences: list[str], faults: lis
             if defence == "multikrum":
                 values["robust.byzantine"] = len(malicious)
             for fault in ("honest", *faults):
-                extra: dict[str, Any] = {} if fault == "honest" else {
-                    "federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
+                extra: dict[str, Any] = (
+                    {}
+                    if fault == "honest"
+                    else {"federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
+                )
                 if fault == "absent":  # the reference: the malicious clients are simply not there
-                    extra = {"federation.faults": [f"client={c},round={r},kind=dropout" for c in malicious
-                                                   for r in range(1, cfg.federation.rounds + 1)],
-                             "federation.min_clients": n - len(malicious)}
+                    extra = {
+                        "federation.faults": [
+                            f"client={c},round={r},kind=dropout"
+                            for c in malicious
+                            for r in range(1, cfg.federation.rounds + 1)
+                        ],
+                        "federation.min_clients": n - len(malicious),
+                    }
                 try:
                     load_config(cfg.preset, None, {**cfg.flat(), **values, **extra})
                 except ConfigError as exc:
@@ -110,16 +119,26 @@ def run_one(values: dict[str, Any], malicious: list[int], reuse: bool = False) -
     summary = run(cfg)
     wall = time.perf_counter() - started
     honest = [i for i, c in enumerate(summary["client_ids"]) if c not in malicious]
-    events = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-              if '"event"' in x]
+    events = [
+        json.loads(x)
+        for x in (Path(cfg.out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        if '"event"' in x
+    ]
     pick = lambda key: [summary[key][i] for i in honest] if key in summary else []  # noqa: E731
-    result = {"test_loss": _mean(pick("test_loss")), "bleu": _mean(pick("bleu")),
-            "backdoor_success": _mean(pick("backdoor_success")), "wall_s": wall,
-            "round_s": sum(summary.get("round_time_s", [])), "defence_s": summary["server_time_s"].get("robust_s", 0.0),
-            "events": {kind: sum(e["event"] == kind for e in events) for kind in ("clipped", "refused", "excluded",
-                                                                                   "dropped")}}
-    (Path(cfg.out) / "robustness.json").write_text(json.dumps({"config": cfg.to_dict(), "result": result}, indent=1,
-                                                              allow_nan=True) + "\n", encoding="utf-8")
+    result = {
+        "test_loss": _mean(pick("test_loss")),
+        "bleu": _mean(pick("bleu")),
+        "backdoor_success": _mean(pick("backdoor_success")),
+        "wall_s": wall,
+        "round_s": sum(summary.get("round_time_s", [])),
+        "defence_s": summary["server_time_s"].get("robust_s", 0.0),
+        "events": {
+            kind: sum(e["event"] == kind for e in events) for kind in ("clipped", "refused", "excluded", "dropped")
+        },
+    }
+    (Path(cfg.out) / "robustness.json").write_text(
+        json.dumps({"config": cfg.to_dict(), "result": result}, indent=1, allow_nan=True) + "\n", encoding="utf-8"
+    )
     return result
 
 
@@ -136,8 +155,13 @@ def table(runs: list[tuple[str, str, str, dict[str, Any]]], results: list[dict[s
     for (strategy, defence, fault, _), result in zip(runs, results):
         reference = by.get((strategy, "none", "honest"))
         own_honest = by.get((strategy, defence, "honest"))
-        row = {"strategy": strategy, "defence": defence, "fault": fault, **result,
-               "loss_change": result["test_loss"] - reference["test_loss"] if reference else math.nan}
+        row = {
+            "strategy": strategy,
+            "defence": defence,
+            "fault": fault,
+            **result,
+            "loss_change": result["test_loss"] - reference["test_loss"] if reference else math.nan,
+        }
         if fault == "honest" and reference:
             row["cost_loss"] = result["test_loss"] - reference["test_loss"]
             row["cost_time"] = result["defence_s"] / result["round_s"] if result["round_s"] else math.nan
@@ -148,17 +172,24 @@ def table(runs: list[tuple[str, str, str, dict[str, Any]]], results: list[dict[s
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| protocol | defence | fault | test loss | Δ vs honest, no defence | BLEU | backdoor success | events "
-            "(clipped / refused / left out) | defence's cost on the honest run |")
+    head = (
+        "| protocol | defence | fault | test loss | Δ vs honest, no defence | BLEU | backdoor success | events "
+        "(clipped / refused / left out) | defence's cost on the honest run |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         events = r["events"]
-        cost = (f"{r['cost_loss']:+.3f} nats; {r['defence_s']:.2f} s = {100 * r['cost_time']:.1f}% of the rounds' "
-                "time" if "cost_loss" in r else "")
+        cost = (
+            f"{r['cost_loss']:+.3f} nats; {r['defence_s']:.2f} s = {100 * r['cost_time']:.1f}% of the rounds' time"
+            if "cost_loss" in r
+            else ""
+        )
         backdoor = "" if math.isnan(r["backdoor_success"]) else f"{100 * r['backdoor_success']:.1f}%"
-        lines.append(f"| {r['strategy']} | {r['defence']} | {r['fault']} | {r['test_loss']:.3f} | "
-                     f"{r['loss_change']:+.3f} | {r['bleu']:.2f} | {backdoor} | {events['clipped']} / "
-                     f"{events['refused']} / {events['excluded']} | {cost} |")
+        lines.append(
+            f"| {r['strategy']} | {r['defence']} | {r['fault']} | {r['test_loss']:.3f} | "
+            f"{r['loss_change']:+.3f} | {r['bleu']:.2f} | {backdoor} | {events['clipped']} / "
+            f"{events['refused']} / {events['excluded']} | {cost} |"
+        )
     return "\n".join(lines)
 
 
@@ -171,26 +202,44 @@ def _names(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="trustformer bench robustness",
-                                description="Malicious clients against each protocol and defence (module docstring "
-                                            "of trustformer.bench.robustness_bench; docs/robustness.md).")
+    p = argparse.ArgumentParser(
+        prog="trustformer bench robustness",
+        description="Malicious clients against each protocol and defence (module docstring "
+        "of trustformer.bench.robustness_bench; docs/robustness.md).",
+    )
     add_config_options(p)
-    p.add_argument("--strategies", default="fedavg,trustformer",
-                   type=lambda t: _names(t, ("fedavg", "trustformer", "fedavg-topk"), "--strategies"),
-                   help="protocols (default: fedavg,trustformer)")
-    p.add_argument("--defences", default="none,default,median,trimmed_mean,multikrum",
-                   type=lambda t: _names(t, tuple(DEFENCES), "--defences"),
-                   help="defences (default: none,default,median,trimmed_mean,multikrum; also: tight)")
-    p.add_argument("--faults", default="scale,sign_flip,noise,backdoor",
-                   type=lambda t: _names(t, FAULTS, "--faults"),
-                   help=f"poisoning faults (default: scale,sign_flip,noise,backdoor; all: {','.join(FAULTS)})")
+    p.add_argument(
+        "--strategies",
+        default="fedavg,trustformer",
+        type=lambda t: _names(t, ("fedavg", "trustformer", "fedavg-topk"), "--strategies"),
+        help="protocols (default: fedavg,trustformer)",
+    )
+    p.add_argument(
+        "--defences",
+        default="none,default,median,trimmed_mean,multikrum",
+        type=lambda t: _names(t, tuple(DEFENCES), "--defences"),
+        help="defences (default: none,default,median,trimmed_mean,multikrum; also: tight)",
+    )
+    p.add_argument(
+        "--faults",
+        default="scale,sign_flip,noise,backdoor",
+        type=lambda t: _names(t, FAULTS, "--faults"),
+        help=f"poisoning faults (default: scale,sign_flip,noise,backdoor; all: {','.join(FAULTS)})",
+    )
     p.add_argument("--malicious", type=int, default=1, help="malicious clients (default: 1)")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
-    p.add_argument("--reuse", action="store_true", help="take a run whose folder holds the measurements of exactly "
-                                                        "the same configuration instead of running it again")
-    p.add_argument("--no-default-setting", action="store_true",
-                   help="do not apply the benchmark's non-IID setting; run the preset/config as given")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a run whose folder holds the measurements of exactly "
+        "the same configuration instead of running it again",
+    )
+    p.add_argument(
+        "--no-default-setting",
+        action="store_true",
+        help="do not apply the benchmark's non-IID setting; run the preset/config as given",
+    )
     return p.parse_args(argv)
 
 
@@ -202,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     for reason in skipped:
         print(f"left out: {reason}", file=sys.stderr)
     out = Path(cfg.out)
-    print(f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
-          f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
-          f"{args.jobs} at a time · output {out}", file=sys.stderr, flush=True)
+    print(
+        f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
+        f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
+        f"{args.jobs} at a time · output {out}",
+        file=sys.stderr,
+        flush=True,
+    )
     jobs = [{**cfg.flat(), **values, "out": str(out / f"{s}-{d}-{f}")} for s, d, f, values in runs]
     results: list[dict[str, Any]] = [{}] * len(runs)
     started = time.perf_counter()
@@ -215,18 +268,33 @@ def main(argv: list[str] | None = None) -> int:
             i = futures[future]
             results[i] = r = future.result()
             elapsed = time.perf_counter() - started
-            print(f"[{done}/{len(runs)}] {' / '.join(runs[i][:3])}: test loss {r['test_loss']:.3f} · BLEU "
-                  f"{r['bleu']:.2f} · {r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
-                  f"{elapsed / done * (len(runs) - done) / 60:.1f} min", file=sys.stderr, flush=True)
+            print(
+                f"[{done}/{len(runs)}] {' / '.join(runs[i][:3])}: test loss {r['test_loss']:.3f} · BLEU "
+                f"{r['bleu']:.2f} · {r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
+                f"{elapsed / done * (len(runs) - done) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     rows = table(runs, results)
     print(format_table(rows))
     print(f"total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench robustness " + shlex.join(argv or []),
-                                               "malicious": malicious, "setting": cfg.to_dict(), "rows": rows,
-                                               "left_out": skipped}, indent=2, allow_nan=True) + "\n",
-                                   encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "command": "trustformer bench robustness " + shlex.join(argv or []),
+                    "malicious": malicious,
+                    "setting": cfg.to_dict(),
+                    "rows": rows,
+                    "left_out": skipped,
+                },
+                indent=2,
+                allow_nan=True,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
     return 0
 
 

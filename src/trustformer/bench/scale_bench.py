@@ -73,9 +73,14 @@ def measure(command: list[str], summary_path: Path, log_path: Path) -> dict[str,
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     rounds = [float(x) for x in summary["round_time_s"]]
     later = rounds[1:] or rounds
-    return {"s_per_round": sum(later) / len(later), "first_round_s": rounds[0], "rounds_s": rounds,
-            "final_s": max(0.0, float(summary["time_s"]["total"]) - sum(rounds)), "wall_s": wall,
-            "peak_mb": peak[0]}
+    return {
+        "s_per_round": sum(later) / len(later),
+        "first_round_s": rounds[0],
+        "rounds_s": rounds,
+        "final_s": max(0.0, float(summary["time_s"]["total"]) - sum(rounds)),
+        "wall_s": wall,
+        "peak_mb": peak[0],
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,38 +108,75 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         for n in sizes:
             folder = out / f"{engine}-{n}"
-            command = [sys.executable, "-m", "trustformer", "run", "--quiet", "--preset", "tiny", "--engine", engine,
-                       "--strategy", args.strategy, "--clients", str(n), "--rounds", str(args.rounds),
-                       "--out", str(folder), "--set", f"federation.clients_per_round={min(args.per_round, n)}",
-                       "--set", f"data.client_size={args.client_size}", "--set", "eval.meteor=false",
-                       "--set", "eval.bertscore=false", "--set", "runtime.checkpoint=true"]
+            command = [
+                sys.executable,
+                "-m",
+                "trustformer",
+                "run",
+                "--quiet",
+                "--preset",
+                "tiny",
+                "--engine",
+                engine,
+                "--strategy",
+                args.strategy,
+                "--clients",
+                str(n),
+                "--rounds",
+                str(args.rounds),
+                "--out",
+                str(folder),
+                "--set",
+                f"federation.clients_per_round={min(args.per_round, n)}",
+                "--set",
+                f"data.client_size={args.client_size}",
+                "--set",
+                "eval.meteor=false",
+                "--set",
+                "eval.bertscore=false",
+                "--set",
+                "runtime.checkpoint=true",
+            ]
             for item in args.set:
                 command += ["--set", item]
             folder.mkdir(parents=True, exist_ok=True)
             result = measure(command, folder / "summary.json", folder / "bench.log")
             rows.append({"engine": engine, "clients": n, "per_round": min(args.per_round, n), **result})
             elapsed = time.perf_counter() - started
-            print(f"[{len(rows)}/{total}] {engine} · {n} clients: {result['s_per_round']:.2f} s/round · peak "
-                  f"{result['peak_mb']:.0f} MB · elapsed {elapsed / 60:.1f} min · ETA "
-                  f"{elapsed / len(rows) * (total - len(rows)) / 60:.1f} min", file=sys.stderr, flush=True)
+            print(
+                f"[{len(rows)}/{total}] {engine} · {n} clients: {result['s_per_round']:.2f} s/round · peak "
+                f"{result['peak_mb']:.0f} MB · elapsed {elapsed / 60:.1f} min · ETA "
+                f"{elapsed / len(rows) * (total - len(rows)) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     print(format_table(rows))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": "trustformer bench scale " + shlex.join(argv or sys.argv[3:]),
-                                               "rows": rows}, indent=2) + "\n", encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps(
+                {"command": "trustformer bench scale " + shlex.join(argv or sys.argv[3:]), "rows": rows}, indent=2
+            )
+            + "\n",
+            encoding="utf-8",
+        )
     return 0
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'engine':<11} {'clients':>7} {'per round':>9} {'s/round':>8} {'× N₀':>6} {'first s':>8} {'final s':>8} " \
-           f"{'peak MB':>8}"
+    head = (
+        f"{'engine':<11} {'clients':>7} {'per round':>9} {'s/round':>8} {'× N₀':>6} {'first s':>8} {'final s':>8} "
+        f"{'peak MB':>8}"
+    )
     lines = [head, "-" * len(head)]
     base: dict[str, float] = {}
     for r in rows:
         base.setdefault(r["engine"], r["s_per_round"])
-        lines.append(f"{r['engine']:<11} {r['clients']:>7} {r['per_round']:>9} {r['s_per_round']:>8.2f} "
-                     f"{r['s_per_round'] / base[r['engine']]:>6.2f} {r['first_round_s']:>8.1f} {r['final_s']:>8.1f} "
-                     f"{r['peak_mb']:>8.0f}")
+        lines.append(
+            f"{r['engine']:<11} {r['clients']:>7} {r['per_round']:>9} {r['s_per_round']:>8.2f} "
+            f"{r['s_per_round'] / base[r['engine']]:>6.2f} {r['first_round_s']:>8.1f} {r['final_s']:>8.1f} "
+            f"{r['peak_mb']:>8.0f}"
+        )
     return "\n".join(lines)
 
 

@@ -11,7 +11,6 @@ class ConfigError(TrustformerError, ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
 
 
-
 def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(map(str, allowed))}")

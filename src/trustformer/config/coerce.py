@@ -17,9 +17,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]!s} (valid keys here: {', '.join(sorted(known))})"
-        )
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s} (valid keys here: {', '.join(sorted(known))})")
     kwargs = {}
     for f in fields(cls):
         if f.name not in values:

@@ -78,14 +78,18 @@ def check_composition(cfg: RunView) -> None:
     fed = cfg.federation
     spec = protocol_spec(fed.strategy)
     if spec.tasks is not None and cfg.task not in spec.tasks:
-        raise ConfigError(f"federation.strategy = {fed.strategy!r} needs task = "
-                          f"{' or '.join(repr(t) for t in spec.tasks)}, not {cfg.task!r}: "
-                          f"{_refusal(fed.strategy, 'other_tasks') or spec.summary}")
+        raise ConfigError(
+            f"federation.strategy = {fed.strategy!r} needs task = "
+            f"{' or '.join(repr(t) for t in spec.tasks)}, not {cfg.task!r}: "
+            f"{_refusal(fed.strategy, 'other_tasks') or spec.summary}"
+        )
     _check_coding_and_sampling(fed)
     _check_faults(fed)
     if fed.agg_every != 1 and _refusal(fed.strategy, "agg_every"):
-        raise ConfigError(f"federation.agg_every = {fed.agg_every} does not apply to federation.strategy = "
-                          f"{fed.strategy!r}: {_refusal(fed.strategy, 'agg_every')}; set 1")
+        raise ConfigError(
+            f"federation.agg_every = {fed.agg_every} does not apply to federation.strategy = "
+            f"{fed.strategy!r}: {_refusal(fed.strategy, 'agg_every')}; set 1"
+        )
     _check_secure_aggregation(cfg.secure, fed)
     _check_robust(cfg.robust, fed, cfg.secure.mode)
     if spec.check is not None:  # the protocol's own checks of the whole configuration
@@ -95,11 +99,15 @@ def check_composition(cfg: RunView) -> None:
 def _check_coding_and_sampling(fed: _Federation) -> None:
     """Payload coding and client sampling: the protocols that take them."""
     if fed.payload_bits != 32 and _refusal(fed.strategy, "coding"):
-        raise ConfigError(f"federation.payload_bits = {fed.payload_bits} does not apply to federation.strategy "
-                          f"= {fed.strategy!r}: {_refusal(fed.strategy, 'coding')}; set 32")
+        raise ConfigError(
+            f"federation.payload_bits = {fed.payload_bits} does not apply to federation.strategy "
+            f"= {fed.strategy!r}: {_refusal(fed.strategy, 'coding')}; set 32"
+        )
     if fed.clients_per_round and _refusal(fed.strategy, "client_sampling"):
-        raise ConfigError(f"federation.clients_per_round does not apply to federation.strategy = "
-                          f"{fed.strategy!r}: {_refusal(fed.strategy, 'client_sampling')}; set it to 0")
+        raise ConfigError(
+            f"federation.clients_per_round does not apply to federation.strategy = "
+            f"{fed.strategy!r}: {_refusal(fed.strategy, 'client_sampling')}; set it to 0"
+        )
 
 
 def _check_faults(fed: _Federation) -> None:
@@ -109,17 +117,23 @@ def _check_faults(fed: _Federation) -> None:
         if fault.poisons:
             why = _refusal(fed.strategy, "model_poisoning")
             if fault.kind in MODEL_POISON_KINDS and why:
-                raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} poisons what a client "
-                                  f"sends, which federation.strategy = {fed.strategy!r} cannot carry: {why}")
+                raise ConfigError(
+                    f"federation.faults: {fault.text!r}: kind {fault.kind} poisons what a client "
+                    f"sends, which federation.strategy = {fed.strategy!r} cannot carry: {why}"
+                )
             continue
         if fault.kind in PAYLOAD_FAULTS and (not spec.exchanges or fault.round % fed.agg_every):
-            raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, but "
-                              f"round {fault.round} exchanges none (federation.strategy = {fed.strategy!r}, "
-                              f"federation.agg_every = {fed.agg_every})")
+            raise ConfigError(
+                f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, but "
+                f"round {fault.round} exchanges none (federation.strategy = {fed.strategy!r}, "
+                f"federation.agg_every = {fed.agg_every})"
+            )
         if fault.kind in PAYLOAD_FAULTS and fault.message != spec.payload_message:
-            raise ConfigError(f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, which "
-                              f"federation.strategy = {fed.strategy!r} sends in its reply to "
-                              f"{spec.payload_message} (name it: message=…)")
+            raise ConfigError(
+                f"federation.faults: {fault.text!r}: kind {fault.kind} corrupts the payload, which "
+                f"federation.strategy = {fed.strategy!r} sends in its reply to "
+                f"{spec.payload_message} (name it: message=…)"
+            )
 
 
 def _check_secure_aggregation(secure: _Secure, fed: _Federation) -> None:
@@ -128,52 +142,72 @@ def _check_secure_aggregation(secure: _Secure, fed: _Federation) -> None:
         return
     why = _refusal(fed.strategy, "secure_aggregation")
     if why:
-        raise ConfigError(f"secure.mode = {secure.mode!r} cannot carry federation.strategy = {fed.strategy!r}: "
-                          f"{why}; use secure.mode = 'tee' (sealed payloads, attested master)")
+        raise ConfigError(
+            f"secure.mode = {secure.mode!r} cannot carry federation.strategy = {fed.strategy!r}: "
+            f"{why}; use secure.mode = 'tee' (sealed payloads, attested master)"
+        )
     if protocol_spec(fed.strategy).mean_weighting is None:
-        means = [s for s in STRATEGIES if protocol_spec(s).mean_weighting is not None
-                 and not _refusal(s, "secure_aggregation")]
-        raise ConfigError(f"secure.mode = {secure.mode!r} does not support federation.strategy = {fed.strategy!r}: "
-                          f"secure aggregation needs an aggregate that is a mean of the payloads "
-                          f"({', '.join(means)})")
+        means = [
+            s
+            for s in STRATEGIES
+            if protocol_spec(s).mean_weighting is not None and not _refusal(s, "secure_aggregation")
+        ]
+        raise ConfigError(
+            f"secure.mode = {secure.mode!r} does not support federation.strategy = {fed.strategy!r}: "
+            f"secure aggregation needs an aggregate that is a mean of the payloads "
+            f"({', '.join(means)})"
+        )
     if fed.clients < 2:
         raise ConfigError(f"secure.mode = {secure.mode!r} needs federation.clients >= 2, got {fed.clients}")
     if fed.payload_bits != 32:
-        raise ConfigError(f"secure.mode = {secure.mode!r} cannot carry coded payloads (federation.payload_bits = "
-                          f"{fed.payload_bits}): each client codes its payload on a grid of its own (scale and "
-                          "offset per row), and masked codes of different grids cannot be summed; set "
-                          "federation.payload_bits = 32")
+        raise ConfigError(
+            f"secure.mode = {secure.mode!r} cannot carry coded payloads (federation.payload_bits = "
+            f"{fed.payload_bits}): each client codes its payload on a grid of its own (scale and "
+            "offset per row), and masked codes of different grids cannot be summed; set "
+            "federation.payload_bits = 32"
+        )
     if secure.secagg_threshold:
         _in_range("secure.secagg_threshold", secure.secagg_threshold, 2, fed.clients)
 
 
 def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:
     """An explicit defence must be one the server can apply; Krum and trimming need enough clients."""
-    explicit = [f"robust.{k} = {v!r}" for k, v in (("bound", robust.bound), ("aggregator", robust.aggregator))
-                if v not in ("auto", "none", "mean")]
+    explicit = [
+        f"robust.{k} = {v!r}"
+        for k, v in (("bound", robust.bound), ("aggregator", robust.aggregator))
+        if v not in ("auto", "none", "mean")
+    ]
     if not explicit:
         return
     why = _refusal(fed.strategy, "defences")
     if why:
-        raise ConfigError(f"{explicit[0]} does not apply to federation.strategy = {fed.strategy!r}: {why}; leave it "
-                          "at its default")
+        raise ConfigError(
+            f"{explicit[0]} does not apply to federation.strategy = {fed.strategy!r}: {why}; leave it at its default"
+        )
     if secure_mode not in ("none", "tee"):
-        raise ConfigError(f"{explicit[0]} cannot run under secure.mode = {secure_mode!r}: secure aggregation hides "
-                          "each update from the server, which sees only their sum, so it can neither bound nor "
-                          "rank them (only honest clients' own clipping holds); use secure.mode = 'tee' or "
-                          "'none'")
+        raise ConfigError(
+            f"{explicit[0]} cannot run under secure.mode = {secure_mode!r}: secure aggregation hides "
+            "each update from the server, which sees only their sum, so it can neither bound nor "
+            "rank them (only honest clients' own clipping holds); use secure.mode = 'tee' or "
+            "'none'"
+        )
     why = _refusal(fed.strategy, "robust_rule")
     if robust.aggregator != "mean" and why:
-        raise ConfigError(f"robust.aggregator = {robust.aggregator!r} does not apply to federation.strategy = "
-                          f"{fed.strategy!r}: {why}")
+        raise ConfigError(
+            f"robust.aggregator = {robust.aggregator!r} does not apply to federation.strategy = {fed.strategy!r}: {why}"
+        )
     n = fed.clients_per_round or fed.clients
     if robust.aggregator == "trimmed_mean" and int(robust.trim_fraction * n) < 1:
-        raise ConfigError(f"robust.trim_fraction = {robust.trim_fraction} trims int({robust.trim_fraction} x {n}) = 0 "
-                          f"clients from each end of a round of {n}: nothing would be trimmed; set it to at "
-                          f"least {1 / n:.3g}")
+        raise ConfigError(
+            f"robust.trim_fraction = {robust.trim_fraction} trims int({robust.trim_fraction} x {n}) = 0 "
+            f"clients from each end of a round of {n}: nothing would be trimmed; set it to at "
+            f"least {1 / n:.3g}"
+        )
     if robust.aggregator in ("krum", "multikrum") and n < 2 * robust.byzantine + 3:
-        raise ConfigError(f"robust.aggregator = {robust.aggregator!r} tolerates robust.byzantine = {robust.byzantine} "
-                          f"malicious clients only with at least 2f + 3 = {2 * robust.byzantine + 3} clients per "
-                          f"round, and a round has {n}")
+        raise ConfigError(
+            f"robust.aggregator = {robust.aggregator!r} tolerates robust.byzantine = {robust.byzantine} "
+            f"malicious clients only with at least 2f + 3 = {2 * robust.byzantine + 3} clients per "
+            f"round, and a round has {n}"
+        )
     if robust.aggregator == "multikrum" and robust.multikrum_keep > n:
         raise ConfigError(f"robust.multikrum_keep = {robust.multikrum_keep} exceeds the {n} clients of a round")

@@ -59,33 +59,44 @@ class Fault:
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
-        usage = (f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
-                 "(poisoning kinds: round=R or round=*, and factor=K for scale, share=S for backdoor and "
-                 "shuffled_targets)")
+        usage = (
+            f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
+            "(poisoning kinds: round=R or round=*, and factor=K for scale, share=S for backdoor and "
+            "shuffled_targets)"
+        )
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("client", "round", "kind", "message", "factor", "share") \
-                    or key.strip() in fields_:
+            if (
+                not sep
+                or key.strip() not in ("client", "round", "kind", "message", "factor", "share")
+                or key.strip() in fields_
+            ):
                 raise ConfigError(usage)
             fields_[key.strip()] = value.strip()
         if set(fields_) - {"message", "factor", "share"} != {"client", "round", "kind"}:
             raise ConfigError(usage)
         kind = fields_["kind"]
         if kind not in FAULT_KINDS and kind not in POISON_KINDS:
-            raise ConfigError(f"federation.faults: {text!r}: kind {kind!r} is not one of: "
-                              f"{', '.join([*FAULT_KINDS, *POISON_KINDS])}")
+            raise ConfigError(
+                f"federation.faults: {text!r}: kind {kind!r} is not one of: {', '.join([*FAULT_KINDS, *POISON_KINDS])}"
+            )
         message = fields_.get("message", "train")
         if message not in FAULT_MESSAGES or (kind in POISON_KINDS and message != "train"):
-            raise ConfigError(f"federation.faults: {text!r}: message {message!r} is not one of: "
-                              f"{', '.join(FAULT_MESSAGES if kind not in POISON_KINDS else ('train',))}")
+            raise ConfigError(
+                f"federation.faults: {text!r}: message {message!r} is not one of: "
+                f"{', '.join(FAULT_MESSAGES if kind not in POISON_KINDS else ('train',))}"
+            )
         every = fields_["round"] == "*"
         if every and kind not in POISON_KINDS:
-            raise ConfigError(f"federation.faults: {text!r}: round=* (every round) applies to the poisoning kinds "
-                              f"only ({', '.join(POISON_KINDS)}); name one round")
+            raise ConfigError(
+                f"federation.faults: {text!r}: round=* (every round) applies to the poisoning kinds "
+                f"only ({', '.join(POISON_KINDS)}); name one round"
+            )
         if kind in DATA_POISON_KINDS and not every:
-            raise ConfigError(f"federation.faults: {text!r}: kind {kind} poisons the client's data for the whole "
-                              "run: write round=*")
+            raise ConfigError(
+                f"federation.faults: {text!r}: kind {kind} poisons the client's data for the whole run: write round=*"
+            )
         try:
             client, rnd = int(fields_["client"]), 0 if every else int(fields_["round"])
         except ValueError:
@@ -96,12 +107,12 @@ class Fault:
         share = _fault_number(text, fields_, "share", kind, DATA_POISON_KINDS, POISON_DEFAULTS.get(kind, 0.0))
         if kind in DATA_POISON_KINDS and not 0.0 < share <= 1.0:
             raise ConfigError(f"federation.faults: {text!r}: share must be in (0, 1]")
-        return cls(client=client, round=rnd, kind=kind, text=str(text), message=message, factor=factor,
-                   share=share)
+        return cls(client=client, round=rnd, kind=kind, text=str(text), message=message, factor=factor, share=share)
 
 
-def _fault_number(text: str, fields_: Mapping[str, str], key: str, kind: str, kinds: tuple[str, ...],
-                  default: float) -> float:
+def _fault_number(
+    text: str, fields_: Mapping[str, str], key: str, kind: str, kinds: tuple[str, ...], default: float
+) -> float:
     if key not in fields_:
         return default if kind in kinds else 0.0
     if kind not in kinds:
@@ -113,4 +124,3 @@ def _fault_number(text: str, fields_: Mapping[str, str], key: str, kind: str, ki
     if not math.isfinite(value):
         raise ConfigError(f"federation.faults: {text!r}: {key} must be finite")
     return value
-

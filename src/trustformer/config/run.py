@@ -14,12 +14,27 @@ from .coerce import _build, _to_plain
 from .composition import check_composition
 from .faults import POISON_KINDS
 from .presets import PRESETS
-from .sections import (TASK_PARTITIONS, TASKS, DataConfig, EvalConfig, FederationConfig, FedPCConfig, ModelConfig,
-                       PhongConfig, PrivacyConfig, RobustConfig, RuntimeConfig, SecureConfig, TrainConfig)
+from .sections import (
+    TASK_PARTITIONS,
+    TASKS,
+    DataConfig,
+    EvalConfig,
+    FederationConfig,
+    FedPCConfig,
+    ModelConfig,
+    PhongConfig,
+    PrivacyConfig,
+    RobustConfig,
+    RuntimeConfig,
+    SecureConfig,
+    TrainConfig,
+)
 from .task_sections import ImageConfig, SegmentationConfig
 
-ADAPTERS_NOT_FOR_IMAGES = ("the image tasks have no public split to pretrain a model on, and adapters on a frozen "
-                           "random network have nothing to adapt")
+ADAPTERS_NOT_FOR_IMAGES = (
+    "the image tasks have no public split to pretrain a model on, and adapters on a frozen "
+    "random network have nothing to adapt"
+)
 
 
 @dataclass(frozen=True)
@@ -60,14 +75,26 @@ class RunConfig:
         _choice("task", self.task, TASKS)
         _at_least("seed", self.seed, 0)
         if self.data.partition not in TASK_PARTITIONS[self.task]:
-            raise ConfigError(f"data.partition = {self.data.partition!r} does not apply to task = {self.task!r} "
-                              f"(one of: {', '.join(TASK_PARTITIONS[self.task])})")
+            raise ConfigError(
+                f"data.partition = {self.data.partition!r} does not apply to task = {self.task!r} "
+                f"(one of: {', '.join(TASK_PARTITIONS[self.task])})"
+            )
         if self.task == "image-classification":  # the selected task's section, through the task's own checks
             self.image.validate()
         elif self.task == "segmentation":
             self.segmentation.validate()
-        for section in (self.data, self.model, self.train, self.federation, self.eval, self.runtime, self.privacy,
-                        self.fedpc, self.phong, *(value for _name, value in self.sections)):
+        for section in (
+            self.data,
+            self.model,
+            self.train,
+            self.federation,
+            self.eval,
+            self.runtime,
+            self.privacy,
+            self.fedpc,
+            self.phong,
+            *(value for _name, value in self.sections),
+        ):
             section.validate()
         self._check_public_start()
         self._check_record_privacy()
@@ -75,19 +102,25 @@ class RunConfig:
         self.privacy.check_secure(self.secure.mode)
         self.robust.validate()
         if self.task != "translation" and any(f.kind == "backdoor" for f in self.federation.fault_plan()):
-            raise ConfigError(f"federation.faults: kind backdoor needs task = 'translation' (a trigger word mapped to "
-                              f"a target sentence); task = {self.task!r} takes shuffled_targets")
+            raise ConfigError(
+                f"federation.faults: kind backdoor needs task = 'translation' (a trigger word mapped to "
+                f"a target sentence); task = {self.task!r} takes shuffled_targets"
+            )
         if self.runtime.engine == "simulation":
             if self.secure.mode in ("tee", "tee+secagg"):
-                raise ConfigError(f"secure.mode = {self.secure.mode!r} cannot run on runtime.engine = 'simulation': "
-                                  "Flower's Simulation Engine gives every virtual client the same node config, which "
-                                  "cannot carry each client's own trust anchors (the aggregator key and measurement "
-                                  "it pins); use runtime.engine = 'inprocess' or a deployment (trustformer deploy)")
+                raise ConfigError(
+                    f"secure.mode = {self.secure.mode!r} cannot run on runtime.engine = 'simulation': "
+                    "Flower's Simulation Engine gives every virtual client the same node config, which "
+                    "cannot carry each client's own trust anchors (the aggregator key and measurement "
+                    "it pins); use runtime.engine = 'inprocess' or a deployment (trustformer deploy)"
+                )
             boundary = [f.text for f in self.federation.fault_plan() if not f.poisons]
             if boundary:
-                raise ConfigError(f"federation.faults {boundary[0]!r}: faults of the reply itself are injected by "
-                                  "the in-process engine's grid: set runtime.engine = 'inprocess' to use them (the "
-                                  f"poisoning kinds, {', '.join(POISON_KINDS)}, run on every engine)")
+                raise ConfigError(
+                    f"federation.faults {boundary[0]!r}: faults of the reply itself are injected by "
+                    "the in-process engine's grid: set runtime.engine = 'inprocess' to use them (the "
+                    f"poisoning kinds, {', '.join(POISON_KINDS)}, run on every engine)"
+                )
         check_composition(self)
         return self
 
@@ -96,41 +129,59 @@ class RunConfig:
         if self.privacy.unit != "record":
             return
         if self.task != "translation":
-            raise ConfigError(f"privacy.unit = 'record' applies to task = 'translation' (its per-pair losses); "
-                              f"task = {self.task!r} has no per-record DP-SGD yet: set privacy.unit = 'client'")
+            raise ConfigError(
+                f"privacy.unit = 'record' applies to task = 'translation' (its per-pair losses); "
+                f"task = {self.task!r} has no per-record DP-SGD yet: set privacy.unit = 'client'"
+            )
         if self.model.adapters == "lora" and "embedding" in self.model.lora_targets:
-            raise ConfigError("privacy.unit = 'record' with model.lora_targets including 'embedding': the tied "
-                              "embedding's adapter also drives the output projection outside the adapter layer, "
-                              "where per-record gradients cannot see it; drop 'embedding' from model.lora_targets")
+            raise ConfigError(
+                "privacy.unit = 'record' with model.lora_targets including 'embedding': the tied "
+                "embedding's adapter also drives the output projection outside the adapter layer, "
+                "where per-record gradients cannot see it; drop 'embedding' from model.lora_targets"
+            )
         if self.privacy.audit_canaries and self.privacy.audit_canaries > 100_000:
             raise ConfigError(f"privacy.audit_canaries = {self.privacy.audit_canaries} is absurd (at most 100000)")
 
     def _check_public_start(self) -> None:
         """The public start and adapters: translation only; adapters need the public model under them."""
         if self.task != "translation" and self.train.init != "scratch":
-            raise ConfigError(f"train.init = {self.train.init!r} applies to task = 'translation' only: the image "
-                              "tasks have no public split to pretrain on; set train.init = 'scratch'")
+            raise ConfigError(
+                f"train.init = {self.train.init!r} applies to task = 'translation' only: the image "
+                "tasks have no public split to pretrain on; set train.init = 'scratch'"
+            )
         if self.model.adapters == "none":
             return
         if self.task != "translation":
-            raise ConfigError(f"model.adapters = {self.model.adapters!r} applies to task = 'translation' only: "
-                              f"{ADAPTERS_NOT_FOR_IMAGES}; set model.adapters = 'none'")
+            raise ConfigError(
+                f"model.adapters = {self.model.adapters!r} applies to task = 'translation' only: "
+                f"{ADAPTERS_NOT_FOR_IMAGES}; set model.adapters = 'none'"
+            )
         if self.train.init != "public":
-            raise ConfigError(f"model.adapters = {self.model.adapters!r} needs train.init = 'public': adapters "
-                              "adapt a frozen model, and a frozen random model holds nothing to adapt (only the "
-                              "rank-r updates would train); set train.init = 'public' (or model.adapters = 'none')")
+            raise ConfigError(
+                f"model.adapters = {self.model.adapters!r} needs train.init = 'public': adapters "
+                "adapt a frozen model, and a frozen random model holds nothing to adapt (only the "
+                "rank-r updates would train); set train.init = 'public' (or model.adapters = 'none')"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sections"}
         values.update(dict(self.sections))
-        return _to_plain({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
-                          for k, v in values.items()})
+        return _to_plain(
+            {
+                k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                for k, v in values.items()
+            }
+        )
 
     def flat(self) -> dict[str, Any]:
         """Every option by its dotted key (``federation.rounds``), as ``load_config`` overrides take them."""
         values = self.to_dict()
-        flat = {f"{section}.{key}": value for section, body in values.items() if isinstance(body, dict)
-                for key, value in body.items()}
+        flat = {
+            f"{section}.{key}": value
+            for section, body in values.items()
+            if isinstance(body, dict)
+            for key, value in body.items()
+        }
         flat.update({k: v for k, v in values.items() if not isinstance(v, dict)})
         return flat
 
@@ -160,7 +211,8 @@ def build_run(values: Mapping[str, Any]) -> RunConfig:
     for name in sorted(own):
         declared = protocol_spec(name).section
         if declared is None:
-            raise ConfigError(f"unknown config key {name} (federation.strategy {name!r} declares no section of its "
-                              "own)")
+            raise ConfigError(
+                f"unknown config key {name} (federation.strategy {name!r} declares no section of its own)"
+            )
         sections.append((name, _build(declared, values[name], prefix=f"{name}.")))
     return dataclasses.replace(_build(RunConfig, plain, prefix=""), sections=tuple(sections))

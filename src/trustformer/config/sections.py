@@ -14,9 +14,11 @@ PARTITIONS = ("iid", "domain", "dirichlet", "stratified")
 TASKS = ("translation", "image-classification", "segmentation")
 # data.partition values each task accepts (domain: translation corpora with domains; stratified: FedPC's
 # class-stratified imbalanced split of the image tasks; dirichlet needs class labels)
-TASK_PARTITIONS = {"translation": ("iid", "domain", "dirichlet"),
-                   "image-classification": ("iid", "stratified", "dirichlet"),
-                   "segmentation": ("iid", "stratified")}
+TASK_PARTITIONS = {
+    "translation": ("iid", "domain", "dirichlet"),
+    "image-classification": ("iid", "stratified", "dirichlet"),
+    "segmentation": ("iid", "stratified"),
+}
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -94,9 +96,7 @@ class ModelConfig:
             _at_least(f"model.{name}", getattr(self, name), 1)
         _at_least("model.max_len", self.max_len, 4)
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}"
-            )
+            raise ConfigError(f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}")
         _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         _choice("model.adapters", self.adapters, ADAPTERS)
         _at_least("model.lora_rank", self.lora_rank, 1)
@@ -233,18 +233,24 @@ class FederationConfig:
         _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
         _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
         if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
-            raise ConfigError(f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
-                              f"= {self.clients_per_round}: a round has only that many clients")
+            raise ConfigError(
+                f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
+                f"= {self.clients_per_round}: a round has only that many clients"
+            )
 
     def _check_faults(self) -> None:
         for fault in self.fault_plan():
             if fault.client >= self.clients or fault.round > self.rounds:
-                raise ConfigError(f"federation.faults: {fault.text!r} names client {fault.client} / round "
-                                  f"{fault.round}, but the run has federation.clients = {self.clients} and "
-                                  f"federation.rounds = {self.rounds}")
+                raise ConfigError(
+                    f"federation.faults: {fault.text!r} names client {fault.client} / round "
+                    f"{fault.round}, but the run has federation.clients = {self.clients} and "
+                    f"federation.rounds = {self.rounds}"
+                )
             if fault.kind == "stall" and not self.round_timeout_s > 0:
-                raise ConfigError(f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
-                                  "server stops waiting: set federation.round_timeout_s > 0")
+                raise ConfigError(
+                    f"federation.faults: {fault.text!r}: a stalled client is only dropped when the "
+                    "server stops waiting: set federation.round_timeout_s > 0"
+                )
 
     def fault_plan(self) -> list[Fault]:
         """``federation.faults`` parsed (ConfigError naming the bad entry)."""
@@ -257,8 +263,9 @@ class FederationConfig:
                 poisoned.add(fault.client)
                 continue
             if (fault.client, fault.round) in seen:
-                raise ConfigError(f"federation.faults: more than one fault for client {fault.client} in round "
-                                  f"{fault.round}")
+                raise ConfigError(
+                    f"federation.faults: more than one fault for client {fault.client} in round {fault.round}"
+                )
             seen.add((fault.client, fault.round))
         return plan
 
@@ -334,19 +341,25 @@ class PrivacyConfig:
         _in_range("privacy.target_quantile", self.target_quantile, 0.0, 1.0)
         _positive("privacy.clip_lr", self.clip_lr)
         if self.clip_count_stddev != -1.0 and self.clip_count_stddev < 0:
-            raise ConfigError(f"privacy.clip_count_stddev = {self.clip_count_stddev!r} must be >= 0, or -1 for the "
-                              "expected participants per round / 20 (Andrew et al. 2021)")
+            raise ConfigError(
+                f"privacy.clip_count_stddev = {self.clip_count_stddev!r} must be >= 0, or -1 for the "
+                "expected participants per round / 20 (Andrew et al. 2021)"
+            )
         if self.clipping == "adaptive" and self.unit != "client":
-            raise ConfigError("privacy.clipping = 'adaptive' applies to privacy.unit = 'client' (the server adapts "
-                              "the bound of whole clients' updates); DP-SGD clips every record to privacy.clip_norm")
+            raise ConfigError(
+                "privacy.clipping = 'adaptive' applies to privacy.unit = 'client' (the server adapts "
+                "the bound of whole clients' updates); DP-SGD clips every record to privacy.clip_norm"
+            )
 
     def check_secure(self, mode: str) -> None:
         """Adaptive clipping counts the updates under the bound: the server must see each one."""
         if self.clipping == "adaptive" and mode in ("secagg", "tee+secagg"):
-            raise ConfigError(f"privacy.clipping = 'adaptive' cannot run under secure.mode = {mode!r}: the server "
-                              "counts the updates whose norm is under the current bound and clips each one, and "
-                              "secure aggregation shows it only their sum; set privacy.clipping = 'fixed' or "
-                              "secure.mode = 'none' or 'tee'")
+            raise ConfigError(
+                f"privacy.clipping = 'adaptive' cannot run under secure.mode = {mode!r}: the server "
+                "counts the updates whose norm is under the current bound and clips each one, and "
+                "secure aggregation shows it only their sum; set privacy.clipping = 'fixed' or "
+                "secure.mode = 'none' or 'tee'"
+            )
 
 
 @dataclass(frozen=True)
@@ -402,8 +415,10 @@ class RuntimeConfig:
         _at_least("runtime.client_gpus", self.client_gpus, 0.0)
         _at_least("runtime.ray_cpus", self.ray_cpus, 0)
         if self.ray_address and self.ray_cpus:
-            raise ConfigError("runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
-                              f"runtime.ray_address = {self.ray_address!r}")
+            raise ConfigError(
+                "runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
+                f"runtime.ray_address = {self.ray_address!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -425,8 +440,10 @@ class FedPCConfig:
         _choice("fedpc.sign", self.sign, ("paper", "flipped"))
         _at_least("fedpc.master_lr", self.master_lr, 0.0)
         _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
-        for name, values, low in (("fedpc.batch_sizes", self.batch_sizes, 1),
-                                  ("fedpc.local_epochs", self.local_epochs, 1)):
+        for name, values, low in (
+            ("fedpc.batch_sizes", self.batch_sizes, 1),
+            ("fedpc.local_epochs", self.local_epochs, 1),
+        ):
             if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
                 raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
         if not self.local_epochs:
@@ -479,9 +496,11 @@ class RobustConfig:
         _at_least("robust.refuse_factor", self.refuse_factor, 0.0)
         _in_range("robust.min_cosine", self.min_cosine, -1.0, 1.0, hi_open=True)
         if self.refuse_factor and self.refuse_factor < self.bound_factor:
-            raise ConfigError(f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
-                              f"{self.bound_factor}: an update is clipped before it can be refused; set it "
-                              "higher, or 0 to never refuse")
+            raise ConfigError(
+                f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
+                f"{self.bound_factor}: an update is clipped before it can be refused; set it "
+                "higher, or 0 to never refuse"
+            )
         _at_least("robust.bound_norm", self.bound_norm, 0.0)
         if self.bound == "fixed" and not self.bound_norm > 0:
             raise ConfigError("robust.bound = 'fixed' needs robust.bound_norm > 0 (the L2 bound of each update)")
@@ -516,8 +535,10 @@ class SecureConfig:
         if self.expected_measurement and (
             len(self.expected_measurement) != 64 or set(self.expected_measurement) - set("0123456789abcdef")
         ):
-            raise ConfigError(f"secure.expected_measurement = {self.expected_measurement!r} must be 64 lower-case hex "
-                              "digits (as printed by `trustformer attest`), or empty")
+            raise ConfigError(
+                f"secure.expected_measurement = {self.expected_measurement!r} must be 64 lower-case hex "
+                "digits (as printed by `trustformer attest`), or empty"
+            )
         _positive("secure.quote_validity_s", self.quote_validity_s)
         _at_least("secure.secagg_threshold", self.secagg_threshold, 0)
         _in_range("secure.secagg_scale_bits", self.secagg_scale_bits, 1, 48)

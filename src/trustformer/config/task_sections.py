@@ -42,8 +42,10 @@ class ImageConfig:
         key = "image."
         _choice(key + "dataset", self.dataset, IMAGE_DATASETS)
         if self.dataset == "cifar10" and not self.data_dir:
-            raise ConfigError("image.data_dir must name the CIFAR-10 python folder (data_batch_1..5, test_batch) "
-                              "when image.dataset = 'cifar10'")
+            raise ConfigError(
+                "image.data_dir must name the CIFAR-10 python folder (data_batch_1..5, test_batch) "
+                "when image.dataset = 'cifar10'"
+            )
         _at_least(key + "train_size", self.train_size, 0)
         _at_least(key + "test_size", self.test_size, 0)
         _choice(key + "block", self.block, ("basic", "bottleneck"))
@@ -53,8 +55,10 @@ class ImageConfig:
         if not self.layers or any(v < 1 for v in self.layers):
             raise ConfigError(f"image.layers = {list(self.layers)!r} must be a non-empty list of block counts >= 1")
         if len(self.widths) != len(self.layers) or any(v < 1 for v in self.widths):
-            raise ConfigError(f"image.widths = {list(self.widths)!r} must give one width >= 1 per stage of "
-                              f"image.layers ({len(self.layers)})")
+            raise ConfigError(
+                f"image.widths = {list(self.widths)!r} must give one width >= 1 per stage of "
+                f"image.layers ({len(self.layers)})"
+            )
         _optimizer_checks(key, self)
         _choice(key + "augment", self.augment, ("none", "flip", "crop-flip"))
         _at_least(key + "eval_batch_size", self.eval_batch_size, 1)
@@ -90,8 +94,9 @@ class SegmentationConfig:
         key = "segmentation."
         _choice(key + "dataset", self.dataset, SEG_DATASETS)
         if self.dataset == "lgg" and not self.data_dir:
-            raise ConfigError("segmentation.data_dir must name the LGG kaggle_3m folder when "
-                              "segmentation.dataset = 'lgg'")
+            raise ConfigError(
+                "segmentation.data_dir must name the LGG kaggle_3m folder when segmentation.dataset = 'lgg'"
+            )
         _at_least(key + "downsample", self.downsample, 1)
         _at_least(key + "size", self.size, 8)
         _in_range(key + "test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -113,4 +118,3 @@ def _optimizer_checks(key: str, section: ImageConfig | SegmentationConfig) -> No
     _at_least(key + "lr_decay", section.lr_decay, 0.0)
     _at_least(key + "batch_size", section.batch_size, 1)
     _in_range(key + "label_smoothing", section.label_smoothing, 0.0, 1.0, hi_open=True)
-

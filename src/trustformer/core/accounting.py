@@ -84,10 +84,16 @@ def solve_noise_multiplier(
         return dp_accounting.SelfComposedDpEvent(release_event(sigma, sampling_rate), releases)
 
     with _quiet_absl():
-        return float(mechanism_calibration.calibrate_dp_mechanism(
-            RdpAccountant, make_event, epsilon, delta,
-            bracket_interval=mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0), tol=tol,
-        ))
+        return float(
+            mechanism_calibration.calibrate_dp_mechanism(
+                RdpAccountant,
+                make_event,
+                epsilon,
+                delta,
+                bracket_interval=mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0),
+                tol=tol,
+            )
+        )
 
 
 @dataclass
@@ -141,5 +147,12 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-__all__ = ["ACCOUNTANT", "PrivacyBudgetError", "PrivacyLedger", "accountant_name", "epsilon_after",
-           "release_event", "solve_noise_multiplier"]
+__all__ = [
+    "ACCOUNTANT",
+    "PrivacyBudgetError",
+    "PrivacyLedger",
+    "accountant_name",
+    "epsilon_after",
+    "release_event",
+    "solve_noise_multiplier",
+]

@@ -7,9 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 
-def weighted_mean(
-    tensors: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
-) -> dict[str, torch.Tensor]:
+def weighted_mean(tensors: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> dict[str, torch.Tensor]:
     """FedAvg (McMahan et al. 2017, Alg. 1): ``W = sum_k (n_k / n) W_k`` for every named tensor.
 
     The sum is taken in float64 and cast back, so the result does not depend on client order

@@ -49,8 +49,10 @@ def check_floor(counts: torch.Tensor, min_rows: int, name: str) -> None:
     """Raise if any centroid of layer ``name`` would be the mean of fewer than ``min_rows`` rows."""
     smallest = int(counts.min()) if counts.numel() else min_rows
     if smallest < min_rows:
-        raise FloorError(f"layer {name!r}: a centroid is the mean of {smallest} row(s), below "
-                         f"federation.min_cluster_rows = {min_rows}; the payload is not sent")
+        raise FloorError(
+            f"layer {name!r}: a centroid is the mean of {smallest} row(s), below "
+            f"federation.min_cluster_rows = {min_rows}; the payload is not sent"
+        )
 
 
 class FloorError(TrustformerError, RuntimeError):

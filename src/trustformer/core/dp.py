@@ -94,8 +94,9 @@ def noised_mean(
         factor = clip_factor(global_norm(update), clip_norm)
         for n in names:
             if update[n].shape != sums[n].shape:
-                raise ValueError(f"update {i}: tensor {n!r} has shape {tuple(update[n].shape)}, "
-                                 f"expected {tuple(sums[n].shape)}")
+                raise ValueError(
+                    f"update {i}: tensor {n!r} has shape {tuple(update[n].shape)}, expected {tuple(sums[n].shape)}"
+                )
             sums[n] += update[n].detach().double() * factor
     out: Tensors = {}
     for n in names:
@@ -122,7 +123,7 @@ def unflatten(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Tensors:
     out: Tensors = {}
     offset = 0
     for name, t in like.items():
-        out[name] = flat[offset: offset + t.numel()].reshape(t.shape).to(t.dtype).clone()
+        out[name] = flat[offset : offset + t.numel()].reshape(t.shape).to(t.dtype).clone()
         offset += t.numel()
     return out
 
@@ -156,8 +157,9 @@ def index_dtype(dim: int) -> torch.dtype:
 def check_sparse(indices: torch.Tensor, values: torch.Tensor, dim: int, *, what: str = "sparse update") -> None:
     """A sparse encoding is valid: 1-D integer indices, strictly increasing, within [0, dim), one value each."""
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
-        raise ValueError(f"{what}: indices {tuple(indices.shape)} and values {tuple(values.shape)} "
-                         "must be 1-D of the same length")
+        raise ValueError(
+            f"{what}: indices {tuple(indices.shape)} and values {tuple(values.shape)} must be 1-D of the same length"
+        )
     if indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{what}: indices must be int32 or int64, got {indices.dtype}")
     if not values.dtype.is_floating_point:
@@ -234,10 +236,12 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
     if noise_multiplier == 0:
         return 0.0
     if not 2.0 * count_stddev > noise_multiplier:
-        raise ValueError(f"the count noise stddev sigma_b = {count_stddev:g} is too small for the noise multiplier "
-                         f"sigma = {noise_multiplier:g}: adaptive clipping needs 2 sigma_b > sigma (Andrew et al. "
-                         f"2021, Thm. 1), i.e. sigma_b > {noise_multiplier / 2:g}")
-    return (noise_multiplier ** -2 - (2.0 * count_stddev) ** -2) ** -0.5
+        raise ValueError(
+            f"the count noise stddev sigma_b = {count_stddev:g} is too small for the noise multiplier "
+            f"sigma = {noise_multiplier:g}: adaptive clipping needs 2 sigma_b > sigma (Andrew et al. "
+            f"2021, Thm. 1), i.e. sigma_b > {noise_multiplier / 2:g}"
+        )
+    return (noise_multiplier**-2 - (2.0 * count_stddev) ** -2) ** -0.5
 
 
 def unclipped_count(norms: Sequence[float], clip_norm: float) -> int:
@@ -252,8 +256,23 @@ def geometric_clip_update(clip_norm: float, unclipped_fraction: float, target_qu
 
 
 __all__ = [
-    "default_count_stddev", "update_noise_multiplier", "unclipped_count", "geometric_clip_update",
-    "NOISE_SOURCES", "os_seed", "global_norm", "clip_factor", "clip_by_global_norm", "noise_generator",
-    "gaussian_noise", "noised_mean",
-    "flatten", "unflatten", "keep_count", "top_k_sparsify", "index_dtype", "check_sparse", "sparse_noised_mean",
+    "default_count_stddev",
+    "update_noise_multiplier",
+    "unclipped_count",
+    "geometric_clip_update",
+    "NOISE_SOURCES",
+    "os_seed",
+    "global_norm",
+    "clip_factor",
+    "clip_by_global_norm",
+    "noise_generator",
+    "gaussian_noise",
+    "noised_mean",
+    "flatten",
+    "unflatten",
+    "keep_count",
+    "top_k_sparsify",
+    "index_dtype",
+    "check_sparse",
+    "sparse_noised_mean",
 ]

@@ -84,8 +84,16 @@ def calibrate(epsilon: float, delta: float, rate: float, steps: int) -> float:
 
     with warnings.catch_warnings():  # the search tries σ so small that the best Rényi order is the largest one
         warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate,
-                                          steps=max(1, steps), accountant="rdp", epsilon_tolerance=0.005))
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=rate,
+                steps=max(1, steps),
+                accountant="rdp",
+                epsilon_tolerance=0.005,
+            )
+        )
 
 
 def epsilon_spent(noise_multiplier: float, rate: float, steps: int, delta: float) -> float:
@@ -135,11 +143,20 @@ def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor],
 
 
 def dp_sgd(
-    model: nn.Module, optimizer: torch.optim.Optimizer, n_records: int,
-    make_batch: Callable[[torch.Tensor], Batch], example_losses: ExampleLosses, *,
-    dp: RecordDP, steps: int, sampler: torch.Generator, noise: torch.Generator,
-    before_step: Callable[[int], None] | None = None, sam_rho: float = 0.0,
-    penalty: Callable[[nn.Module], torch.Tensor] | None = None, canaries: Canaries | None = None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    n_records: int,
+    make_batch: Callable[[torch.Tensor], Batch],
+    example_losses: ExampleLosses,
+    *,
+    dp: RecordDP,
+    steps: int,
+    sampler: torch.Generator,
+    noise: torch.Generator,
+    before_step: Callable[[int], None] | None = None,
+    sam_rho: float = 0.0,
+    penalty: Callable[[nn.Module], torch.Tensor] | None = None,
+    canaries: Canaries | None = None,
     physical_batch: int = 32,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
@@ -154,8 +171,14 @@ def dp_sgd(
 
     params = _trainable(model)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
-    dp_optimizer = DPOptimizer(optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip_norm,
-                               expected_batch_size=dp.expected_batch, loss_reduction="mean", generator=noise)
+    dp_optimizer = DPOptimizer(
+        optimizer,
+        noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.clip_norm,
+        expected_batch_size=dp.expected_batch,
+        loss_reduction="mean",
+        generator=noise,
+    )
     started = time.perf_counter()
     loss_sum, seen, last_grad = 0.0, 0, None
     model.train()
@@ -164,8 +187,15 @@ def dp_sgd(
             if before_step is not None:
                 before_step(i)
             indices = poisson_indices(n_records, dp.sample_rate, sampler)
-            chosen = ([c for c in range(len(canaries.included)) if canaries.included[c]
-                       and float(torch.rand((), generator=sampler)) < dp.sample_rate] if canaries else [])
+            chosen = (
+                [
+                    c
+                    for c in range(len(canaries.included))
+                    if canaries.included[c] and float(torch.rand((), generator=sampler)) < dp.sample_rate
+                ]
+                if canaries
+                else []
+            )
             offsets = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
             pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
@@ -203,8 +233,13 @@ def dp_sgd(
     train_loss = loss_sum / max(seen, 1)
     if not math.isfinite(train_loss):
         raise FloatingPointError(f"DP-SGD diverged (train loss {train_loss}); lower train.lr or privacy.clip_norm")
-    return {"train_loss": train_loss, "steps": steps, "dp_records": seen, "train_s": elapsed,
-            "examples_per_s": seen / elapsed if elapsed > 0 else 0.0}
+    return {
+        "train_loss": train_loss,
+        "steps": steps,
+        "dp_records": seen,
+        "train_s": elapsed,
+        "examples_per_s": seen / elapsed if elapsed > 0 else 0.0,
+    }
 
 
 __all__ = ["Canaries", "RecordDP", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]

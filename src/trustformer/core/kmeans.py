@@ -44,6 +44,7 @@ import torch
 from .centroids import layer_matrix
 
 from .kmeans_1d import kmeans_1d, kmeans_1d_batch
+
 __all__ = [
     "KMeansResult",
     "kmeans",
@@ -415,9 +416,7 @@ def _lloyd(
 # high β: greedy merge of the closest disjoint pairs, aligned to init
 
 
-def pair_merge(
-    x: torch.Tensor, k: int, *, block_bytes: int | None = None, workers: int | None = None
-) -> torch.Tensor:
+def pair_merge(x: torch.Tensor, k: int, *, block_bytes: int | None = None, workers: int | None = None) -> torch.Tensor:
     """Greedy closest-pair merging (Ward's first merges) down to k clusters, for k ≥ r/2.
 
     Each pass finds every free row's nearest free row, walks those edges by increasing distance and pairs
@@ -598,8 +597,7 @@ def _kmeans_nd(
     r, f = x.shape
     k = c0.shape[0]
     rows = max(1, _block_bytes(x.device, block_bytes) // (x.element_size() * max(1, f)))
-    opts = dict(max_iter=max_iter, tol=tol, label_tol=label_tol, block_bytes=block_bytes, workers=workers,
-                empty=empty)
+    opts = dict(max_iter=max_iter, tol=tol, label_tol=label_tol, block_bytes=block_bytes, workers=workers, empty=empty)
     if method in ("auto", "lloyd"):
         start = c0 if init_labels is None else lloyd_update(x, init_labels, c0)
         c, labels, it, conv, hist = _lloyd(x, start, c0, start_labels=init_labels, **opts)  # type: ignore[arg-type]
@@ -642,7 +640,13 @@ def cluster_layers(
             continue
         labels = None if init_labels is None else init_labels.get(name)
         out[name] = kmeans(
-            x, c0, max_iter=max_iter, tol=tol, seed=seed, init_labels=labels, **options  # type: ignore[arg-type]
+            x,
+            c0,
+            max_iter=max_iter,
+            tol=tol,
+            seed=seed,
+            init_labels=labels,
+            **options,  # type: ignore[arg-type]
         )
     for (r, k, _), names in groups.items():
         t0 = time.perf_counter()

@@ -110,12 +110,11 @@ def _dp1d_sorted(s: np.ndarray, k: int) -> np.ndarray:
                 left = mid > seg_l
                 right = mid < seg_r
                 seg_b = np.concatenate((seg_b[left], seg_b[right]))
-                seg_l, seg_r = np.concatenate((seg_l[left], mid[right] + 1)), np.concatenate(
-                    (mid[left] - 1, seg_r[right])
+                seg_l, seg_r = (
+                    np.concatenate((seg_l[left], mid[right] + 1)),
+                    np.concatenate((mid[left] - 1, seg_r[right])),
                 )
-                cand_l, cand_r = np.concatenate((cand_l[left], o[right])), np.concatenate(
-                    (o[left], cand_r[right])
-                )
+                cand_l, cand_r = np.concatenate((cand_l[left], o[right])), np.concatenate((o[left], cand_r[right]))
         d_prev, opt_prev = d_new, opt_new
         opts[q - 1] = opt_prev
     bounds = np.empty((nb, k), dtype=np.int64)

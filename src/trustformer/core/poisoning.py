@@ -14,8 +14,9 @@ import torch
 Named = Mapping[str, torch.Tensor]
 
 
-def poisoned_model(start: Named, trained: Named, kind: str, *, factor: float = -10.0, seed: int = 0
-                   ) -> dict[str, torch.Tensor]:
+def poisoned_model(
+    start: Named, trained: Named, kind: str, *, factor: float = -10.0, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """``scale``: the update times ``factor``; ``sign_flip``: the update negated; ``noise``: a Gaussian vector
     (seeded) of the update's L2 norm instead of the update (Blanchard et al. 2017's Gaussian attacker, scaled)."""
     update = {n: trained[n].detach().to(torch.float64) - start[n].detach().to(torch.float64) for n in trained}

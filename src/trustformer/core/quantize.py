@@ -143,8 +143,7 @@ def _check_packed(packed: torch.Tensor, bits: int, count: int) -> None:
         raise ValueError(f"packed codes must be a 1-D uint8 tensor, got {what}")
     expected = packed_nbytes(count, bits)
     if packed.numel() != expected:
-        raise ValueError(f"{packed.numel()} byte(s) cannot hold exactly {count} {bits}-bit codes "
-                         f"({expected} expected)")
+        raise ValueError(f"{packed.numel()} byte(s) cannot hold exactly {count} {bits}-bit codes ({expected} expected)")
     used = (count * bits) % 8  # bits of the last byte that hold codes; 0: all of them
     if used and int(packed[-1]) >> used:
         raise ValueError("the padding bits after the last code are not zero")
@@ -239,8 +238,9 @@ def _check_array(arrays: Mapping[str, torch.Tensor], name: str, spec: tuple[tupl
     return array
 
 
-def from_arrays(arrays: Mapping[str, torch.Tensor], prefix: str, shape: Sequence[int], bits: int,
-                per_row: bool) -> Quantized:
+def from_arrays(
+    arrays: Mapping[str, torch.Tensor], prefix: str, shape: Sequence[int], bits: int, per_row: bool
+) -> Quantized:
     """Rebuild a :class:`Quantized` from its wire arrays, or raise ValueError naming the array at fault
     (missing, dtype, length, NaN/Inf, negative step, a grid top ``o + LΔ`` beyond float32, bad codes).
     Other names in ``arrays`` are ignored: checking the whole payload's names is the caller's job."""
@@ -252,8 +252,9 @@ def from_arrays(arrays: Mapping[str, torch.Tensor], prefix: str, shape: Sequence
         raise ValueError(f"array {names[1]!r} holds a negative step")
     top = offset.double() + ((1 << bits) - 1) * scale.double()
     if not bool(torch.isfinite(top.float()).all()):
-        raise ValueError(f"arrays {names[1]!r}/{names[2]!r}: the grid's top offset + (2^bits - 1)·scale "
-                         f"overflows float32")
+        raise ValueError(
+            f"arrays {names[1]!r}/{names[2]!r}: the grid's top offset + (2^bits - 1)·scale overflows float32"
+        )
     try:
         _check_packed(codes, bits, math.prod(dims))
     except ValueError as err:
@@ -264,8 +265,9 @@ def from_arrays(arrays: Mapping[str, torch.Tensor], prefix: str, shape: Sequence
 # ---------------------------------------------------------------------------------- feedback
 
 
-def encode_with_feedback(x: torch.Tensor, residual: torch.Tensor | None, bits: int, *, per_row: bool,
-                         generator: torch.Generator | None) -> tuple[Quantized, torch.Tensor]:
+def encode_with_feedback(
+    x: torch.Tensor, residual: torch.Tensor | None, bits: int, *, per_row: bool, generator: torch.Generator | None
+) -> tuple[Quantized, torch.Tensor]:
     """EF-SGD's step: code ``p = x + r`` and return ``(q, p − dequantize(q))`` (float32, CPU); ``residual``
     ``None`` means zeros. Summed over rounds, ``Σ x̂_t = Σ x_t + r_0 − r_T`` with ``|r_T| ≤ Δ/2`` (nearest)
     or ``< Δ`` (stochastic) per value."""
@@ -279,7 +281,19 @@ def encode_with_feedback(x: torch.Tensor, residual: torch.Tensor | None, bits: i
 
 
 __all__ = [
-    "BITS", "SUFFIXES", "Quantized", "array_names", "coded_nbytes", "coded_spec", "dequantize",
-    "encode_with_feedback", "from_arrays", "num_rows", "pack_codes", "packed_nbytes", "quantize",
-    "to_arrays", "unpack_codes",
+    "BITS",
+    "SUFFIXES",
+    "Quantized",
+    "array_names",
+    "coded_nbytes",
+    "coded_spec",
+    "dequantize",
+    "encode_with_feedback",
+    "from_arrays",
+    "num_rows",
+    "pack_codes",
+    "packed_nbytes",
+    "quantize",
+    "to_arrays",
+    "unpack_codes",
 ]

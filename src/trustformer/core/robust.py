@@ -45,7 +45,7 @@ def trimmed_mean(payloads: Sequence[Named], fraction: float) -> dict[str, torch.
     out = {}
     for name, ref in payloads[0].items():
         ordered = _stack(payloads, name).sort(dim=0).values
-        out[name] = ordered[cut:n - cut].mean(dim=0).to(ref.dtype)
+        out[name] = ordered[cut : n - cut].mean(dim=0).to(ref.dtype)
     return out
 
 
@@ -65,14 +65,14 @@ def krum_scores(payloads: Sequence[Named], byzantine: int) -> list[float]:
     nearest others (at least 1, as in Flower)."""
     dist = pairwise_sq_distances(payloads)
     closest = max(1, len(payloads) - byzantine - 2)
-    return [float(row.sort().values[1:closest + 1].sum()) for row in dist]
+    return [float(row.sort().values[1 : closest + 1].sum()) for row in dist]
 
 
 def krum_select(payloads: Sequence[Named], byzantine: int, keep: int) -> list[int]:
     """The indices Krum (``keep`` = 1) or MultiKrum keeps: the ``keep`` lowest scores (ties: lower index first)."""
     scores = krum_scores(payloads, byzantine)
     order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
-    return sorted(order[:max(1, keep)])
+    return sorted(order[: max(1, keep)])
 
 
 def deviation_norms(payloads: Sequence[Named], center: Named) -> list[float]:
@@ -80,7 +80,7 @@ def deviation_norms(payloads: Sequence[Named], center: Named) -> list[float]:
     norms = []
     for p in payloads:
         sq = sum(float((p[n].detach().to(torch.float64) - center[n].to(torch.float64)).pow(2).sum()) for n in center)
-        norms.append(sq ** 0.5)
+        norms.append(sq**0.5)
     return norms
 
 
@@ -100,12 +100,17 @@ def clip_to_bound(payload: Named, center: Named, norm: float, bound: float) -> d
     """``center + (payload − center) · bound / norm``: the payload's deviation scaled down to the bound
     (the norm bounding of Sun et al. 2019, around a robust center)."""
     scale = bound / norm
-    return {n: (center[n].to(torch.float64) + (t.detach().to(torch.float64) - center[n].to(torch.float64)) * scale
-                ).to(t.dtype) for n, t in payload.items()}
+    return {
+        n: (center[n].to(torch.float64) + (t.detach().to(torch.float64) - center[n].to(torch.float64)) * scale).to(
+            t.dtype
+        )
+        for n, t in payload.items()
+    }
 
 
-def bounded(payloads: Sequence[Named], bound: float, center: Named | None = None
-            ) -> tuple[list[Named], list[float], dict[str, torch.Tensor]]:
+def bounded(
+    payloads: Sequence[Named], bound: float, center: Named | None = None
+) -> tuple[list[Named], list[float], dict[str, torch.Tensor]]:
     """Every payload whose deviation from ``center`` (default: the coordinate-wise median) is longer than
     ``bound`` clipped to it; the others are returned as they are (the same objects). Returns (payloads,
     deviation norms, center)."""
@@ -123,8 +128,9 @@ def median_bound(norms: Sequence[float], factor: float) -> float:
     return factor * middle
 
 
-def multikrum_mean(payloads: Sequence[Named], num_examples: Sequence[float], byzantine: int, keep: int
-                   ) -> tuple[dict[str, torch.Tensor], list[int]]:
+def multikrum_mean(
+    payloads: Sequence[Named], num_examples: Sequence[float], byzantine: int, keep: int
+) -> tuple[dict[str, torch.Tensor], list[int]]:
     """MultiKrum (El Mhamdi et al. 2018): the example-weighted mean of the ``keep`` payloads with the lowest
     Krum scores (Flower's ``aggregate_krum`` with ``to_keep``); keep = 1 is Krum itself."""
     chosen = krum_select(payloads, byzantine, keep)
@@ -133,5 +139,16 @@ def multikrum_mean(payloads: Sequence[Named], num_examples: Sequence[float], byz
     return weighted_mean([payloads[i] for i in chosen], [float(num_examples[i]) for i in chosen]), chosen
 
 
-__all__ = ["bounded", "clip_to_bound", "coordinate_median", "cosines_to_median", "deviation_norms", "krum_scores",
-           "krum_select", "median_bound", "multikrum_mean", "pairwise_sq_distances", "trimmed_mean"]
+__all__ = [
+    "bounded",
+    "clip_to_bound",
+    "coordinate_median",
+    "cosines_to_median",
+    "deviation_norms",
+    "krum_scores",
+    "krum_select",
+    "median_bound",
+    "multikrum_mean",
+    "pairwise_sq_distances",
+    "trimmed_mean",
+]

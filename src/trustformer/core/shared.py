@@ -31,8 +31,9 @@ def select_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("runtime.device = 'cuda' but this process sees no CUDA device "
-                           "(use runtime.device = 'auto' or 'cpu')")
+        raise RuntimeError(
+            "runtime.device = 'cuda' but this process sees no CUDA device (use runtime.device = 'auto' or 'cpu')"
+        )
     return torch.device(name)
 
 
@@ -49,5 +50,4 @@ def assign_tensors(model: torch.nn.Module, tensors: Tensors) -> None:
             params[name].copy_(value.to(params[name].dtype))
 
 
-__all__ = ["ALL_SHARDS", "LocalStep", "Tensors", "assign_tensors", "derive_seed", "select_device",
-           "trainable_tensors"]
+__all__ = ["ALL_SHARDS", "LocalStep", "Tensors", "assign_tensors", "derive_seed", "select_device", "trainable_tensors"]

@@ -37,11 +37,13 @@ def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The ``n`` values (int8 in {-1, 0, +1}) of a packed vector; PayloadError when it is not exactly the
     packing of ``n`` values (wrong dtype, shape or length, the unused code, non-zero padding)."""
     if packed.dtype != torch.uint8 or packed.dim() != 1:
-        raise PayloadError(f"ternary vector: expected a 1-D uint8 array, got {packed.dtype} of shape "
-                           f"{tuple(packed.shape)}")
+        raise PayloadError(
+            f"ternary vector: expected a 1-D uint8 array, got {packed.dtype} of shape {tuple(packed.shape)}"
+        )
     if packed.numel() != packed_length(n):
-        raise PayloadError(f"ternary vector: {packed.numel()} byte(s) cannot hold exactly {n} values "
-                           f"({packed_length(n)} expected)")
+        raise PayloadError(
+            f"ternary vector: {packed.numel()} byte(s) cannot hold exactly {n} values ({packed_length(n)} expected)"
+        )
     raw = packed.to(torch.int64)
     codes = torch.stack([(raw >> shift) & 0b11 for shift in (0, 2, 4, 6)], dim=1).reshape(-1)
     if bool((codes == UNUSED).any()):
@@ -73,8 +75,11 @@ def ternary_evolution(local: torch.Tensor, last: torch.Tensor, before: torch.Ten
 def shares(values: torch.Tensor) -> dict[str, float]:
     """The share of −1, 0 and +1 in a ternary vector (``ternary_neg``, ``ternary_zero``, ``ternary_pos``)."""
     n = max(values.numel(), 1)
-    return {"ternary_neg": float((values < 0).sum()) / n, "ternary_zero": float((values == 0).sum()) / n,
-            "ternary_pos": float((values > 0).sum()) / n}
+    return {
+        "ternary_neg": float((values < 0).sum()) / n,
+        "ternary_zero": float((values == 0).sum()) / n,
+        "ternary_pos": float((values > 0).sum()) / n,
+    }
 
 
 __all__ = ["pack", "packed_length", "shares", "ternary_evolution", "ternary_initial", "unpack"]

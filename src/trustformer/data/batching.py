@@ -103,7 +103,7 @@ def make_token_batches(
     pool_size = max(1, int(pool_batches * max_tokens / mean_len))
     groups: list[list[int]] = []
     for start in range(0, len(order), pool_size):
-        pool = sorted(order[start:start + pool_size], key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
+        pool = sorted(order[start : start + pool_size], key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
         current: list[int] = []
         longest = 0
         for i in pool:

@@ -59,9 +59,7 @@ ALTERNATIVES = (
 
 _CYRILLIC = re.compile(r"[\u0400-\u0481\u048A-\u052F]")
 _PARAGRAPH_ID = re.compile(r"^[A-Za-z]+_id\w*$")
-_VOID_TAGS = frozenset(
-    "area base br col embed hr img input link meta param source track wbr".split()
-)
+_VOID_TAGS = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template"})
 _CLOSES_P = frozenset(
     "address article aside blockquote div dl fieldset footer form h1 h2 h3 h4 h5 h6 header hr "
@@ -93,8 +91,10 @@ def load_tsv(path: str | os.PathLike[str]) -> list[Pair]:
 def check_corpus_file(path: Path) -> None:
     """A corpus path must name a readable file (ValueError saying what it names instead)."""
     if path.is_dir():
-        raise ValueError(f"{path} is a folder: --data (data.path) takes one TSV file of `source<TAB>target` "
-                         "lines (optionally `<TAB>domain`); to use several files, concatenate them")
+        raise ValueError(
+            f"{path} is a folder: --data (data.path) takes one TSV file of `source<TAB>target` "
+            "lines (optionally `<TAB>domain`); to use several files, concatenate them"
+        )
     if not path.exists():
         raise ValueError(f"{path} does not exist: --data (data.path) takes a TSV file of `source<TAB>target` lines")
 
@@ -138,15 +138,20 @@ def _parse_tsv_line(raw: bytes, path: Path, number: int, columns: int | None) ->
         return None
     tabs = line.count("\t")
     if tabs not in (1, 2) or (columns is not None and tabs != columns - 1):
-        expected = {None: "exactly one tab between source and target (or two, with a domain column on every line)",
-                    2: "exactly one tab between source and target, like the lines before",
-                    3: "two tabs (source, target, domain), like the lines before"}[columns]
+        expected = {
+            None: "exactly one tab between source and target (or two, with a domain column on every line)",
+            2: "exactly one tab between source and target, like the lines before",
+            3: "two tabs (source, target, domain), like the lines before",
+        }[columns]
         raise ValueError(f"{path}, line {number}: expected {expected}, found {tabs}")
     fields = tuple(side.strip() for side in line.split("\t"))
     for name, text in zip(("source", "target", "domain"), fields):
         if not text:
-            raise ValueError(f"{path}, line {number}: empty {name} side" if name != "domain"
-                             else f"{path}, line {number}: empty domain column")
+            raise ValueError(
+                f"{path}, line {number}: empty {name} side"
+                if name != "domain"
+                else f"{path}, line {number}: empty domain column"
+            )
     return fields
 
 
@@ -160,8 +165,9 @@ def write_tsv(pairs: Iterable[Pair], path: str | os.PathLike[str], domains: Sequ
     for i, (source, target) in enumerate(pairs):
         fields = (source, target) if domains is None else (source, target, domains[i])
         if any(ch in text for text in fields for ch in "\t\n\r") or not all(fields):
-            raise ValueError(f"pair contains a tab or newline, or an empty field, and cannot be written as TSV: "
-                             f"{source!r}")
+            raise ValueError(
+                f"pair contains a tab or newline, or an empty field, and cannot be written as TSV: {source!r}"
+            )
         lines.append("\t".join(fields) + "\n")
     _write_atomic(path, "".join(lines))
 
@@ -183,9 +189,7 @@ def _write_atomic(path: Path, text: str) -> None:
 # LibreOffice help corpus
 
 
-def load_libreoffice_corpus(
-    cache_dir: Path | None = None, *, progress: Progress | None = None
-) -> list[Pair]:
+def load_libreoffice_corpus(cache_dir: Path | None = None, *, progress: Progress | None = None) -> list[Pair]:
     """Russian→English pairs aligned from Debian's LibreOffice help packages (see
     ``load_libreoffice_domains``, which also returns each pair's help module)."""
     return load_libreoffice_domains(cache_dir, progress=progress)[0]
@@ -287,17 +291,14 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     """Run a command; on failure raise ``CorpusUnavailableError`` with its stderr tail (and a hint)."""
     try:
-        result = subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, timeout=_APT_TIMEOUT_S, check=False
-        )
+        result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=_APT_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         raise CorpusUnavailableError(f"{what} failed: {exc}. {ALTERNATIVES}") from exc
     if result.returncode != 0:
         output = result.stderr or result.stdout or ""
         extra = hint(output) if hint else ""
         raise CorpusUnavailableError(
-            f"{what} failed (`{' '.join(cmd)}` exited with {result.returncode}): "
-            f"{_tail(output)}.{extra} {ALTERNATIVES}"
+            f"{what} failed (`{' '.join(cmd)}` exited with {result.returncode}): {_tail(output)}.{extra} {ALTERNATIVES}"
         )
     return result
 
@@ -337,8 +338,7 @@ def _apt_download(packages: Sequence[str], dest: Path) -> dict[str, Path]:
         found = sorted(dest.glob(f"{name}_*.deb"))
         if not found:
             raise CorpusUnavailableError(
-                f"apt-get download reported success but no {name}_*.deb appeared in the download "
-                f"folder. {ALTERNATIVES}"
+                f"apt-get download reported success but no {name}_*.deb appeared in the download folder. {ALTERNATIVES}"
             )
         debs[name] = found[-1]
     return debs
@@ -353,9 +353,7 @@ def _deb_version(deb: Path) -> str:
 def _version_folder(versions: dict[str, str]) -> str:
     """Folder name for a package version: filesystem-safe (``:`` becomes ``_``)."""
     distinct = sorted(set(versions.values()))
-    label = distinct[0] if len(distinct) == 1 else "+".join(
-        f"{name}={versions[name]}" for name in sorted(versions)
-    )
+    label = distinct[0] if len(distinct) == 1 else "+".join(f"{name}={versions[name]}" for name in sorted(versions))
     return re.sub(r"[^A-Za-z0-9.+~=-]", "_", label)
 
 
@@ -457,8 +455,17 @@ def extract_help_paragraphs(html: str) -> dict[tuple[str, int], str]:
     return out
 
 
-HELP_MODULES = {"swriter": "writer", "scalc": "calc", "simpress": "impress", "sdraw": "draw",
-                "sdatabase": "base", "smath": "math", "sbasic": "basic", "schart": "chart", "shared": "shared"}
+HELP_MODULES = {
+    "swriter": "writer",
+    "scalc": "calc",
+    "simpress": "impress",
+    "sdraw": "draw",
+    "sdatabase": "base",
+    "smath": "math",
+    "sbasic": "basic",
+    "schart": "chart",
+    "shared": "shared",
+}
 """Help folders (``text/<folder>/``) and the module name a pair from them is labelled with."""
 
 
@@ -481,8 +488,7 @@ def align_help_modules(ru_root: Path, en_root: Path) -> list[tuple[str, str, str
     module of its first page in path order."""
     if not ru_root.is_dir() or not en_root.is_dir():
         raise CorpusUnavailableError(
-            f"help folders not found after unpacking ({ru_root.name}, {en_root.name} under "
-            f"{HELP_ROOT}). {ALTERNATIVES}"
+            f"help folders not found after unpacking ({ru_root.name}, {en_root.name} under {HELP_ROOT}). {ALTERNATIVES}"
         )
     modules: dict[Pair, str] = {}
     for relative in sorted(p.relative_to(en_root) for p in en_root.rglob("*.html")):
@@ -573,9 +579,7 @@ def _builder_for(files: Sequence[str]) -> str:
         suffix = lower.rsplit(".", 1)[-1] if "." in lower else ""
         kinds.add({"json": "json", "jsonl": "json", "parquet": "parquet", "csv": "csv"}.get(suffix))
     if None in kinds or len(kinds) != 1:
-        raise ValueError(
-            f"data_files must all be .json/.jsonl, .parquet or .csv files of one kind, got {list(files)}"
-        )
+        raise ValueError(f"data_files must all be .json/.jsonl, .parquet or .csv files of one kind, got {list(files)}")
     return kinds.pop()
 
 

@@ -89,11 +89,15 @@ def split_corpus(
         raise ValueError(f"partition {partition!r} is not one of {', '.join(PARTITIONS)}")
     if client_sizes is not None:
         if len(client_sizes) != n_clients or any(size < 1 for size in client_sizes):
-            raise ValueError(f"client_sizes {list(client_sizes)} must give a size >= 1 for each of the "
-                             f"{n_clients} clients (data.client_sizes)")
+            raise ValueError(
+                f"client_sizes {list(client_sizes)} must give a size >= 1 for each of the "
+                f"{n_clients} clients (data.client_sizes)"
+            )
     if partition != "iid" and domains is None:
-        raise ValueError(f"partition {partition!r} needs a domain for every pair: the corpus has none "
-                         "(a TSV file needs a third column `domain`; or use data.partition = \"iid\")")
+        raise ValueError(
+            f"partition {partition!r} needs a domain for every pair: the corpus has none "
+            '(a TSV file needs a third column `domain`; or use data.partition = "iid")'
+        )
     if domains is not None:
         pairs = list(pairs)
         if len(domains) != len(pairs):
@@ -104,25 +108,34 @@ def split_corpus(
 
     available = len(usable) - test_size - public_size
     test = usable[:test_size]
-    public = usable[test_size:test_size + public_size]
-    pool = usable[test_size + public_size:]
+    public = usable[test_size : test_size + public_size]
+    pool = usable[test_size + public_size :]
     own_tests: list[list[Pair]] = []
     if partition == "iid":
         available -= own_test_size * n_clients
-        sizes = list(client_sizes) if client_sizes is not None else [
-            client_size if client_size is not None else max(available, 0) // n_clients] * n_clients
+        sizes = (
+            list(client_sizes)
+            if client_sizes is not None
+            else [client_size if client_size is not None else max(available, 0) // n_clients] * n_clients
+        )
         needed = test_size + public_size + sum(max(size, 1) + own_test_size for size in sizes)
         if min(sizes) < 1 or available < sum(sizes):
-            raise ValueError(_too_small_message(given, len(usable), max_words, test_size, public_size,
-                                                n_clients, client_size, needed, client_sizes))
+            raise ValueError(
+                _too_small_message(
+                    given, len(usable), max_words, test_size, public_size, n_clients, client_size, needed, client_sizes
+                )
+            )
         starts = [sum(sizes[:i]) + own_test_size * i for i in range(n_clients)]
-        own_tests = [pool[start:start + own_test_size] for start in starts]
-        clients = [pool[start + own_test_size:start + own_test_size + size] for start, size in zip(starts, sizes)]
+        own_tests = [pool[start : start + own_test_size] for start in starts]
+        clients = [pool[start + own_test_size : start + own_test_size + size] for start, size in zip(starts, sizes)]
     else:
         wanted = list(client_sizes) if client_sizes is not None else [client_size] * n_clients
         labels = [domain_of[source] for source, _ in pool]
-        groups = (_deal_domains(labels, n_clients) if partition == "domain"
-                  else _dirichlet_groups(labels, n_clients, alpha, seed, wanted))
+        groups = (
+            _deal_domains(labels, n_clients)
+            if partition == "domain"
+            else _dirichlet_groups(labels, n_clients, alpha, seed, wanted)
+        )
         clients = []
         for i, indices in enumerate(groups):
             shard = [pool[j] for j in indices]
@@ -139,11 +152,18 @@ def split_corpus(
             own_tests.append(shard[:own_test_size])
             shard = shard[own_test_size:]
             clients.append(shard[:size] if size is not None else shard)
-    client_domains = ([dict(sorted(Counter(domain_of[s] for s, _ in shard).items())) for shard in clients]
-                      if domain_of else [])
+    client_domains = (
+        [dict(sorted(Counter(domain_of[s] for s, _ in shard).items())) for shard in clients] if domain_of else []
+    )
     test_domains = dict(sorted(Counter(domain_of[s] for s, _ in test).items())) if domain_of else {}
-    return Splits(public=public, clients=clients, test=test, client_domains=client_domains,
-                  test_domains=test_domains, client_tests=own_tests if own_test_size else [])
+    return Splits(
+        public=public,
+        clients=clients,
+        test=test,
+        client_domains=client_domains,
+        test_domains=test_domains,
+        client_tests=own_tests if own_test_size else [],
+    )
 
 
 def _deal_domains(labels: Sequence[str], n_clients: int) -> list[list[int]]:
@@ -152,9 +172,11 @@ def _deal_domains(labels: Sequence[str], n_clients: int) -> list[list[int]]:
     for index, label in enumerate(labels):
         by_domain.setdefault(label, []).append(index)
     if len(by_domain) < n_clients:
-        raise ValueError(f"partition 'domain' needs at least as many domains as clients: the client pool has "
-                         f"{len(by_domain)} ({', '.join(sorted(by_domain))}) for {n_clients} clients; use fewer "
-                         "clients or data.partition = \"dirichlet\"")
+        raise ValueError(
+            f"partition 'domain' needs at least as many domains as clients: the client pool has "
+            f"{len(by_domain)} ({', '.join(sorted(by_domain))}) for {n_clients} clients; use fewer "
+            'clients or data.partition = "dirichlet"'
+        )
     groups: list[list[int]] = [[] for _ in range(n_clients)]
     for label in sorted(by_domain, key=lambda d: (-len(by_domain[d]), d)):
         target = min(range(n_clients), key=lambda i: (len(groups[i]), i))
@@ -162,8 +184,9 @@ def _deal_domains(labels: Sequence[str], n_clients: int) -> list[list[int]]:
     return groups
 
 
-def _dirichlet_groups(labels: Sequence[str], n_clients: int, alpha: float, seed: int,
-                      wanted: Sequence[int | None]) -> list[list[int]]:
+def _dirichlet_groups(
+    labels: Sequence[str], n_clients: int, alpha: float, seed: int, wanted: Sequence[int | None]
+) -> list[list[int]]:
     """Dirichlet(α) shares of every domain per client, by flwr-datasets' ``DirichletPartitioner``."""
     try:
         from datasets import Dataset
@@ -171,16 +194,23 @@ def _dirichlet_groups(labels: Sequence[str], n_clients: int, alpha: float, seed:
     except ImportError as exc:  # pragma: no cover - both are dependencies
         raise ValueError(f"partition 'dirichlet' needs flwr-datasets and datasets ({exc})") from exc
     smallest = min((size for size in wanted if size is not None), default=1)
-    partitioner = DirichletPartitioner(num_partitions=n_clients, partition_by="domain", alpha=alpha,
-                                       min_partition_size=smallest, self_balancing=False, shuffle=True,
-                                       seed=seed % 2**32)
+    partitioner = DirichletPartitioner(
+        num_partitions=n_clients,
+        partition_by="domain",
+        alpha=alpha,
+        min_partition_size=smallest,
+        self_balancing=False,
+        shuffle=True,
+        seed=seed % 2**32,
+    )
     partitioner.dataset = Dataset.from_dict({"index": list(range(len(labels))), "domain": list(labels)})
     try:
         return [list(partitioner.load_partition(i)["index"]) for i in range(n_clients)]
     except ValueError as exc:
-        raise ValueError(f"partition 'dirichlet' (alpha {alpha}) found no split giving every client at least "
-                         f"{smallest} pairs ({exc}); lower data.client_size / data.client_sizes or raise data.alpha"
-                         ) from exc
+        raise ValueError(
+            f"partition 'dirichlet' (alpha {alpha}) found no split giving every client at least "
+            f"{smallest} pairs ({exc}); lower data.client_size / data.client_sizes or raise data.alpha"
+        ) from exc
 
 
 def _check_arguments(
@@ -197,8 +227,9 @@ def _check_arguments(
         raise ValueError(f"max_words must be >= 1 or None, got {max_words}")
 
 
-def _usable_pairs(pairs: Iterable[Pair], max_words: int | None, domains: Sequence[str] | None = None
-                  ) -> tuple[int, list[Pair], dict[str, str]]:
+def _usable_pairs(
+    pairs: Iterable[Pair], max_words: int | None, domains: Sequence[str] | None = None
+) -> tuple[int, list[Pair], dict[str, str]]:
     """Count the given pairs; return them deduplicated by source, length-filtered and sorted, and the
     domain of each kept source (empty without domains)."""
     given = 0

@@ -101,9 +101,7 @@ class SentencePieceTokenizer(Tokenizer):
         return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
 
 
-def train_sentencepiece(
-    texts: Sequence[str], *, vocab_size: int, cache_dir: Path, seed: int
-) -> Tokenizer:
+def train_sentencepiece(texts: Sequence[str], *, vocab_size: int, cache_dir: Path, seed: int) -> Tokenizer:
     """Train (or load from cache) a shared-vocabulary SentencePiece unigram model.
 
     Pass the texts of both languages together. Ids: pad 0, unknown 1, BOS 2, EOS 3. Training is

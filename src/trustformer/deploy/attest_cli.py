@@ -25,9 +25,12 @@ def add_attest_parser(sub: argparse._SubParsersAction) -> None:
         "the run (--preset, --config, --strategy, --secure, --set ...). The TEE is a software emulation.",
     )
     add_config_options(p)
-    p.add_argument("--keygen", metavar="PREFIX",
-                   help="also write a new Ed25519 attestation key pair: PREFIX.key (the aggregator's, private, "
-                        "for secure.signing_key) and PREFIX.pub (the clients', for secure.trusted_key)")
+    p.add_argument(
+        "--keygen",
+        metavar="PREFIX",
+        help="also write a new Ed25519 attestation key pair: PREFIX.key (the aggregator's, private, "
+        "for secure.signing_key) and PREFIX.pub (the clients', for secure.trusted_key)",
+    )
     p.add_argument("--json", action="store_true", help="print the measurement, files and configuration as JSON")
     p.set_defaults(func=_cmd_attest)
 
@@ -46,15 +49,22 @@ def _cmd_attest(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.keygen:
         private_path, public_path = write_key_pair(args.keygen)
-        print(f"# wrote {private_path} (aggregator: secure.signing_key) and {public_path} "
-              "(clients: secure.trusted_key)", file=sys.stderr)
+        print(
+            f"# wrote {private_path} (aggregator: secure.signing_key) and {public_path} (clients: secure.trusted_key)",
+            file=sys.stderr,
+        )
     return 0
 
 
 def _print_measurement(args, cfg, digest: str, files: list[str]) -> None:
     if args.json:
-        print(json.dumps({"measurement": digest, "backend": EMULATED_BACKEND, "files": files,
-                          "config": measured_config(cfg)}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {"measurement": digest, "backend": EMULATED_BACKEND, "files": files, "config": measured_config(cfg)},
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
         print(digest)
         print(f"# backend: {EMULATED_BACKEND} (a software emulation of a TEE; see docs/privacy.md 'Secure exchange')")

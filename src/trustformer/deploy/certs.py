@@ -73,8 +73,9 @@ class Credentials:
         """Raise CredentialsError unless the CA and the server certificate are there."""
         for path in (self.ca_cert, self.server_cert, self.server_key):
             if not path.is_file():
-                raise CredentialsError(f"{path} does not exist (create the credentials with "
-                                       f"`trustformer deploy certs --out {self.root}`)")
+                raise CredentialsError(
+                    f"{path} does not exist (create the credentials with `trustformer deploy certs --out {self.root}`)"
+                )
         return self
 
 
@@ -87,8 +88,12 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Trustformer federation"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Trustformer federation"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _san(hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
@@ -114,9 +119,20 @@ def make_ca(days: int = 365) -> tuple[x509.Certificate, ec.EllipticCurvePrivateK
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA384())
     )
@@ -124,7 +140,9 @@ def make_ca(days: int = 365) -> tuple[x509.Certificate, ec.EllipticCurvePrivateK
 
 
 def make_server_certificate(
-    ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, hosts: tuple[str, ...] = DEFAULT_HOSTS,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    hosts: tuple[str, ...] = DEFAULT_HOSTS,
     days: int = 365,
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """A TLS server certificate for ``hosts`` (IP addresses or DNS names), signed by the CA."""
@@ -155,8 +173,9 @@ def write_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
         raise CredentialsError(f"node key name {name!r}: use a plain file name such as client-0")
     directory = Path(directory)
     key = ec.generate_private_key(ec.SECP384R1())
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     key_path, pub_path = directory / f"{name}.key", directory / f"{name}.pub"
     _write_private(key_path, private)
@@ -165,8 +184,13 @@ def write_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
 
 
 def write_credentials(
-    out: str | Path, *, clients: int = 3, hosts: tuple[str, ...] = DEFAULT_HOSTS, days: int = 365,
-    node_names: list[str] | None = None, overwrite: bool = False,
+    out: str | Path,
+    *,
+    clients: int = 3,
+    hosts: tuple[str, ...] = DEFAULT_HOSTS,
+    days: int = 365,
+    node_names: list[str] | None = None,
+    overwrite: bool = False,
 ) -> Credentials:
     """Write a CA, the SuperLink certificate for ``hosts`` and ``client-0`` … ``client-<N-1>`` node keys."""
     creds = Credentials(Path(out))
@@ -178,12 +202,19 @@ def write_credentials(
     server_cert, server_key = make_server_certificate(ca_cert, ca_key, tuple(hosts), days)
     creds.root.mkdir(parents=True, exist_ok=True)
     creds.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(creds.ca_key, ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()))
+    _write_private(
+        creds.ca_key,
+        ca_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
     creds.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(creds.server_key, server_key.private_bytes(serialization.Encoding.PEM,
-                                                              serialization.PrivateFormat.PKCS8,
-                                                              serialization.NoEncryption()))
+    _write_private(
+        creds.server_key,
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
     for name in node_names if node_names is not None else [f"client-{i}" for i in range(clients)]:
         write_node_key(creds.nodes_dir, name)
     return creds
@@ -212,5 +243,14 @@ def check_public_key(path: str | Path) -> Path:
     return path
 
 
-__all__ = ["Credentials", "CredentialsError", "write_credentials", "write_node_key", "check_public_key",
-           "local_runtime_tls", "make_ca", "make_server_certificate", "DEFAULT_HOSTS"]
+__all__ = [
+    "Credentials",
+    "CredentialsError",
+    "write_credentials",
+    "write_node_key",
+    "check_public_key",
+    "local_runtime_tls",
+    "make_ca",
+    "make_server_certificate",
+    "DEFAULT_HOSTS",
+]

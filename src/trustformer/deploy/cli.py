@@ -29,14 +29,20 @@ def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
     )
     d = p.add_subparsers(dest="deploy_command", required=True)
 
-    c = d.add_parser("certs", help="make a CA, the SuperLink's TLS certificate and client key pairs",
-                     description="Write ca.crt/ca.key, server.crt/server.key (for the given hosts) and "
-                     "nodes/client-<i>.key/.pub (SuperNode authentication keys) into --out.")
+    c = d.add_parser(
+        "certs",
+        help="make a CA, the SuperLink's TLS certificate and client key pairs",
+        description="Write ca.crt/ca.key, server.crt/server.key (for the given hosts) and "
+        "nodes/client-<i>.key/.pub (SuperNode authentication keys) into --out.",
+    )
     c.add_argument("--out", required=True, metavar="DIR", help="credentials folder")
     c.add_argument("--clients", type=int, default=3, help="client key pairs to make (default 3)")
-    c.add_argument("--host", action="append", metavar="NAME_OR_IP",
-                   help="a host name or IP address the SuperLink is reached at (repeatable; "
-                        "default 127.0.0.1 and localhost)")
+    c.add_argument(
+        "--host",
+        action="append",
+        metavar="NAME_OR_IP",
+        help="a host name or IP address the SuperLink is reached at (repeatable; default 127.0.0.1 and localhost)",
+    )
     c.add_argument("--days", type=int, default=365, help="validity of the certificates (default 365)")
     c.add_argument("--force", action="store_true", help="replace the credentials already in --out")
     c.set_defaults(func=_cmd_certs)
@@ -46,48 +52,87 @@ def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--name", required=True, help="file name, e.g. client-3")
     k.set_defaults(func=_cmd_key)
 
-    s = d.add_parser("server", help="SuperLink + the Trustformer run: waits for the run, prints summary.json",
-                     description="Start a SuperLink (TLS, SuperNode authentication), register the clients' "
-                     "public keys, submit the run with `flwr run` and wait for it to finish; then stop.")
+    s = d.add_parser(
+        "server",
+        help="SuperLink + the Trustformer run: waits for the run, prints summary.json",
+        description="Start a SuperLink (TLS, SuperNode authentication), register the clients' "
+        "public keys, submit the run with `flwr run` and wait for it to finish; then stop.",
+    )
     add_config_options(s)
     s.add_argument("--creds", required=True, metavar="DIR", help="credentials folder (trustformer deploy certs)")
-    s.add_argument("--register", action="append", metavar="KEY.pub",
-                   help="a client public key to register (repeatable; default: every DIR/nodes/*.pub)")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="address the SuperLink listens on (default 127.0.0.1; 0.0.0.0 for other machines)")
+    s.add_argument(
+        "--register",
+        action="append",
+        metavar="KEY.pub",
+        help="a client public key to register (repeatable; default: every DIR/nodes/*.pub)",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the SuperLink listens on (default 127.0.0.1; 0.0.0.0 for other machines)",
+    )
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"its port (default {DEFAULT_PORT})")
     s.add_argument("--dir", metavar="DIR", help="SuperLink database, logs, app (default: <out>/superlink)")
     _add_run_options(s)
     s.set_defaults(func=_cmd_server)
 
-    n = d.add_parser("client", help="a SuperNode for one data owner (runs until stopped)",
-                     description="Start a SuperNode that connects to the SuperLink over TLS, authenticates "
-                     "with its private key and runs the Trustformer ClientApp for one client's data.")
+    n = d.add_parser(
+        "client",
+        help="a SuperNode for one data owner (runs until stopped)",
+        description="Start a SuperNode that connects to the SuperLink over TLS, authenticates "
+        "with its private key and runs the Trustformer ClientApp for one client's data.",
+    )
     n.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink's address")
     n.add_argument("--ca", required=True, metavar="CA.crt", help="the federation's CA certificate")
     n.add_argument("--key", required=True, metavar="NAME.key", help="this client's private key")
-    n.add_argument("--partition", type=int, required=True,
-                   help="which client this is: its shard of the configured corpus, its seeds, its id in the results")
+    n.add_argument(
+        "--partition",
+        type=int,
+        required=True,
+        help="which client this is: its shard of the configured corpus, its seeds, its id in the results",
+    )
     n.add_argument("--dir", required=True, metavar="DIR", help="this client's folder: state/, output/, logs")
-    n.add_argument("--train-file", metavar="FILE.tsv",
-                   help="train on this TSV of the client's own pairs instead of its shard of the corpus")
-    n.add_argument("--trusted-key", metavar="FILE.pub",
-                   help="secure.mode tee: the aggregator's attestation public key, a file on this machine "
-                        "(trustformer attest --keygen writes it); the run config's secure.trusted_key is ignored")
-    n.add_argument("--expected-measurement", metavar="HEX",
-                   help="secure.mode tee: the aggregator measurement this client requires (the first line of "
-                        "`trustformer attest` with the run's options); the run config's value is ignored")
-    n.add_argument("--give-up-after", type=float, default=600.0, metavar="S",
-                   help="exit, saying which options to check (--superlink, --ca), when the SuperLink has been "
-                        "unreachable this many seconds (default 600)")
-    n.add_argument("--wait-registration", type=float, default=300.0, metavar="S",
-                   help="while the SuperLink refuses this client's key (not registered yet), try again for "
-                        "up to S seconds (default 300)")
+    n.add_argument(
+        "--train-file",
+        metavar="FILE.tsv",
+        help="train on this TSV of the client's own pairs instead of its shard of the corpus",
+    )
+    n.add_argument(
+        "--trusted-key",
+        metavar="FILE.pub",
+        help="secure.mode tee: the aggregator's attestation public key, a file on this machine "
+        "(trustformer attest --keygen writes it); the run config's secure.trusted_key is ignored",
+    )
+    n.add_argument(
+        "--expected-measurement",
+        metavar="HEX",
+        help="secure.mode tee: the aggregator measurement this client requires (the first line of "
+        "`trustformer attest` with the run's options); the run config's value is ignored",
+    )
+    n.add_argument(
+        "--give-up-after",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="exit, saying which options to check (--superlink, --ca), when the SuperLink has been "
+        "unreachable this many seconds (default 600)",
+    )
+    n.add_argument(
+        "--wait-registration",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="while the SuperLink refuses this client's key (not registered yet), try again for "
+        "up to S seconds (default 300)",
+    )
     n.set_defaults(func=_cmd_client)
 
-    loc = d.add_parser("local", help="a whole federation on this machine: server and N clients as processes",
-                       description="Make credentials, start a SuperLink and one SuperNode per client on 127.0.0.1 "
-                       "(free ports), run, wait, print where summary.json is, and stop every process.")
+    loc = d.add_parser(
+        "local",
+        help="a whole federation on this machine: server and N clients as processes",
+        description="Make credentials, start a SuperLink and one SuperNode per client on 127.0.0.1 "
+        "(free ports), run, wait, print where summary.json is, and stop every process.",
+    )
     add_config_options(loc)
     loc.add_argument("--dir", metavar="DIR", help="credentials, logs, client state (default: <out>/deployment)")
     _add_run_options(loc)
@@ -95,11 +140,19 @@ def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run checkpointed in RUN_DIR (its own configuration; --set may change "
-                        "runtime.* and federation timeouts only)")
-    p.add_argument("--timeout", type=float, default=24 * 3600.0, metavar="S",
-                   help="give up when the run has not finished after S seconds (default 1 day)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run checkpointed in RUN_DIR (its own configuration; --set may change "
+        "runtime.* and federation timeouts only)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=24 * 3600.0,
+        metavar="S",
+        help="give up when the run has not finished after S seconds (default 1 day)",
+    )
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
 
 
@@ -108,8 +161,10 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
     hosts = tuple(args.host) if args.host else DEFAULT_HOSTS
     creds = write_credentials(args.out, clients=args.clients, hosts=hosts, days=args.days, overwrite=args.force)
-    print(f"CA {creds.ca_cert} · SuperLink certificate {creds.server_cert} for {', '.join(hosts)} · "
-          f"{len(creds.public_keys())} client key pair(s) in {creds.nodes_dir}")
+    print(
+        f"CA {creds.ca_cert} · SuperLink certificate {creds.server_cert} for {', '.join(hosts)} · "
+        f"{len(creds.public_keys())} client key pair(s) in {creds.nodes_dir}"
+    )
     return 0
 
 
@@ -173,8 +228,13 @@ def _cmd_server(args: argparse.Namespace) -> int:
     with _stop_on_sigterm():
         server = start_server(home, creds, host=args.host, port=args.port, public_keys=keys)
         try:
-            log.info("SuperLink listening on %s:%d (TLS, SuperNode authentication) · %d client key(s) "
-                     "registered · log %s", args.host, args.port, len(keys), server.superlink.log_path)
+            log.info(
+                "SuperLink listening on %s:%d (TLS, SuperNode authentication) · %d client key(s) registered · log %s",
+                args.host,
+                args.port,
+                len(keys),
+                server.superlink.log_path,
+            )
             run_id, status = _submit_and_follow(server, cfg, args.timeout, quiet=args.quiet)
         finally:
             server.stop()
@@ -192,9 +252,13 @@ def _cmd_local(args: argparse.Namespace) -> int:
     load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once
     root = Path(args.dir) if args.dir else Path(cfg.out) / "deployment"
     with _stop_on_sigterm(), LocalFederation.for_run(root, cfg) as fed:
-        log.info("SuperLink on %s (TLS, SuperNode authentication) · log %s · %d SuperNode(s), logs %s",
-                 fed.server.address, fed.server.superlink.log_path, len(fed.nodes) + len(fed.others),
-                 root / "client-*" / "supernode.log")
+        log.info(
+            "SuperLink on %s (TLS, SuperNode authentication) · log %s · %d SuperNode(s), logs %s",
+            fed.server.address,
+            fed.server.superlink.log_path,
+            len(fed.nodes) + len(fed.others),
+            root / "client-*" / "supernode.log",
+        )
         run_id, status = _submit_and_follow(fed.server, cfg, args.timeout, quiet=args.quiet)
     return _finish(status, run_id, cfg, fed.server.superlink)
 
@@ -225,8 +289,14 @@ def _submit_and_follow(server, cfg: RunConfig, timeout_s: float, *, quiet: bool)
     if not quiet:
         thread.start()
     try:
-        status = wait_for_run(server.home, run_id, out / "summary.json", submitted_at=submitted,
-                              timeout_s=timeout_s, server=server.superlink)
+        status = wait_for_run(
+            server.home,
+            run_id,
+            out / "summary.json",
+            submitted_at=submitted,
+            timeout_s=timeout_s,
+            server=server.superlink,
+        )
     finally:
         done.set()
         if thread.is_alive():
@@ -240,8 +310,11 @@ def _finish(status: str, run_id: int, cfg: RunConfig, superlink) -> int:
     summary = Path(cfg.out) / "summary.json"
     if status != "finished:completed":
         reason = getattr(status, "details", "")
-        raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "")
-                          + f"; see {Path(cfg.out) / 'server.log'} and {superlink.log_path}")
+        raise DeployError(
+            f"run {run_id} ended as {status}"
+            + (f": {reason}" if reason else "")
+            + f"; see {Path(cfg.out) / 'server.log'} and {superlink.log_path}"
+        )
     print(f"run {run_id} finished · {summary}")
     return 0
 
@@ -251,8 +324,14 @@ def _cmd_client(args: argparse.Namespace) -> int:
 
     setup_logging(quiet=False)
     folder = Path(args.dir)
-    config = node_config(args.partition, folder / "state", folder / "output", args.train_file,
-                         trusted_key=args.trusted_key, expected_measurement=args.expected_measurement)
+    config = node_config(
+        args.partition,
+        folder / "state",
+        folder / "output",
+        args.train_file,
+        trusted_key=args.trusted_key,
+        expected_measurement=args.expected_measurement,
+    )
     started = time.monotonic()
     try:
         with _stop_on_sigterm() as stop:
@@ -268,10 +347,23 @@ def _serve_client(args: argparse.Namespace, folder: Path, config: dict[str, Any]
     from .launch import refused, start_supernode
 
     while True:
-        proc = start_supernode(folder, args.superlink, args.ca, args.key, config,
-                               max_wait_s=args.give_up_after, name=f"SuperNode of client {args.partition}")
-        log.info("SuperNode of client %d connecting to %s (TLS, key %s) · state %s · log %s", args.partition,
-                 args.superlink, args.key, folder / "state", proc.log_path)
+        proc = start_supernode(
+            folder,
+            args.superlink,
+            args.ca,
+            args.key,
+            config,
+            max_wait_s=args.give_up_after,
+            name=f"SuperNode of client {args.partition}",
+        )
+        log.info(
+            "SuperNode of client %d connecting to %s (TLS, key %s) · state %s · log %s",
+            args.partition,
+            args.superlink,
+            args.key,
+            folder / "state",
+            proc.log_path,
+        )
         position = int(proc.info["log_start"])
         try:
             while proc.alive():
@@ -284,19 +376,32 @@ def _serve_client(args: argparse.Namespace, folder: Path, config: dict[str, Any]
         was_refused = refused(proc)
         if not was_refused or time.monotonic() - started > args.wait_registration:
             break
-        log.warning("the SuperLink refused this client (key not registered yet, or its previous instance "
-                    "still counts as online); trying again in 5 s")
+        log.warning(
+            "the SuperLink refused this client (key not registered yet, or its previous instance "
+            "still counts as online); trying again in 5 s"
+        )
         time.sleep(5)
     code = proc.popen.returncode
     if was_refused:
-        log.error("the SuperLink refused key %s for %.0f s: is its public key registered on the server "
-                  "(trustformer deploy server --register KEY.pub, or flwr supernode register)?", args.key,
-                  args.wait_registration)
+        log.error(
+            "the SuperLink refused key %s for %.0f s: is its public key registered on the server "
+            "(trustformer deploy server --register KEY.pub, or flwr supernode register)?",
+            args.key,
+            args.wait_registration,
+        )
     elif code not in (0, -signal.SIGTERM):
-        log.error("the SuperNode of client %d gave up (exit code %s)%s: is the SuperLink running at --superlink "
-                  "%s, and does --ca %s hold the CA that signed its certificate? See %s", args.partition, code,
-                  f" after --give-up-after {args.give_up_after:g} s without the SuperLink"
-                  if args.give_up_after is not None else "", args.superlink, args.ca, proc.log_path)
+        log.error(
+            "the SuperNode of client %d gave up (exit code %s)%s: is the SuperLink running at --superlink "
+            "%s, and does --ca %s hold the CA that signed its certificate? See %s",
+            args.partition,
+            code,
+            f" after --give-up-after {args.give_up_after:g} s without the SuperLink"
+            if args.give_up_after is not None
+            else "",
+            args.superlink,
+            args.ca,
+            proc.log_path,
+        )
     log.info("SuperNode of client %d exited (code %s)", args.partition, code)
     return 0 if code in (0, -signal.SIGTERM) else 1
 

@@ -29,15 +29,22 @@ def app_pyproject() -> dict:
             "name": APP_NAME,
             "version": __version__,
             "description": "Trustformer's ServerApp and ClientApp (the trustformer package is installed "
-                           "on every machine of the federation)",
+            "on every machine of the federation)",
             "license": "Apache-2.0",
             "dependencies": [],
         },
-        "tool": {"flwr": {"app": {
-            "publisher": PUBLISHER,
-            "components": {"serverapp": "trustformer.app:server_app", "clientapp": "trustformer.app:client_app"},
-            "config": {CONFIG_KEY: ""},
-        }}},
+        "tool": {
+            "flwr": {
+                "app": {
+                    "publisher": PUBLISHER,
+                    "components": {
+                        "serverapp": "trustformer.app:server_app",
+                        "clientapp": "trustformer.app:client_app",
+                    },
+                    "config": {CONFIG_KEY: ""},
+                }
+            }
+        },
     }
 
 

@@ -38,8 +38,14 @@ LOOPBACK = "127.0.0.1"
 # ----------------------------------------------------------------------------------- server side
 
 
-def start_superlink(home: str | Path, creds: Credentials, *, host: str = LOOPBACK, port: int | None = None,
-                    start_timeout_s: float = 90.0) -> Proc:
+def start_superlink(
+    home: str | Path,
+    creds: Credentials,
+    *,
+    host: str = LOOPBACK,
+    port: int | None = None,
+    start_timeout_s: float = 90.0,
+) -> Proc:
     """``flower-superlink`` with TLS and SuperNode authentication; state in ``<home>/superlink.db``."""
     creds.require_server()
     home = Path(home).resolve()
@@ -47,13 +53,20 @@ def start_superlink(home: str | Path, creds: Credentials, *, host: str = LOOPBAC
     check_port_free(host, port)
     command = [
         "flower-superlink",
-        "--ssl-ca-certfile", str(creds.ca_cert.resolve()),
-        "--ssl-certfile", str(creds.server_cert.resolve()),
-        "--ssl-keyfile", str(creds.server_key.resolve()),
+        "--ssl-ca-certfile",
+        str(creds.ca_cert.resolve()),
+        "--ssl-certfile",
+        str(creds.server_cert.resolve()),
+        "--ssl-keyfile",
+        str(creds.server_key.resolve()),
         "--enable-supernode-auth",
         "--disable-runtime-dependency-installation",
-        "--database", str(home / "superlink.db"),
-        "--host", host, "--port", str(port),
+        "--database",
+        str(home / "superlink.db"),
+        "--host",
+        host,
+        "--port",
+        str(port),
     ]
     proc = spawn("SuperLink", command, log_path=home / "superlink.log", home=home / "flwr-home", cwd=home)
     proc.info.update(host=host, port=port, address=f"{host}:{port}", home=home)
@@ -73,8 +86,10 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise DeployError(f"port {port} on {host} is already in use ({exc.strerror}): another SuperLink or "
-                              "program listens there; stop it or choose another --port") from None
+            raise DeployError(
+                f"port {port} on {host} is already in use ({exc.strerror}): another SuperLink or "
+                "program listens there; stop it or choose another --port"
+            ) from None
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -85,9 +100,11 @@ def preflight(cfg: RunConfig) -> None:
 
     if uses_tee(cfg.secure.mode):
         if not cfg.secure.signing_key:
-            raise DeployError(f"secure.mode = {cfg.secure.mode!r} needs the aggregator's attestation signing key: "
-                              "--set secure.signing_key=FILE.key (`trustformer attest --keygen PREFIX` writes a pair; "
-                              "give each client the .pub with `deploy client --trusted-key`)")
+            raise DeployError(
+                f"secure.mode = {cfg.secure.mode!r} needs the aggregator's attestation signing key: "
+                "--set secure.signing_key=FILE.key (`trustformer attest --keygen PREFIX` writes a pair; "
+                "give each client the .pub with `deploy client --trusted-key`)"
+            )
         try:
             load_signing_key(cfg.secure.signing_key)
         except (OSError, ValueError) as exc:
@@ -99,10 +116,17 @@ def write_cli_connection(home: str | Path, address: str, ca_cert: str | Path) ->
     flwr_home = Path(home).resolve() / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
-    path.write_text(tomli_w.dumps({"superlink": {
-        "default": CONNECTION,
-        CONNECTION: {"address": address, "root-certificates": str(Path(ca_cert).resolve())},
-    }}), encoding="utf-8")
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "superlink": {
+                    "default": CONNECTION,
+                    CONNECTION: {"address": address, "root-certificates": str(Path(ca_cert).resolve())},
+                }
+            }
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -110,8 +134,14 @@ def flwr_cli(home: str | Path, *args: str, timeout_s: float = 120.0) -> dict[str
     """Run ``flwr ARGS --format json`` with the connection of ``<home>/flwr-home``; its JSON answer."""
     command = ["flwr", *args, "--format", "json"]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              env=flower_env(Path(home) / "flwr-home"), cwd=str(home))
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=flower_env(Path(home) / "flwr-home"),
+            cwd=str(home),
+        )
     except subprocess.TimeoutExpired:
         raise DeployError(f"`{' '.join(command)}` did not answer within {timeout_s:.0f} s") from None
     text = done.stdout
@@ -166,16 +196,26 @@ def run_status(home: str | Path, run_id: int) -> RunStatus:
     return status
 
 
-def wait_for_run(home: str | Path, run_id: int, summary: Path, *, submitted_at: float, timeout_s: float,
-                 status_every_s: float = 10.0, server: Proc | None = None) -> str:
+def wait_for_run(
+    home: str | Path,
+    run_id: int,
+    summary: Path,
+    *,
+    submitted_at: float,
+    timeout_s: float,
+    status_every_s: float = 10.0,
+    server: Proc | None = None,
+) -> str:
     """Until the run finishes: ``summary`` written after ``submitted_at`` (then the final status), a
     failed or stopped status, the SuperLink gone, or ``timeout_s`` (DeployError)."""
     deadline = time.monotonic() + timeout_s
     next_status = time.monotonic() + status_every_s
     while True:
         if server is not None and not server.alive():
-            raise DeployError(f"the SuperLink exited (code {server.popen.returncode}) before run {run_id} finished;"
-                              f" its log ({server.log_path}) ends with:\n{server.tail()}")
+            raise DeployError(
+                f"the SuperLink exited (code {server.popen.returncode}) before run {run_id} finished;"
+                f" its log ({server.log_path}) ends with:\n{server.tail()}"
+            )
         written = summary.exists() and summary.stat().st_mtime >= submitted_at
         if written or time.monotonic() >= next_status:
             status = run_status(home, run_id)
@@ -190,8 +230,10 @@ def wait_for_run(home: str | Path, run_id: int, summary: Path, *, submitted_at: 
 def deployment_config(cfg: RunConfig) -> RunConfig:
     """``cfg`` with absolute paths (the ServerApp and ClientApps run in other working directories)."""
     if cfg.federation.faults:
-        raise ConfigError("federation.faults is applied by the in-process runtime only (trustformer run); "
-                          "a deployment's faults are real ones: remove federation.faults")
+        raise ConfigError(
+            "federation.faults is applied by the in-process runtime only (trustformer run); "
+            "a deployment's faults are real ones: remove federation.faults"
+        )
     values = cfg.to_dict()
     values["out"] = str(Path(cfg.out).resolve())
     for key in ("path", "cache_dir"):
@@ -223,16 +265,28 @@ class ServerSide:
         submitted = time.time() - 1.0  # file times may be coarser than the clock
         run_id = submit_run(self.home, cfg)
         log.info("run %d submitted · output %s", run_id, cfg.out)
-        status = wait_for_run(self.home, run_id, Path(cfg.out) / "summary.json", submitted_at=submitted,
-                              timeout_s=timeout_s, server=self.superlink)
+        status = wait_for_run(
+            self.home,
+            run_id,
+            Path(cfg.out) / "summary.json",
+            submitted_at=submitted,
+            timeout_s=timeout_s,
+            server=self.superlink,
+        )
         return run_id, status
 
     def stop(self) -> None:
         self.superlink.stop()
 
 
-def start_server(home: str | Path, creds: Credentials, *, host: str = LOOPBACK, port: int | None = None,
-                 public_keys: list[Path] | None = None) -> ServerSide:
+def start_server(
+    home: str | Path,
+    creds: Credentials,
+    *,
+    host: str = LOOPBACK,
+    port: int | None = None,
+    public_keys: list[Path] | None = None,
+) -> ServerSide:
     """Start the SuperLink, point the flwr CLI at it and register the given node public keys."""
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -252,9 +306,16 @@ def start_server(home: str | Path, creds: Credentials, *, host: str = LOOPBACK, 
 # ----------------------------------------------------------------------------------- client side
 
 
-def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | None = None,
-                train_file: str | Path | None = None, *, trusted_key: str | Path | None = None,
-                expected_measurement: str | None = None, pins: dict[str, str] | None = None) -> dict[str, Any]:
+def node_config(
+    partition: int,
+    state_dir: str | Path,
+    output_dir: str | Path | None = None,
+    train_file: str | Path | None = None,
+    *,
+    trusted_key: str | Path | None = None,
+    expected_measurement: str | None = None,
+    pins: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A data owner's node config: which client it is, where its state and translations go, and its
     own trust anchors for ``secure.mode = tee`` (``trusted_key``: the aggregator's public key, a file on
     this machine; ``expected_measurement``: the measurement it requires; or ``pins`` as made by
@@ -262,8 +323,11 @@ def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | 
     from ..secure.attestation import load_trusted_key
     from ..secure.provision import MEASUREMENT_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG
 
-    config: dict[str, Any] = {"partition-id": int(partition), "state-dir": str(Path(state_dir).resolve()),
-                              "diagnostics": False}
+    config: dict[str, Any] = {
+        "partition-id": int(partition),
+        "state-dir": str(Path(state_dir).resolve()),
+        "diagnostics": False,
+    }
     config.update(pins or {})
     if trusted_key is not None:
         path = Path(trusted_key).expanduser().resolve()
@@ -275,8 +339,10 @@ def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | 
     if expected_measurement is not None:
         value = expected_measurement.strip().lower()
         if len(value) != 64 or set(value) - set("0123456789abcdef"):
-            raise DeployError(f"--expected-measurement {expected_measurement!r}: expected 64 hex digits, the first "
-                              "line of `trustformer attest` with the run's options")
+            raise DeployError(
+                f"--expected-measurement {expected_measurement!r}: expected 64 hex digits, the first "
+                "line of `trustformer attest` with the run's options"
+            )
         config[MEASUREMENT_NODE_CONFIG] = value
     if output_dir is not None:
         config["output-dir"] = str(Path(output_dir).resolve())
@@ -288,9 +354,17 @@ def node_config(partition: int, state_dir: str | Path, output_dir: str | Path | 
     return config
 
 
-def start_supernode(home: str | Path, superlink: str, ca_cert: str | Path, private_key: str | Path,
-                    config: dict[str, Any], *, runtime_port: int | None = None, max_wait_s: float | None = None,
-                    name: str = "SuperNode") -> Proc:
+def start_supernode(
+    home: str | Path,
+    superlink: str,
+    ca_cert: str | Path,
+    private_key: str | Path,
+    config: dict[str, Any],
+    *,
+    runtime_port: int | None = None,
+    max_wait_s: float | None = None,
+    name: str = "SuperNode",
+) -> Proc:
     """``flower-supernode`` for one client: TLS to ``superlink`` (host:port), authenticated with
     ``private_key``, node config from ``<home>/node-config.toml``, log ``<home>/supernode.log``; its
     own Runtime API on 127.0.0.1 (to its ClientApp processes) is TLS too, with credentials of this
@@ -310,13 +384,24 @@ def start_supernode(home: str | Path, superlink: str, ca_cert: str | Path, priva
     log_start = log_path.stat().st_size if log_path.exists() else 0
     command = [
         "flower-supernode",
-        "--superlink", superlink,
-        "--root-certificates", str(Path(ca_cert).resolve()),
-        "--auth-supernode-private-key", str(key.resolve()),
-        "--node-config", str(node_file),
-        "--host", LOOPBACK, "--port", str(port),
-        "--ssl-certfile", str(runtime.server_cert), "--ssl-keyfile", str(runtime.server_key),
-        "--ssl-ca-certfile", str(runtime.ca_cert),
+        "--superlink",
+        superlink,
+        "--root-certificates",
+        str(Path(ca_cert).resolve()),
+        "--auth-supernode-private-key",
+        str(key.resolve()),
+        "--node-config",
+        str(node_file),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--ssl-certfile",
+        str(runtime.server_cert),
+        "--ssl-keyfile",
+        str(runtime.server_key),
+        "--ssl-ca-certfile",
+        str(runtime.ca_cert),
     ]
     if max_wait_s is not None:
         command += ["--max-wait-time", str(max_wait_s)]
@@ -332,7 +417,7 @@ RETRY_S = 5.0
 
 def _log_since_start(proc: Proc) -> bytes:
     try:
-        return proc.log_path.read_bytes()[int(proc.info.get("log_start", 0)):]
+        return proc.log_path.read_bytes()[int(proc.info.get("log_start", 0)) :]
     except OSError:
         return b""
 
@@ -349,7 +434,28 @@ def connection_outcome(proc: Proc) -> str:
     return "pending" if proc.alive() else "exited"
 
 
-__all__ = ["CONNECTION", "DeployError", "FLOWER_ENV", "LOOPBACK", "Proc", "ServerSide", "check_port_free",
-           "connection_outcome", "deployment_config", "flower_env", "flwr_cli", "free_port", "node_config", "preflight",
-           "refused", "register_node", "spawn", "start_server", "start_superlink", "start_supernode", "submit_run",
-           "wait_for_run", "write_cli_connection"]
+__all__ = [
+    "CONNECTION",
+    "DeployError",
+    "FLOWER_ENV",
+    "LOOPBACK",
+    "Proc",
+    "ServerSide",
+    "check_port_free",
+    "connection_outcome",
+    "deployment_config",
+    "flower_env",
+    "flwr_cli",
+    "free_port",
+    "node_config",
+    "preflight",
+    "refused",
+    "register_node",
+    "spawn",
+    "start_server",
+    "start_superlink",
+    "start_supernode",
+    "submit_run",
+    "wait_for_run",
+    "write_cli_connection",
+]

@@ -11,11 +11,20 @@ from pathlib import Path
 from ..config import RunConfig
 from ..registry import protocol_spec
 from .certs import Credentials, write_credentials
-from .launch import (RETRY_S, ServerSide, connection_outcome, deployment_config, node_config, refused, start_server,
-                     start_supernode)
+from .launch import (
+    RETRY_S,
+    ServerSide,
+    connection_outcome,
+    deployment_config,
+    node_config,
+    refused,
+    start_server,
+    start_supernode,
+)
 from .processes import DeployError, Proc
 
 log = logging.getLogger(__name__)
+
 
 class LocalFederation:
     """A SuperLink and N SuperNodes as processes on 127.0.0.1, all under one folder::
@@ -27,8 +36,9 @@ class LocalFederation:
     Use as a context manager: leaving it stops every process it started.
     """
 
-    def __init__(self, root: str | Path, clients: int, *, creds: Credentials | None = None,
-                 extra_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: str | Path, clients: int, *, creds: Credentials | None = None, extra_keys: tuple[str, ...] = ()
+    ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.clients = clients
@@ -56,8 +66,14 @@ class LocalFederation:
         self.port = int(self.server.superlink.info["port"])
         return self.server
 
-    def start_client(self, partition: int, *, key_name: str | None = None,
-                     train_file: str | Path | None = None, retry_refused_s: float = 0.0) -> Proc:
+    def start_client(
+        self,
+        partition: int,
+        *,
+        key_name: str | None = None,
+        train_file: str | Path | None = None,
+        retry_refused_s: float = 0.0,
+    ) -> Proc:
         """Start client ``partition``'s SuperNode (key ``client-<partition>`` unless ``key_name``).
 
         ``retry_refused_s``: while the SuperLink refuses the node (a SuperNode restarted after a
@@ -69,9 +85,14 @@ class LocalFederation:
 
         def start() -> Proc:
             assert self.server is not None
-            proc = start_supernode(folder, self.server.address, self.creds.ca_cert,
-                                   self.creds.node_key(key_name or f"client-{partition}"), config,
-                                   name=f"SuperNode of client {partition}")
+            proc = start_supernode(
+                folder,
+                self.server.address,
+                self.creds.ca_cert,
+                self.creds.node_key(key_name or f"client-{partition}"),
+                config,
+                name=f"SuperNode of client {partition}",
+            )
             if key_name is None:
                 old = self.nodes.get(partition)
                 if old is not None and old.alive():
@@ -91,8 +112,7 @@ class LocalFederation:
                     if outcome == "connected" or (outcome == "exited" and not refused(current)):
                         return
                     if outcome == "exited":
-                        log.info("%s refused (its old instance still counts as online); trying again",
-                                 current.name)
+                        log.info("%s refused (its old instance still counts as online); trying again", current.name)
                         time.sleep(RETRY_S)
                         if not self._closed:
                             current = start()
@@ -161,9 +181,12 @@ def run_local(cfg: RunConfig, root: str | Path, *, timeout_s: float = 3600.0) ->
         run_id, status = fed.run(cfg, timeout_s=timeout_s)
         if status != "finished:completed":
             reason = getattr(status, "details", "")
-            raise DeployError(f"run {run_id} ended as {status}" + (f": {reason}" if reason else "")
-                              + f"; see {Path(deployment_config(cfg).out) / 'server.log'} "
-                              f"and {fed.server.superlink.log_path}")
+            raise DeployError(
+                f"run {run_id} ended as {status}"
+                + (f": {reason}" if reason else "")
+                + f"; see {Path(deployment_config(cfg).out) / 'server.log'} "
+                f"and {fed.server.superlink.log_path}"
+            )
     return Path(deployment_config(cfg).out) / "summary.json"
 
 

@@ -200,12 +200,23 @@ def spawn(name: str, command: list[str], *, log_path: Path, home: Path, cwd: Pat
     # the death signal follows the thread that forks: only from the main thread, which lives as long as we do
     tie = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
     with log_path.open("ab") as out:
-        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=flower_env(home), cwd=str(cwd or home), start_new_session=True,
-                                 preexec_fn=_die_with_parent if tie else None)
+        popen = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=flower_env(home),
+            cwd=str(cwd or home),
+            start_new_session=True,
+            preexec_fn=_die_with_parent if tie else None,
+        )
     if tie:  # the group's own session id is the child's pid (start_new_session)
-        subprocess.Popen([sys.executable, "-c", _GROUP_REAPER, str(popen.pid), str(os.getpid())],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-c", _GROUP_REAPER, str(popen.pid), str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(command))
     return Proc(name, popen, log_path)
 
@@ -215,15 +226,19 @@ def wait_for_port(proc: Proc, host: str, port: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise DeployError(f"{proc.name} exited with code {proc.popen.returncode}; its log "
-                              f"({proc.log_path}) ends with:\n{proc.tail()}")
+            raise DeployError(
+                f"{proc.name} exited with code {proc.popen.returncode}; its log "
+                f"({proc.log_path}) ends with:\n{proc.tail()}"
+            )
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError:
             time.sleep(0.2)
-    raise DeployError(f"{proc.name} did not listen on {host}:{port} within {timeout_s:.0f} s; "
-                      f"its log ({proc.log_path}) ends with:\n{proc.tail()}")
+    raise DeployError(
+        f"{proc.name} did not listen on {host}:{port} within {timeout_s:.0f} s; "
+        f"its log ({proc.log_path}) ends with:\n{proc.tail()}"
+    )
 
 
 __all__ = ["DeployError", "FLOWER_ENV", "Proc", "flower_env", "free_port", "process_tree", "spawn", "wait_for_port"]

@@ -77,7 +77,8 @@ def check_flower_version(version: str | None = None) -> str:
         raise UnsupportedFlowerError(
             f"Flower {version or flwr.__version__} is not in trustformer.engine.flower_internals.SUPPORTED_FLOWER "
             f"{SUPPORTED_FLOWER}: re-check the internals that module uses (its docstring lists them) against "
-            f"this release, run tests/test_flower_internals.py and the engine tests, then add {release!r}")
+            f"this release, run tests/test_flower_internals.py and the engine tests, then add {release!r}"
+        )
     return release
 
 
@@ -124,16 +125,32 @@ def task_identity(run_id: int, node_id: int = SUPERLINK_NODE_ID, task_id: int = 
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
 
 
-def start_simulation(*, num_supernodes: int, client_app: ClientApp, server_app: ServerApp,
-                     backend_config: dict[str, Any], server_app_context: Context, app_dir: str, run: Run) -> None:
+def start_simulation(
+    *,
+    num_supernodes: int,
+    client_app: ClientApp,
+    server_app: ServerApp,
+    backend_config: dict[str, Any],
+    server_app_context: Context,
+    app_dir: str,
+    run: Run,
+) -> None:
     """Run the apps on Flower's Simulation Engine (Ray backend) with the ServerApp's ``Context`` and the
     ``Run`` given (the run config travels in both); returns when the ServerApp has finished."""
     from flwr.simulation.run_simulation import _run_simulation
 
-    _run_simulation(num_supernodes=num_supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                    client_app=client_app, server_app=server_app, backend_name="ray",
-                    backend_config=backend_config,
-                    server_app_context=server_app_context, app_dir=app_dir, run=run, is_app=True)
+    _run_simulation(
+        num_supernodes=num_supernodes,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=client_app,
+        server_app=server_app,
+        backend_name="ray",
+        backend_config=backend_config,
+        server_app_context=server_app_context,
+        app_dir=app_dir,
+        run=run,
+        is_app=True,
+    )
 
 
 __all__ = [

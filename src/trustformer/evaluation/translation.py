@@ -73,8 +73,7 @@ def translate(
     for name in ("pad_id", "bos_id", "eos_id"):
         if getattr(tokenizer, name) != getattr(config, name):
             raise ValueError(
-                f"tokenizer.{name}={getattr(tokenizer, name)} differs from "
-                f"model config {name}={getattr(config, name)}"
+                f"tokenizer.{name}={getattr(tokenizer, name)} differs from model config {name}={getattr(config, name)}"
             )
     device = next(model.parameters()).device
     encoded = [tokenizer.encode(text)[: max_len - 1] + [tokenizer.eos_id] for text in sources]

@@ -24,8 +24,9 @@ LORA_MODULES = {
 """``model.lora_targets`` group → the module names (suffixes) ``peft`` adapts."""
 
 
-def add_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: tuple[str, ...],
-             seed: int) -> nn.Module:
+def add_lora(
+    model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], seed: int
+) -> nn.Module:
     """Inject LoRA adapters into ``model`` (in place; returned) and freeze every other parameter. The adapters'
     random ``lora_A`` initialisation is drawn from ``seed`` (``lora_B`` starts at zero, so the adapted model is
     the base model until it trains), the same on every client."""

@@ -84,8 +84,15 @@ class FixupConfig:
 
 def resnet50_config(in_channels: int = 3, num_classes: int = 10, stem: str = "imagenet") -> FixupConfig:
     """Bottleneck ResNet-50 (He et al. 2016): 16 blocks (3, 4, 6, 3), widths 64-512, expansion 4."""
-    return FixupConfig(block="bottleneck", layers=(3, 4, 6, 3), widths=(64, 128, 256, 512),
-                       in_channels=in_channels, num_classes=num_classes, stem=stem, stem_width=64)
+    return FixupConfig(
+        block="bottleneck",
+        layers=(3, 4, 6, 3),
+        widths=(64, 128, 256, 512),
+        in_channels=in_channels,
+        num_classes=num_classes,
+        stem=stem,
+        stem_width=64,
+    )
 
 
 def fixup_branch_scale(branches: int, branch_layers: int) -> float:
@@ -118,8 +125,9 @@ class FixupBasicBlock(nn.Module):
         self.scale = _scalar(1)
         self.conv1 = nn.Conv2d(in_ch, width, 3, stride=stride, padding=1, bias=False)
         self.conv2 = nn.Conv2d(width, out_ch, 3, padding=1, bias=False)
-        self.shortcut = (nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
-                         if stride != 1 or in_ch != out_ch else None)
+        self.shortcut = (
+            nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False) if stride != 1 or in_ch != out_ch else None
+        )
 
     def branch_convs(self) -> list[nn.Conv2d]:
         return [self.conv1, self.conv2]
@@ -144,14 +152,14 @@ class FixupBottleneck(nn.Module):
     def __init__(self, in_ch: int, width: int, stride: int = 1) -> None:
         super().__init__()
         out_ch = width * self.expansion
-        (self.bias1a, self.bias1b, self.bias2a, self.bias2b,
-         self.bias3a, self.bias3b) = (_scalar(0) for _ in range(6))
+        (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a, self.bias3b) = (_scalar(0) for _ in range(6))
         self.scale = _scalar(1)
         self.conv1 = nn.Conv2d(in_ch, width, 1, bias=False)
         self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
         self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
-        self.shortcut = (nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
-                         if stride != 1 or in_ch != out_ch else None)
+        self.shortcut = (
+            nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False) if stride != 1 or in_ch != out_ch else None
+        )
 
     def branch_convs(self) -> list[nn.Conv2d]:
         return [self.conv1, self.conv2, self.conv3]
@@ -177,8 +185,7 @@ class FixupResNet(nn.Module):
         block = FixupBasicBlock if config.block == "basic" else FixupBottleneck
         stem_width = config.stem_width or config.widths[0]
         if config.stem == "cifar":
-            self.stem = nn.Conv2d(config.in_channels, stem_width, 3, stride=config.stem_stride, padding=1,
-                                  bias=False)
+            self.stem = nn.Conv2d(config.in_channels, stem_width, 3, stride=config.stem_stride, padding=1, bias=False)
             self.pool = None
         else:
             self.stem = nn.Conv2d(config.in_channels, stem_width, 7, stride=2, padding=3, bias=False)
@@ -204,13 +211,13 @@ class FixupResNet(nn.Module):
         for blk in self.blocks:
             *inner, last = blk.branch_convs()
             for conv in inner:
-                _he_normal_(conv.weight, scale)      # rule 2: scaled by L^(-1/(2m-2))
-            nn.init.zeros_(last.weight)              # rule 1: last layer of the branch is 0
+                _he_normal_(conv.weight, scale)  # rule 2: scaled by L^(-1/(2m-2))
+            nn.init.zeros_(last.weight)  # rule 1: last layer of the branch is 0
             if blk.shortcut is not None:
-                _he_normal_(blk.shortcut.weight)     # outside the branch: plain He
-        nn.init.zeros_(self.fc.weight)               # rule 1: classifier is 0
+                _he_normal_(blk.shortcut.weight)  # outside the branch: plain He
+        nn.init.zeros_(self.fc.weight)  # rule 1: classifier is 0
         nn.init.zeros_(self.fc.bias)
-        with torch.no_grad():                         # rule 3: biases 0, multipliers 1
+        with torch.no_grad():  # rule 3: biases 0, multipliers 1
             for name, p in self.named_parameters():
                 leaf = name.rsplit(".", 1)[-1]
                 if leaf == "scale":
@@ -240,6 +247,11 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = [
-    "FixupBasicBlock", "FixupBottleneck", "FixupConfig", "FixupResNet", "count_parameters",
-    "fixup_branch_scale", "resnet50_config",
+    "FixupBasicBlock",
+    "FixupBottleneck",
+    "FixupConfig",
+    "FixupResNet",
+    "count_parameters",
+    "fixup_branch_scale",
+    "resnet50_config",
 ]

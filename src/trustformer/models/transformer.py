@@ -58,8 +58,7 @@ class TransformerConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers",
-                     "d_ff", "max_len"):
+        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -139,9 +138,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Attention of queries from ``x`` (B, T, D) over keys/values (B, H, L, D/H); mask: (B, H, T, L)."""
         q = self._split_heads(self.q_proj(x))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         batch, _, length, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(batch, length, -1))
 
@@ -257,8 +254,7 @@ class DecodingState:
         self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
         self.memory_mask = self.memory_mask.index_select(0, index)
         self.self_kv = [
-            None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
-            for kv in self.self_kv
+            None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index)) for kv in self.self_kv
         ]
 
 
@@ -301,7 +297,7 @@ class Seq2SeqTransformer(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.d_model ** -0.5)
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (a tied embedding counts once)."""
@@ -390,8 +386,13 @@ class Seq2SeqTransformer(nn.Module):
         example that depends on that example alone (what record-level DP-SGD clips, ``core/dpsgd.py``)."""
         tgt_in, labels = tgt[:, :-1], tgt[:, 1:]
         logits = self(src, tgt_in)
-        per_token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=self.config.pad_id,
-                                    reduction="none", label_smoothing=label_smoothing)
+        per_token = F.cross_entropy(
+            logits.transpose(1, 2).float(),
+            labels,
+            ignore_index=self.config.pad_id,
+            reduction="none",
+            label_smoothing=label_smoothing,
+        )
         counts = (labels != self.config.pad_id).sum(1).clamp(min=1)
         return per_token.sum(1) / counts
 

@@ -33,10 +33,10 @@ NORMS = ("group", "none")
 class UNetConfig:
     in_channels: int = 1
     out_channels: int = 1
-    depth: int = 4            # number of 2× down-samplings
-    base_width: int = 64      # channels of the first stage; stage i has base_width · 2^i
+    depth: int = 4  # number of 2× down-samplings
+    base_width: int = 64  # channels of the first stage; stage i has base_width · 2^i
     norm: str = "group"
-    groups: int = 8           # GroupNorm groups (at most the width)
+    groups: int = 8  # GroupNorm groups (at most the width)
 
     def __post_init__(self) -> None:
         for name in ("in_channels", "out_channels", "base_width", "groups"):
@@ -50,7 +50,7 @@ class UNetConfig:
     @property
     def multiple(self) -> int:
         """Inputs are padded to a multiple of this (2^depth) and the output cropped back."""
-        return 2 ** self.depth
+        return 2**self.depth
 
 
 class DoubleConv(nn.Module):
@@ -77,7 +77,7 @@ class UNet(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        widths = [c.base_width * 2 ** i for i in range(c.depth + 1)]
+        widths = [c.base_width * 2**i for i in range(c.depth + 1)]
         self.down = nn.ModuleList()
         in_ch = c.in_channels
         for w in widths[:-1]:

@@ -27,8 +27,9 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
     protocol, inside the coding layer."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
-        raise ConfigError(f"federation.strategy = {name!r} is not a registered protocol "
-                          f"(one of: {', '.join(PROTOCOLS)})")
+        raise ConfigError(
+            f"federation.strategy = {name!r} is not a registered protocol (one of: {', '.join(PROTOCOLS)})"
+        )
     protocol = protocol_spec(name).factory(cfg)
     protocol = with_defences(protocol)  # robust.*: the update bound and the aggregation rule, where in force
     if observer is not None:
@@ -98,11 +99,13 @@ class ObservedProtocol(ProtocolWrapper):
         return self.inner
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
-        self.observer.client_trained(session.round, session.client, trainable_tensors(session.model),
-                                     session.num_examples)
+        self.observer.client_trained(
+            session.round, session.client, trainable_tensors(session.model), session.num_examples
+        )
         payload, phases = self.inner.client_payload(session)
-        self.observer.client_sent(session.round, session.client,
-                                  {n: t.detach().cpu().clone() for n, t in payload.items()})
+        self.observer.client_sent(
+            session.round, session.client, {n: t.detach().cpu().clone() for n, t in payload.items()}
+        )
         return payload, phases
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
@@ -112,10 +115,20 @@ class ObservedProtocol(ProtocolWrapper):
         return aggregate, phases
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
-        self.observer.client_applied(session.round, session.client,
-                                     {n: t.detach().cpu().clone() for n, t in aggregate.items()})
+        self.observer.client_applied(
+            session.round, session.client, {n: t.detach().cpu().clone() for n, t in aggregate.items()}
+        )
         return self.inner.client_apply(session, aggregate)
 
 
-__all__ = ["PROTOCOLS", "ClientSession", "FederatedProtocol", "ObservedProtocol", "ProtocolObserver", "bare",
-           "get_protocol", "make_protocol", "observe"]
+__all__ = [
+    "PROTOCOLS",
+    "ClientSession",
+    "FederatedProtocol",
+    "ObservedProtocol",
+    "ProtocolObserver",
+    "bare",
+    "get_protocol",
+    "make_protocol",
+    "observe",
+]

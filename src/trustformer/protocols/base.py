@@ -23,10 +23,19 @@ import torch
 from ..config import RunConfig
 from ..core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
 from ..wire import TensorSpec, spec_of
-from .capabilities import (CAPABILITIES, HOOK_CAPABILITY, Capability, CatchUp, ClientSelection, RoundReport,
-                           capability, hooks_of)
+from .capabilities import (
+    CAPABILITIES,
+    HOOK_CAPABILITY,
+    Capability,
+    CatchUp,
+    ClientSelection,
+    RoundReport,
+    capability,
+    hooks_of,
+)
 from .session import ClientSession, Phases
 from .spec import ProtocolSpec
+
 
 class RoundMessages(Protocol):
     """What a protocol's round sees of the server (implemented by ``runtime.rounds.RoundIO``): the round's facts
@@ -41,13 +50,21 @@ class RoundMessages(Protocol):
     def initial(self) -> Tensors: ...
     def prepare(self, participants: list[int], *, sampled: bool = False) -> list[int]: ...
     def behind(self, nodes: list[int], held: tuple[int, Tensors] | None) -> dict[int, Tensors] | None: ...
-    def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Tensors] | None = None,
-              config: Mapping[str, Any] | None = None) -> dict[int, Tensors]: ...
-    def request(self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]
-                ) -> dict[int, Tensors]: ...
+    def train(
+        self,
+        nodes: list[int],
+        *,
+        payload: bool,
+        models: Mapping[int, Tensors] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> dict[int, Tensors]: ...
+    def request(
+        self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]
+    ) -> dict[int, Tensors]: ...
     def aggregate(self, payloads: dict[int, Tensors]) -> tuple[Tensors, Phases]: ...
-    def apply(self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
-              ) -> None: ...
+    def apply(
+        self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
+    ) -> None: ...
     def replied(self) -> dict[int, Mapping[str, Any]]: ...
     def left_out(self) -> list[int]: ...
     def note(self, node: int, **fields: Any) -> None: ...
@@ -65,7 +82,7 @@ class FederatedProtocol:
     ``run_round``; ``cfg`` and ``name`` come with the object.
     """
 
-    spec: ClassVar[ProtocolSpec]
+    spec: ProtocolSpec  # the class declares it; a wrapper or an instance may refine it (DP: its baseline's)
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -75,8 +92,10 @@ class FederatedProtocol:
         super().__init_subclass__(**kwargs)
         for hook, kind in HOOK_CAPABILITY.items():
             if hook in vars(cls) and not issubclass(cls, kind):
-                raise TypeError(f"{cls.__qualname__} defines {hook}() without declaring the capability "
-                                f"{kind.__name__} (protocols/capabilities.py): inherit it, or the hook is never called")
+                raise TypeError(
+                    f"{cls.__qualname__} defines {hook}() without declaring the capability "
+                    f"{kind.__name__} (protocols/capabilities.py): inherit it, or the hook is never called"
+                )
 
     @property
     def name(self) -> str:
@@ -121,8 +140,7 @@ def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
     if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
         io.stop(selection.stop_reason())
         return
-    participants = io.prepare([n for n in io.nodes if io.client(n) in set(chosen)],
-                              sampled=selection.samples_clients())
+    participants = io.prepare([n for n in io.nodes if io.client(n) in set(chosen)], sampled=selection.samples_clients())
     held = capability(protocol, CatchUp).catch_up()
     payloads = io.train(participants, payload=io.exchange, models=io.behind(participants, held))
     io.require("train")
@@ -139,6 +157,7 @@ def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
 def _delegate_core(hook: str) -> Callable[..., Any]:
     def forward(self: ProtocolWrapper, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.inner, hook)(*args, **kwargs)
+
     forward.__name__ = hook
     return forward
 
@@ -146,6 +165,7 @@ def _delegate_core(hook: str) -> Callable[..., Any]:
 def _delegate_hook(kind: type[Capability], hook: str) -> Callable[..., Any]:
     def forward(self: ProtocolWrapper, *args: Any, **kwargs: Any) -> Any:
         return getattr(capability(self.inner, kind), hook)(*args, **kwargs)
+
     forward.__name__ = hook
     return forward
 
@@ -165,19 +185,21 @@ class ProtocolWrapper(FederatedProtocol):
         kinds = frozenset(k for k in CAPABILITIES if isinstance(inner, k) or issubclass(cls, k))
         key = (cls, kinds)
         if key not in ProtocolWrapper._extended:
-            own = {n for c in cls.__mro__ if issubclass(c, ProtocolWrapper) and c is not ProtocolWrapper
-                   for n in vars(c)}
+            own = {
+                n for c in cls.__mro__ if issubclass(c, ProtocolWrapper) and c is not ProtocolWrapper for n in vars(c)
+            }
             members: dict[str, Any] = {h: _delegate_core(h) for h in CORE if h not in own}
             members.update({h: _delegate_hook(k, h) for k in kinds for h in hooks_of(k) if h not in own})
             bases = (cls, *[k for k in CAPABILITIES if k in kinds and not issubclass(cls, k)])
-            ProtocolWrapper._extended[key] = type(cls.__name__, bases, {**members, "__module__": cls.__module__,
-                                                                        "__qualname__": cls.__qualname__})
+            ProtocolWrapper._extended[key] = type(
+                cls.__name__, bases, {**members, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            )
         return super().__new__(ProtocolWrapper._extended[key])
 
     def __init__(self, inner: FederatedProtocol) -> None:
         super().__init__(inner.cfg)
         self.inner = inner
-        self.spec = inner.spec  # type: ignore[misc]  # a wrapper may declare its own (DP: its baseline's)
+        self.spec = inner.spec  # a wrapper may declare its own (DP: its baseline's)
 
     def run_round(self, io: RoundMessages) -> None:
         # the standard round calls the outermost wrapper's hooks; a protocol-declared round calls io.aggregate,
@@ -201,6 +223,19 @@ def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
     return {n: initial[n].detach().clone() for n in names}
 
 
-__all__ = ["CORE", "ClientSession", "FederatedProtocol", "LocalStep", "Phases", "ProtocolSpec", "ProtocolWrapper",
-           "RoundMessages", "Tensors", "assign_tensors", "capability", "held_global", "standard_round",
-           "trainable_tensors"]
+__all__ = [
+    "CORE",
+    "ClientSession",
+    "FederatedProtocol",
+    "LocalStep",
+    "Phases",
+    "ProtocolSpec",
+    "ProtocolWrapper",
+    "RoundMessages",
+    "Tensors",
+    "assign_tensors",
+    "capability",
+    "held_global",
+    "standard_round",
+    "trainable_tensors",
+]

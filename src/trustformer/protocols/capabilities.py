@@ -153,8 +153,15 @@ class CodingView(Capability):
         return True
 
 
-CAPABILITIES: tuple[type[Capability], ...] = (LocalTraining, ClientSelection, CatchUp, ServerState, RoundReport,
-                                              PayloadCheck, CodingView)
+CAPABILITIES: tuple[type[Capability], ...] = (
+    LocalTraining,
+    ClientSelection,
+    CatchUp,
+    ServerState,
+    RoundReport,
+    PayloadCheck,
+    CodingView,
+)
 
 
 def hooks_of(kind: type[Capability]) -> tuple[str, ...]:
@@ -174,11 +181,28 @@ def capability(protocol: Any, kind: type[C]) -> C:
     if isinstance(protocol, kind):
         return protocol
     if kind not in _defaults:
-        _defaults[kind] = type(f"Default{kind.__name__}", (kind,), {
-            "__init__": lambda self, target: object.__setattr__(self, "_target", target),
-            "__getattr__": lambda self, name: getattr(object.__getattribute__(self, "_target"), name)})
+        _defaults[kind] = type(
+            f"Default{kind.__name__}",
+            (kind,),
+            {
+                "__init__": lambda self, target: object.__setattr__(self, "_target", target),
+                "__getattr__": lambda self, name: getattr(object.__getattribute__(self, "_target"), name),
+            },
+        )
     return _defaults[kind](protocol)
 
 
-__all__ = ["CAPABILITIES", "HOOK_CAPABILITY", "Capability", "CatchUp", "ClientSelection", "CodingView",
-           "LocalTraining", "PayloadCheck", "RoundReport", "ServerState", "capability", "hooks_of"]
+__all__ = [
+    "CAPABILITIES",
+    "HOOK_CAPABILITY",
+    "Capability",
+    "CatchUp",
+    "ClientSelection",
+    "CodingView",
+    "LocalTraining",
+    "PayloadCheck",
+    "RoundReport",
+    "ServerState",
+    "capability",
+    "hooks_of",
+]

@@ -13,10 +13,19 @@ ONE_CLIENT = "one client holds all the data"
 
 class Centralized(LocalOnly):
     spec = ProtocolSpec(
-        name="centralized", factory=lambda cfg: Centralized(cfg), pools_data=True, exchanges=False, estimator="none",
+        name="centralized",
+        factory=lambda cfg: Centralized(cfg),
+        pools_data=True,
+        exchanges=False,
+        estimator="none",
         summary="one client trains on every shard (the upper reference)",
-        refuses={"coding": "it sends no weights", "client_sampling": ONE_CLIENT, "defences": ONE_CLIENT,
-                 "model_poisoning": "it sends nothing"})
+        refuses={
+            "coding": "it sends no weights",
+            "client_sampling": ONE_CLIENT,
+            "defences": ONE_CLIENT,
+            "model_poisoning": "it sends nothing",
+        },
+    )
 
 
 SPEC = Centralized.spec

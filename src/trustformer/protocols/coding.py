@@ -86,7 +86,7 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         shapes = {n: tuple(t.shape) for n, t in view.items()}
         reference = self.view.payload_reference(session)
         if reference is None:
-            held = {n[len(REFERENCE):]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
+            held = {n[len(REFERENCE) :]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
             reference = self._default_reference(held or initial, shapes)
         state, feedback = session.protocol_state, self.view.stable_payload_layout()
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "coding", session.client, session.round))
@@ -94,8 +94,9 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         for name, tensor in view.items():
             target = tensor.detach().double() - (reference[name].double() if name in reference else 0.0)
             residual = state.get(RESIDUAL + name) if feedback else None
-            coded, residual = q.encode_with_feedback(target.float(), residual, self.bits,
-                                                     per_row=self._per_row(tensor.shape), generator=generator)
+            coded, residual = q.encode_with_feedback(
+                target.float(), residual, self.bits, per_row=self._per_row(tensor.shape), generator=generator
+            )
             if feedback:
                 state[RESIDUAL + name] = residual
             codes.append(coded.codes)
@@ -129,8 +130,9 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         view, rest = self._split(zeros, initial)
         self.view_spec = {n: tuple(t.shape) for n, t in view.items()}
         self.rest_spec = {n: spec[n] for n in rest}
-        nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits)
-                     for s in self.view_spec.values())
+        nbytes = sum(
+            q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits) for s in self.view_spec.values()
+        )
         rows = sum(q.num_rows(s, self._per_row(s)) for s in self.view_spec.values())
         return {**self.rest_spec, CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
 
@@ -157,9 +159,15 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
             for name, shape in self.view_spec.items():
                 per_row, count = self._per_row(shape), int(torch.tensor(shape).prod()) if shape else 1
                 nbytes, rows = q.packed_nbytes(count, self.bits), q.num_rows(shape, self._per_row(shape))
-                pairs = grid[2 * at_row:2 * (at_row + rows)].reshape(rows, 2)
-                coded = q.Quantized(codes[at_byte:at_byte + nbytes], pairs[:, 1].float(), pairs[:, 0].float(),
-                                    shape, self.bits, per_row)
+                pairs = grid[2 * at_row : 2 * (at_row + rows)].reshape(rows, 2)
+                coded = q.Quantized(
+                    codes[at_byte : at_byte + nbytes],
+                    pairs[:, 1].float(),
+                    pairs[:, 0].float(),
+                    shape,
+                    self.bits,
+                    per_row,
+                )
                 value = q.dequantize(coded).double()
                 view[name] = (value + (reference[name].double() if name in reference else 0.0)).float()
                 at_byte, at_row = at_byte + nbytes, at_row + rows

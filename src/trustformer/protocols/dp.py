@@ -39,8 +39,18 @@ from typing import Any
 
 from ..config import ConfigError, PrivacyConfig
 from ..core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_multiplier
-from ..core.dp import (clip_by_global_norm, default_count_stddev, gaussian_noise, geometric_clip_update, global_norm,
-                       noise_generator, noised_mean, sparse_noised_mean, unclipped_count, update_noise_multiplier)
+from ..core.dp import (
+    clip_by_global_norm,
+    default_count_stddev,
+    gaussian_noise,
+    geometric_clip_update,
+    global_norm,
+    noise_generator,
+    noised_mean,
+    sparse_noised_mean,
+    unclipped_count,
+    update_noise_multiplier,
+)
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec
 from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper, Tensors
@@ -56,15 +66,22 @@ DP_REFUSES = {  # what the DP baselines do not compose with, and why (their spec
     "coding": "quantizing the clipped update after clipping changes its norm, which the privacy accounting bounds",
     "client_sampling": "its privacy accounting assumes Poisson sampling: use privacy.sampling_rate",
     "defences": "differential privacy already clips every update to privacy.clip_norm on the server, and its "
-                "accountant assumes the noisy mean of clipped updates, not a median or a selection",
+    "accountant assumes the noisy mean of clipped updates, not a median or a selection",
 }
 
 
 def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str) -> ProtocolSpec:
     """The spec of a DP baseline: a noised sum over qN (not a mean secure aggregation can compute), that every
     client, sampled or not, adds to the global model it holds."""
-    return ProtocolSpec(name=name, factory=factory, summary=summary, refuses=DP_REFUSES, mean_weighting=None,
-                        informs_left_out=True, estimator="update")
+    return ProtocolSpec(
+        name=name,
+        factory=factory,
+        summary=summary,
+        refuses=DP_REFUSES,
+        mean_weighting=None,
+        informs_left_out=True,
+        estimator="update",
+    )
 
 
 class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport, ServerState):
@@ -72,7 +89,7 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
-        self.spec = spec  # type: ignore[misc]
+        self.spec = spec
         self.privacy = privacy
         self.ledger: PrivacyLedger | None = None  # server side, from server_begin
         self.population = 0
@@ -129,17 +146,31 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
         self.population = num_clients
         planned = self.planned_releases()
         solved = p.noise_multiplier < 0
-        sigma = (solve_noise_multiplier(p.epsilon, p.delta, p.sampling_rate, planned) if solved
-                 else p.noise_multiplier)
-        self.ledger = PrivacyLedger(noise_multiplier=sigma, sampling_rate=p.sampling_rate, delta=p.delta,
-                                    target_epsilon=p.epsilon, clip_norm=p.clip_norm, planned_releases=planned,
-                                    solved=solved)
+        sigma = solve_noise_multiplier(p.epsilon, p.delta, p.sampling_rate, planned) if solved else p.noise_multiplier
+        self.ledger = PrivacyLedger(
+            noise_multiplier=sigma,
+            sampling_rate=p.sampling_rate,
+            delta=p.delta,
+            target_epsilon=p.epsilon,
+            clip_norm=p.clip_norm,
+            planned_releases=planned,
+            solved=solved,
+        )
         if self.adaptive:
             self._begin_adaptive(sigma)
         planned_eps = self.ledger.planned_epsilon()
-        log.info("%s: sigma %.4f (%s), C %.3g, q %.3g, %d exchange round(s) -> epsilon %.4f at delta %g "
-                 "(target %g)", self.name, sigma, "solved" if solved else "given", p.clip_norm, p.sampling_rate,
-                 planned, planned_eps, p.delta, p.epsilon)
+        log.info(
+            "%s: sigma %.4f (%s), C %.3g, q %.3g, %d exchange round(s) -> epsilon %.4f at delta %g (target %g)",
+            self.name,
+            sigma,
+            "solved" if solved else "given",
+            p.clip_norm,
+            p.sampling_rate,
+            planned,
+            planned_eps,
+            p.delta,
+            p.epsilon,
+        )
         if planned_eps > p.epsilon and p.on_exceed == "refuse":
             raise PrivacyBudgetError(
                 f"the {planned} planned exchange round(s) with noise multiplier {sigma:g} "
@@ -165,10 +196,19 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
                 f"small for the noise multiplier sigma = {sigma:g}: Andrew et al. (2021, Thm. 1) need "
                 f"2 sigma_b > sigma, i.e. sigma_b > {sigma / 2:g}; raise privacy.clip_count_stddev, the expected "
                 "participants (federation.clients x privacy.sampling_rate) or privacy.epsilon, or set "
-                "privacy.clipping = 'fixed'") from None
-        log.info("%s: adaptive clipping from C %.3g toward the %.3g quantile (lr %.3g): count noise sigma_b %.4g, "
-                 "update noise multiplier %.4f (sigma %.4f)", self.name, self.clip, p.target_quantile, p.clip_lr,
-                 self.count_stddev, self.update_sigma, sigma)
+                "privacy.clipping = 'fixed'"
+            ) from None
+        log.info(
+            "%s: adaptive clipping from C %.3g toward the %.3g quantile (lr %.3g): count noise sigma_b %.4g, "
+            "update noise multiplier %.4f (sigma %.4f)",
+            self.name,
+            self.clip,
+            p.target_quantile,
+            p.clip_lr,
+            self.count_stddev,
+            self.update_sigma,
+            sigma,
+        )
 
     @property
     def seeded(self) -> bool:
@@ -189,8 +229,9 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
             return None
         if p.sampling_rate >= 1.0:
             return list(clients)
-        rng = (random.Random(derive_seed(self.cfg.seed, "client-sampling", rnd)) if self.seeded
-               else random.SystemRandom())
+        rng = (
+            random.Random(derive_seed(self.cfg.seed, "client-sampling", rnd)) if self.seeded else random.SystemRandom()
+        )
         return [c for c in sorted(clients) if rng.random() < p.sampling_rate]
 
     def samples_clients(self) -> bool:
@@ -201,8 +242,10 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
 
     def stop_reason(self) -> str:
         assert self.ledger is not None
-        return (f"privacy budget: one more exchange round would spend epsilon = "
-                f"{self.ledger.epsilon_with(1):.4g} > privacy.epsilon = {self.privacy.epsilon:g}")
+        return (
+            f"privacy budget: one more exchange round would spend epsilon = "
+            f"{self.ledger.epsilon_with(1):.4g} > privacy.epsilon = {self.privacy.epsilon:g}"
+        )
 
     def denominator(self) -> float:
         """qN: the expected number of participants (McMahan et al. 2018, estimator f_f)."""
@@ -239,10 +282,14 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
         if payloads and INDICES in payloads[0]:
             if not self.dim:
                 raise PayloadError("sparse update before the model's dimension is known (expected_payload)")
-            indices, values = sparse_noised_mean([(q[INDICES], q[VALUES]) for q in payloads], self.dim,
-                                                 noise_on=p.lus_noise, **noise)
-            out = {VALUES: values} if indices is None else {INDICES: indices.to(payloads[0][INDICES].dtype),
-                                                           VALUES: values}
+            indices, values = sparse_noised_mean(
+                [(q[INDICES], q[VALUES]) for q in payloads], self.dim, noise_on=p.lus_noise, **noise
+            )
+            out = (
+                {VALUES: values}
+                if indices is None
+                else {INDICES: indices.to(payloads[0][INDICES].dtype), VALUES: values}
+            )
         else:
             out = noised_mean(payloads, **noise)
         if self.adaptive:
@@ -258,8 +305,13 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
         fields: dict[str, float | None] = {"epsilon": eps if math.isfinite(eps) else None}
         if self.adaptive:
             self.clip_history.append(float(self._round_fields.get("dp_clip_norm") or self.clip))
-            log.info("round %d: clip bound %.4g, noised unclipped share %s, next bound %.4g", rnd,
-                     self.clip_history[-1], self._round_fields.get("dp_unclipped_fraction"), self.clip)
+            log.info(
+                "round %d: clip bound %.4g, noised unclipped share %s, next bound %.4g",
+                rnd,
+                self.clip_history[-1],
+                self._round_fields.get("dp_unclipped_fraction"),
+                self.clip,
+            )
             fields.update(self._round_fields)
         return fields
 
@@ -271,17 +323,25 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
         privacy["clipping"] = self.privacy.clipping
         if self.adaptive:
             p = self.privacy
-            privacy.update(clip_norm_per_round=list(self.clip_history), clip_norm_next=self.clip,
-                           update_noise_multiplier=self.update_sigma, clip_count_stddev=self.count_stddev,
-                           target_quantile=p.target_quantile, clip_lr=p.clip_lr)
+            privacy.update(
+                clip_norm_per_round=list(self.clip_history),
+                clip_norm_next=self.clip,
+                update_noise_multiplier=self.update_sigma,
+                clip_count_stddev=self.count_stddev,
+                target_quantile=p.target_quantile,
+                clip_lr=p.clip_lr,
+            )
         return {"privacy": privacy}
 
     def server_state(self) -> dict[str, Any]:
         """What a resumed server needs: the accountant's releases, ε after each, the population N; with adaptive
         clipping the next round's bound C_t and the bounds so far."""
         assert self.ledger is not None, "server_begin was not called"
-        state: dict[str, Any] = {"releases": self.ledger.releases, "population": self.population,
-                                 "epsilons": [e if math.isfinite(e) else None for e in self.ledger.epsilons]}
+        state: dict[str, Any] = {
+            "releases": self.ledger.releases,
+            "population": self.population,
+            "epsilons": [e if math.isfinite(e) else None for e in self.ledger.epsilons],
+        }
         if self.adaptive:
             state.update(clip_norm=self.clip, clip_history=list(self.clip_history))
         return state
@@ -303,8 +363,11 @@ def record_level(inner: FederatedProtocol, spec: ProtocolSpec) -> FederatedProto
     """A DP baseline under its record-level reading (``privacy.unit = "record"``): the inner protocol as it is, its
     clients' DP-SGD giving the guarantee (``tasks/record_dp.py``), under the baseline's spec (the inner protocol's
     aggregate and sampling)."""
-    inner.spec = replace(spec, mean_weighting=inner.spec.mean_weighting,  # type: ignore[misc]
-                         informs_left_out=inner.spec.informs_left_out)
+    inner.spec = replace(
+        spec,
+        mean_weighting=inner.spec.mean_weighting,
+        informs_left_out=inner.spec.informs_left_out,
+    )
     return inner
 
 

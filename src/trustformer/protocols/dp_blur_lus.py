@@ -60,12 +60,15 @@ def dp_blur_lus(cfg: RunConfig) -> FederatedProtocol:
     """Client level: user-level DP around the sparsified BLUR-trained update. Record level (``privacy.unit =
     "record"``): DP-SGD with the BLUR term added after the noise, then LUS sparsification (post-processing)."""
     p = cfg.privacy
-    inner = FedAvgTopK(cfg, keep=p.lus_keep, error_feedback=False,
-                       local_step=blur_local_step(p.blur_bound or p.clip_norm, p.blur_lambda))
+    inner = FedAvgTopK(
+        cfg,
+        keep=p.lus_keep,
+        error_feedback=False,
+        local_step=blur_local_step(p.blur_bound or p.clip_norm, p.blur_lambda),
+    )
     if p.unit == "record":
         return record_level(inner, SPEC)
     return DifferentialPrivacy(inner, p, spec=SPEC)
-
 
 
 SPEC = dp_spec("dp-blur-lus", dp_blur_lus, "DP-FedAvg with a bounded-update regulariser and sparsified updates")

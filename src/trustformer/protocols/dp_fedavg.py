@@ -18,7 +18,6 @@ def dp_fedavg(cfg: RunConfig) -> FederatedProtocol:
     return DifferentialPrivacy(FedAvgUpdates(cfg), cfg.privacy, spec=SPEC)
 
 
-
 SPEC = dp_spec("dp-fedavg", dp_fedavg, "user-level DP-FedAvg (McMahan et al. 2018)")
 
 __all__ = ["dp_fedavg"]

@@ -51,7 +51,6 @@ def dp_fedsam(cfg: RunConfig) -> FederatedProtocol:
     return DifferentialPrivacy(inner, cfg.privacy, spec=SPEC)
 
 
-
 SPEC = dp_spec("dp-fedsam", dp_fedsam, "DP-FedAvg whose clients train with SAM (Shi et al. 2023)")
 
 __all__ = ["dp_fedsam", "sam_local_step"]

@@ -22,8 +22,12 @@ class FedAvg(FederatedProtocol, CatchUp, ServerState, RoundReport):
     """With client sampling, the server keeps the last global model: a client drawn after missing exchanges
     receives it with its ``train`` message and starts from it."""
 
-    spec = ProtocolSpec(name="fedavg", factory=lambda cfg: FedAvg(cfg), mean_weighting="examples",
-                        summary="clients send their model; the server returns the weighted mean")
+    spec = ProtocolSpec(
+        name="fedavg",
+        factory=lambda cfg: FedAvg(cfg),
+        mean_weighting="examples",
+        summary="clients send their model; the server returns the weighted mean",
+    )
     latest: tuple[int, Tensors] | None = None  # server, client sampling: (round, the last global model)
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:

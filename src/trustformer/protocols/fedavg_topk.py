@@ -22,8 +22,16 @@ from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_spar
 from ..wire import PayloadError, TensorSpec
 from .capabilities import CatchUp, CodingView, LocalTraining, PayloadCheck, RoundReport
 from .spec import ProtocolSpec
-from .base import (ClientSession, FederatedProtocol, LocalStep, Phases, Tensors, assign_tensors, held_global,
-                   trainable_tensors)
+from .base import (
+    ClientSession,
+    FederatedProtocol,
+    LocalStep,
+    Phases,
+    Tensors,
+    assign_tensors,
+    held_global,
+    trainable_tensors,
+)
 
 INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
@@ -31,15 +39,23 @@ GLOBAL, RESIDUAL = "global/", "residual"
 
 class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundReport, CodingView):
     spec = ProtocolSpec(
-        name="fedavg-topk", factory=lambda cfg: FedAvgTopK(cfg), payload_is_update=True, estimator="update",
-        variants=lambda cfg, levels, _memberships: [(f"fedavg-topk keep={b:g}", {"federation.topk_keep": b})
-                                                    for b in levels] if levels else None,
+        name="fedavg-topk",
+        factory=lambda cfg: FedAvgTopK(cfg),
+        payload_is_update=True,
+        estimator="update",
+        variants=lambda cfg, levels, _memberships: (
+            [(f"fedavg-topk keep={b:g}", {"federation.topk_keep": b}) for b in levels] if levels else None
+        ),
         summary="clients send the largest coordinates of their update (with error feedback)",
-        refuses={"robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
-                                "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"})
+        refuses={
+            "robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
+            "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"
+        },
+    )
 
-    def __init__(self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None,
-                 local_step=None) -> None:
+    def __init__(
+        self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None, local_step=None
+    ) -> None:
         super().__init__(cfg)
         self.keep = cfg.federation.topk_keep if keep is None else keep
         self.error_feedback = cfg.federation.topk_error_feedback if error_feedback is None else error_feedback
@@ -86,8 +102,10 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundR
         elif set(aggregate) == {VALUES} and tuple(aggregate[VALUES].shape) == (dim,):
             flat += aggregate[VALUES].double()
         else:
-            raise PayloadError(f"aggregate from the server: unexpected arrays {sorted(aggregate)} "
-                               f"(expected {INDICES!r} and {VALUES!r}, or {VALUES!r} of length {dim})")
+            raise PayloadError(
+                f"aggregate from the server: unexpected arrays {sorted(aggregate)} "
+                f"(expected {INDICES!r} and {VALUES!r}, or {VALUES!r} of length {dim})"
+            )
         new_global = unflatten(flat, base)
         assign_tensors(session.model, new_global)
         for n, t in new_global.items():
@@ -126,10 +144,12 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundR
         """Σ_k (n_k / n)·sparse Δ_k on the union of the kept coordinates."""
         started = time.perf_counter()
         total = float(sum(num_examples))
-        union, inverse = torch.unique(torch.cat([p[INDICES].to(torch.int64) for p in payloads]), sorted=True,
-                                      return_inverse=True)
-        weights = torch.cat([torch.full((p[VALUES].numel(),), n / total, dtype=torch.float64)
-                             for p, n in zip(payloads, num_examples)])
+        union, inverse = torch.unique(
+            torch.cat([p[INDICES].to(torch.int64) for p in payloads]), sorted=True, return_inverse=True
+        )
+        weights = torch.cat(
+            [torch.full((p[VALUES].numel(),), n / total, dtype=torch.float64) for p, n in zip(payloads, num_examples)]
+        )
         values = torch.zeros(union.numel(), dtype=torch.float64)
         values.index_add_(0, inverse, torch.cat([p[VALUES].double() for p in payloads]) * weights)
         out = {INDICES: union.to(payloads[0][INDICES].dtype), VALUES: values.to(torch.float32)}
@@ -148,7 +168,6 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundR
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         return (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
-
 
 
 SPEC = FedAvgTopK.spec

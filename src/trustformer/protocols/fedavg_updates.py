@@ -14,8 +14,16 @@ from ..config import RunConfig
 from ..core.aggregation import weighted_mean
 from .capabilities import LocalTraining
 from .spec import ProtocolSpec
-from .base import (ClientSession, FederatedProtocol, LocalStep, Phases, Tensors, assign_tensors, held_global,
-                   trainable_tensors)
+from .base import (
+    ClientSession,
+    FederatedProtocol,
+    LocalStep,
+    Phases,
+    Tensors,
+    assign_tensors,
+    held_global,
+    trainable_tensors,
+)
 
 GLOBAL = "global/"  # protocol_state key prefix of the last global model
 
@@ -23,8 +31,9 @@ GLOBAL = "global/"  # protocol_state key prefix of the last global model
 class FedAvgUpdates(FederatedProtocol, LocalTraining):
     """A building block (the DP baselines'), not registered as a strategy."""
 
-    spec = ProtocolSpec(name="fedavg-updates", factory=lambda cfg: FedAvgUpdates(cfg), mean_weighting="examples",
-                        estimator="update")
+    spec = ProtocolSpec(
+        name="fedavg-updates", factory=lambda cfg: FedAvgUpdates(cfg), mean_weighting="examples", estimator="update"
+    )
 
     def __init__(self, cfg: RunConfig, *, local_step=None) -> None:
         super().__init__(cfg)

@@ -53,8 +53,15 @@ from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
 from .capabilities import LocalTraining, PayloadCheck, RoundReport, ServerState
 from .spec import ProtocolSpec
-from .base import (ClientSession, FederatedProtocol, RoundMessages, Tensors, assign_tensors, held_global,
-                   trainable_tensors)
+from .base import (
+    ClientSession,
+    FederatedProtocol,
+    RoundMessages,
+    Tensors,
+    assign_tensors,
+    held_global,
+    trainable_tensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +90,25 @@ def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
 class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerState):
     # train reports the cost only; the payloads come with train.payload
     spec = ProtocolSpec(
-        name="fedpc", factory=lambda cfg: FedPC(cfg), payload_message="train.payload", estimator=None,
+        name="fedpc",
+        factory=lambda cfg: FedPC(cfg),
+        payload_message="train.payload",
+        estimator=None,
         tasks=("image-classification", "segmentation"),
         summary="a pilot worker's model and the others' 2-bit ternary vectors (Eq. 3)",
-        refuses={"coding": "its ternary vectors are 2 bits already and the pilot's model is the master's next model",
-                 "client_sampling": "the master's update (Eq. 3) weighs every worker's report of the epoch",
-                 "secure_aggregation": "secure aggregation reveals only the sum of the payloads, and FedPC's master "
-                                       "needs the pilot worker's own model (Eq. 3), which is not a sum",
-                 "defences": "the master follows the pilot's model and takes ternary vectors, not a mean of updates",
-                 "model_poisoning": "its payloads are the pilot's model and ternary vectors, which the model-poisoning "
-                                    "faults do not cover",
-                 "agg_every": "it exchanges every epoch",
-                 "other_tasks": "it needs an image task: its workers' private hyper-parameters are FedPC's "
-                                "image-model choices"})
+        refuses={
+            "coding": "its ternary vectors are 2 bits already and the pilot's model is the master's next model",
+            "client_sampling": "the master's update (Eq. 3) weighs every worker's report of the epoch",
+            "secure_aggregation": "secure aggregation reveals only the sum of the payloads, and FedPC's master "
+            "needs the pilot worker's own model (Eq. 3), which is not a sum",
+            "defences": "the master follows the pilot's model and takes ternary vectors, not a mean of updates",
+            "model_poisoning": "its payloads are the pilot's model and ternary vectors, which the model-poisoning "
+            "faults do not cover",
+            "agg_every": "it exchanges every epoch",
+            "other_tasks": "it needs an image task: its workers' private hyper-parameters are FedPC's "
+            "image-model choices",
+        },
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -144,8 +157,9 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
             values = ternary.ternary_initial(flatten(local), flatten(last), alpha)
         else:  # Eq. 5: from P^{t-1} and P^{t-2}
             before = self._previous(session)
-            values = ternary.ternary_evolution(flatten(local), flatten(last), flatten(before),
-                                               float(session.request.get("beta", self.p.beta)))
+            values = ternary.ternary_evolution(
+                flatten(local), flatten(last), flatten(before), float(session.request.get("beta", self.p.beta))
+            )
         return {TERNARY: ternary.pack(values)}, {"ternary_s": time.perf_counter() - started}
 
     @staticmethod
@@ -209,16 +223,21 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
             io.note(n, goodness=scores[n])
         self.total_examples = sum(size for size, _cost in reports.values())
         pilot = order[0]
-        want = {n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1,
-                                                          "beta": self.p.beta}) for n in order}
+        want = {
+            n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1, "beta": self.p.beta})
+            for n in order
+        }
         specs = {n: (self.model_spec if n == pilot else self.ternary_spec()) for n in order}
         payloads = io.request(want, specs)
         if pilot not in payloads:
             pilot = None
             for candidate in [n for n in order if n in payloads]:
-                io.event(event="pilot_replaced", client=io.client(candidate),
-                         reason=f"the pilot (client {io.client(order[0])}) sent no valid model: the next best "
-                                f"worker, client {io.client(candidate)}, is asked for its model instead")
+                io.event(
+                    event="pilot_replaced",
+                    client=io.client(candidate),
+                    reason=f"the pilot (client {io.client(order[0])}) sent no valid model: the next best "
+                    f"worker, client {io.client(candidate)}, is asked for its model instead",
+                )
                 got = io.request({candidate: {"want": "model", "retry": True}}, {candidate: self.model_spec})
                 payloads.pop(candidate)
                 if candidate in got:
@@ -243,8 +262,12 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
         self.pilots.append(io.client(pilot) if pilot is not None else None)
         io.add_fields({"pilot_client": self.pilots[-1] if pilot is not None else -1})
         io.apply(list(io.nodes), model, phases)
-        log.info("round %d: FedPC pilot client %s (goodness %s)", io.rnd, self.pilots[-1],
-                 {io.client(n): None if scores[n] is None else round(scores[n], 4) for n in order})
+        log.info(
+            "round %d: FedPC pilot client %s (goodness %s)",
+            io.rnd,
+            self.pilots[-1],
+            {io.client(n): None if scores[n] is None else round(scores[n], 4) for n in order},
+        )
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
         """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps
@@ -269,9 +292,15 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
         return unflatten(base.to(torch.float32), self.last), {"aggregate_s": time.perf_counter() - started}
 
     def server_summary(self) -> dict[str, Any]:
-        return {"fedpc": {"pilots": self.pilots, "sign": self.p.sign, "master_lr": self.p.master_lr,
-                          "beta": self.p.beta,
-                          "private_hyperparameters": "drawn by each worker, never sent (fedpc.* choices)"}}
+        return {
+            "fedpc": {
+                "pilots": self.pilots,
+                "sign": self.p.sign,
+                "master_lr": self.p.master_lr,
+                "beta": self.p.beta,
+                "private_hyperparameters": "drawn by each worker, never sent (fedpc.* choices)",
+            }
+        }
 
     def server_state(self) -> dict[str, Any]:
         """Epoch, costs and pilots in the checkpoint; P^{t-1} and P^{t-2} in ``fedpc-server.pt`` beside it."""
@@ -287,7 +316,6 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
         if path.exists():
             saved = torch.load(path, weights_only=True)
             self.last, self.before = saved["last"], saved["before"]
-
 
 
 SPEC = FedPC.spec

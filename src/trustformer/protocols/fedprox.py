@@ -72,9 +72,13 @@ def proximal_step(session: ClientSession, mu: float) -> LocalStep:
 
 
 class FedProx(FedAvg, LocalTraining):
-    spec = ProtocolSpec(name="fedprox", factory=lambda cfg: FedProx(cfg), section=FedProxConfig,
-                        mean_weighting="examples",
-                        summary="FedAvg whose clients add the proximal term (mu/2)||w - w_global||^2 (Li et al. 2020)")
+    spec = ProtocolSpec(
+        name="fedprox",
+        factory=lambda cfg: FedProx(cfg),
+        section=FedProxConfig,
+        mean_weighting="examples",
+        summary="FedAvg whose clients add the proximal term (mu/2)||w - w_global||^2 (Li et al. 2020)",
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

@@ -33,16 +33,19 @@ STATE_FILE = "phong-server.pt"  # the model the master holds between epochs, bes
 class Phong(FederatedProtocol, RoundReport, ServerState):
     # each worker's reply carries the test loss of the model it produced
     spec = ProtocolSpec(
-        name="phong", factory=lambda cfg: Phong(cfg), evaluates_after_train=True, estimator=None,
+        name="phong",
+        factory=lambda cfg: Phong(cfg),
+        evaluates_after_train=True,
+        estimator=None,
         summary="the model visits the workers one after another (Phong & Phuong 2019)",
-        refuses={"coding": "the model it passes on is the next worker's starting point, not a difference both ends "
-                           "hold",
-                 "client_sampling": "the model visits every worker in turn; a worker left out would be skipped, "
-                                    "not sampled",
-                 "secure_aggregation": "the model visits one worker at a time; there is no sum of payloads to "
-                                       "aggregate",
-                 "defences": "the model passes from worker to worker; there is no aggregate to bound",
-                 "agg_every": "it exchanges every epoch"})
+        refuses={
+            "coding": "the model it passes on is the next worker's starting point, not a difference both ends hold",
+            "client_sampling": "the model visits every worker in turn; a worker left out would be skipped, not sampled",
+            "secure_aggregation": "the model visits one worker at a time; there is no sum of payloads to aggregate",
+            "defences": "the model passes from worker to worker; there is no aggregate to bound",
+            "agg_every": "it exchanges every epoch",
+        },
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -102,7 +105,6 @@ class Phong(FederatedProtocol, RoundReport, ServerState):
         path = Path(self.cfg.out) / STATE_FILE
         if path.exists():
             self.model = torch.load(path, weights_only=True)
-
 
 
 SPEC = Phong.spec

@@ -27,8 +27,15 @@ from typing import Any
 
 import torch
 
-from ..core.robust import (clip_to_bound, coordinate_median, cosines_to_median, deviation_norms, median_bound,
-                           multikrum_mean, trimmed_mean)
+from ..core.robust import (
+    clip_to_bound,
+    coordinate_median,
+    cosines_to_median,
+    deviation_norms,
+    median_bound,
+    multikrum_mean,
+    trimmed_mean,
+)
 from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
 from .capabilities import RoundReport, ServerState, capability
 
@@ -73,13 +80,18 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         if self.bound == "none" or not payloads:
             return payloads, list(range(len(payloads)))
         values = [{n: t for n, t in p.items() if t.is_floating_point()} for p in payloads]
-        center = ({n: torch.zeros_like(t) for n, t in values[0].items()} if self.spec.payload_is_update
-                  else coordinate_median(values))
+        center = (
+            {n: torch.zeros_like(t) for n, t in values[0].items()}
+            if self.spec.payload_is_update
+            else coordinate_median(values)
+        )
         norms = deviation_norms(values, center)
         cosines = self._cosines(payloads)
-        log.debug("deviation norms / their median: %s; cosines to the median update: %s",
-                  [round(x / max(median_bound(norms, 1.0), 1e-30), 3) for x in norms],
-                  [round(c, 3) for c in cosines] if cosines is not None else None)
+        log.debug(
+            "deviation norms / their median: %s; cosines to the median update: %s",
+            [round(x / max(median_bound(norms, 1.0), 1e-30), 3) for x in norms],
+            [round(c, 3) for c in cosines] if cosines is not None else None,
+        )
         refuse = float("inf")
         if self.bound == "fixed":
             limit = self.settings.bound_norm
@@ -90,24 +102,45 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         out, kept = [], []
         for i, (payload, norm) in enumerate(zip(payloads, norms)):
             if cosines is not None and cosines[i] < self.settings.min_cosine:
-                self._events.append({"index": i, "event": "refused", "norm": norm, "bound": limit,
-                                     "cosine": cosines[i],
-                                     "reason": f"update points away from the round's median update (cosine "
-                                               f"{cosines[i]:.3f} < robust.min_cosine = {self.settings.min_cosine}): "
-                                               "left out of the aggregate"})
+                self._events.append(
+                    {
+                        "index": i,
+                        "event": "refused",
+                        "norm": norm,
+                        "bound": limit,
+                        "cosine": cosines[i],
+                        "reason": f"update points away from the round's median update (cosine "
+                        f"{cosines[i]:.3f} < robust.min_cosine = {self.settings.min_cosine}): "
+                        "left out of the aggregate",
+                    }
+                )
                 continue
             if norm > refuse:
-                self._events.append({"index": i, "event": "refused", "norm": norm, "bound": limit,
-                                     "reason": f"update norm {norm:.4g} above robust.refuse_factor x the round's "
-                                               f"median ({refuse:.4g}): left out of the aggregate"})
+                self._events.append(
+                    {
+                        "index": i,
+                        "event": "refused",
+                        "norm": norm,
+                        "bound": limit,
+                        "reason": f"update norm {norm:.4g} above robust.refuse_factor x the round's "
+                        f"median ({refuse:.4g}): left out of the aggregate",
+                    }
+                )
                 continue
             kept.append(i)
             if norm <= limit:
                 out.append(payload)
                 continue
-            self._events.append({"index": i, "event": "clipped", "norm": norm, "bound": limit,
-                                 "reason": f"update norm {norm:.4g} above the bound {limit:.4g} "
-                                           f"(robust.bound = {self.bound!r}): scaled down to it"})
+            self._events.append(
+                {
+                    "index": i,
+                    "event": "clipped",
+                    "norm": norm,
+                    "bound": limit,
+                    "reason": f"update norm {norm:.4g} above the bound {limit:.4g} "
+                    f"(robust.bound = {self.bound!r}): scaled down to it",
+                }
+            )
             out.append({**payload, **clip_to_bound(values[i], center, norm, limit)})
         return out, kept
 
@@ -115,11 +148,16 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         """Where each payload is a whole model and the server holds the model the round started from (the last
         aggregate; before it, the initial model), each update's cosine with the round's median update."""
         start = self._start
-        if (self.settings.min_cosine <= -1.0 or start is None or len(payloads) < 3
-                or any(set(p) != set(start) for p in payloads)):
+        if (
+            self.settings.min_cosine <= -1.0
+            or start is None
+            or len(payloads) < 3
+            or any(set(p) != set(start) for p in payloads)
+        ):
             return None
-        return cosines_to_median([{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start}
-                                  for p in payloads])
+        return cosines_to_median(
+            [{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start} for p in payloads]
+        )
 
     def server_state(self) -> dict[str, Any] | None:
         """The protocol's own state, and (whole-model payloads) the model the next round starts from, saved as
@@ -152,9 +190,14 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         keep = 1 if self.aggregator == "krum" else (self.settings.multikrum_keep or len(payloads) - f)
         aggregate, chosen = multikrum_mean(payloads, [float(n) for n in num_examples], f, min(keep, len(payloads)))
         for i in sorted(set(range(len(payloads))) - set(chosen)):
-            self._events.append({"index": self._positions[i], "event": "excluded",
-                                 "reason": f"left out by robust.aggregator = {self.aggregator!r} (one of the "
-                                           f"{len(payloads) - len(chosen)} updates farthest from the others)"})
+            self._events.append(
+                {
+                    "index": self._positions[i],
+                    "event": "excluded",
+                    "reason": f"left out by robust.aggregator = {self.aggregator!r} (one of the "
+                    f"{len(payloads) - len(chosen)} updates farthest from the others)",
+                }
+            )
         return aggregate
 
 

@@ -66,8 +66,9 @@ class ProtocolSpec:
     payload_is_update: bool = False
     pools_data: bool = False
     estimator: str | None = "model"
-    variants: Callable[[Any, Sequence[float] | None, Sequence[str] | None], list[tuple[str, dict[str, Any]]] | None] \
-        | None = None
+    variants: (
+        Callable[[Any, Sequence[float] | None, Sequence[str] | None], list[tuple[str, dict[str, Any]]] | None] | None
+    ) = None
     run_fields: Callable[[Any], dict[str, Any]] | None = None
 
     # derived: the ``train`` reply carries only a report; the server asks for payloads with ``train.payload``
@@ -76,8 +77,10 @@ class ProtocolSpec:
     def __post_init__(self) -> None:
         unknown = set(self.refuses) - set(COMPOSITIONS)
         if unknown:
-            raise ValueError(f"protocol {self.name!r} refuses unknown compositions {sorted(unknown)} "
-                             f"(known: {', '.join(COMPOSITIONS)})")
+            raise ValueError(
+                f"protocol {self.name!r} refuses unknown compositions {sorted(unknown)} "
+                f"(known: {', '.join(COMPOSITIONS)})"
+            )
         object.__setattr__(self, "payload_on_request", self.payload_message != "train")
 
 

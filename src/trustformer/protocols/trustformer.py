@@ -94,24 +94,32 @@ def check_config(cfg: RunConfig) -> None:
             f"{fed.min_cluster_rows} allows: every centroid must be the mean of at least "
             f"{fed.min_cluster_rows} rows, so beta ≤ 1/{fed.min_cluster_rows} = {1 / fed.min_cluster_rows:.3g}; "
             f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
-            f"(beta = 1 is then exactly FedAvg)")
+            f"(beta = 1 is then exactly FedAvg)"
+        )
     if fed.clients_per_round and fed.memberships in ("tracked", "focused"):
-        raise ConfigError(f"federation.clients_per_round needs memberships every client can compute from the "
-                          f"seed alone: federation.memberships = {fed.memberships!r} follows a reference model "
-                          "built from every aggregate, which a client left out of a round never receives; use "
-                          "'rotating', 'shared' or 'local'")
+        raise ConfigError(
+            f"federation.clients_per_round needs memberships every client can compute from the "
+            f"seed alone: federation.memberships = {fed.memberships!r} follows a reference model "
+            "built from every aggregate, which a client left out of a round never receives; use "
+            "'rotating', 'shared' or 'local'"
+        )
 
 
 class Trustformer(FederatedProtocol, RoundReport, CodingView):
-    spec = ProtocolSpec(name="trustformer", factory=lambda cfg: Trustformer(cfg), check=check_config,
-                        mean_weighting="examples", estimator="centroids",
-                        variants=lambda cfg, betas, memberships: [
-                            (f"trustformer β={b:g} {m}", {"federation.beta": b, "federation.memberships": m})
-                            for b in (betas or [cfg.federation.beta])
-                            for m in (memberships or [cfg.federation.memberships])],
-                        run_fields=lambda cfg: {"beta": cfg.federation.beta,
-                                                "memberships": cfg.federation.memberships},
-                        summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid")
+    spec = ProtocolSpec(
+        name="trustformer",
+        factory=lambda cfg: Trustformer(cfg),
+        check=check_config,
+        mean_weighting="examples",
+        estimator="centroids",
+        variants=lambda cfg, betas, memberships: [
+            (f"trustformer β={b:g} {m}", {"federation.beta": b, "federation.memberships": m})
+            for b in (betas or [cfg.federation.beta])
+            for m in (memberships or [cfg.federation.memberships])
+        ],
+        run_fields=lambda cfg: {"beta": cfg.federation.beta, "memberships": cfg.federation.memberships},
+        summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid",
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -120,8 +128,10 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
         self.min_rows = fed.min_cluster_rows
         self.weighting = fed.weighting
         self.memberships = fed.memberships
-        self.spec = replace(self.spec,  # type: ignore[misc]
-                            mean_weighting="examples" if fed.weighting == "data_size" else "uniform")
+        self.spec = replace(
+            self.spec,
+            mean_weighting="examples" if fed.weighting == "data_size" else "uniform",
+        )
         # payload coding: every party keeps the consensus reference model its reference centroids come from
         self.keeps_reference = fed.payload_bits != 32 and fed.memberships != "local"
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
@@ -162,44 +172,61 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
 
     # ------------------------------------------------------------------ memberships
     def _kmeans(self, matrices: dict[str, torch.Tensor], inits, max_iter: int, seed: int, init_labels=None):
-        results = cluster_layers(matrices, inits, max_iter=max_iter, tol=self.cfg.federation.kmeans_tol,
-                                 seed=seed, init_labels=init_labels)
-        labels = {n: enforce_min_rows(matrices[n], r.labels, inits[n].shape[0], self.min_rows)
-                  for n, r in results.items()}
+        results = cluster_layers(
+            matrices, inits, max_iter=max_iter, tol=self.cfg.federation.kmeans_tol, seed=seed, init_labels=init_labels
+        )
+        labels = {
+            n: enforce_min_rows(matrices[n], r.labels, inits[n].shape[0], self.min_rows) for n, r in results.items()
+        }
         return labels, [r.iterations for r in results.values()]
 
     def _seeded_rows(self, initial: dict[str, torch.Tensor], k: dict[str, int]) -> dict[str, torch.Tensor]:
         """The same seeded rows of the identical initial model on every client: k-means' cold start."""
-        return {n: m.index_select(0, choose_initial_rows(m.shape[0], k[n], derive_seed(self.cfg.seed, "init-rows", n)))
-                for n, m in initial.items()}
+        return {
+            n: m.index_select(0, choose_initial_rows(m.shape[0], k[n], derive_seed(self.cfg.seed, "init-rows", n)))
+            for n, m in initial.items()
+        }
 
     def shared_labels(self, initial: Tensors) -> tuple[dict[str, torch.Tensor], list[int]]:
         """``shared``: k-means of the identical initial model."""
         layout = self.clusters(initial)
         mats = {n: layer_matrix(initial[n]).detach() for n in layout}
         inits = self._seeded_rows(mats, {n: k for n, (k, _) in layout.items()})
-        return self._kmeans(mats, inits, self.cfg.federation.kmeans_max_iter,
-                            derive_seed(self.cfg.seed, "kmeans-shared"))
+        return self._kmeans(
+            mats, inits, self.cfg.federation.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared")
+        )
 
-    def rotating_labels(self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int
-                        ) -> dict[str, torch.Tensor]:
+    def rotating_labels(
+        self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int
+    ) -> dict[str, torch.Tensor]:
         """``rotating``: a balanced random partition per layer and round."""
-        return {n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd))
-                for n, (k, _) in layout.items()}
+        return {
+            n: random_partition(rows[n], k, derive_seed(self.cfg.seed, "rotate", n, rnd))
+            for n, (k, _) in layout.items()
+        }
 
-    def tracked_labels(self, layout: dict[str, tuple[int, int]], movement: dict[str, torch.Tensor], rnd: int
-                       ) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def tracked_labels(
+        self, layout: dict[str, tuple[int, int]], movement: dict[str, torch.Tensor], rnd: int
+    ) -> tuple[dict[str, torch.Tensor], list[int]]:
         """``tracked``: k-means of how far each row of the shared reference has moved from the initial
         model, from rows seeded per round (≤ kmeans_warm_max_iter Lloyd iterations)."""
-        inits = {n: x.index_select(0, choose_initial_rows(x.shape[0], layout[n][0],
-                                                          derive_seed(self.cfg.seed, "track", n, rnd)))
-                 for n, x in movement.items()}
+        inits = {
+            n: x.index_select(
+                0, choose_initial_rows(x.shape[0], layout[n][0], derive_seed(self.cfg.seed, "track", n, rnd))
+            )
+            for n, x in movement.items()
+        }
         fed = self.cfg.federation
-        return self._kmeans(movement, inits, min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
-                            derive_seed(self.cfg.seed, "kmeans-tracked", rnd))
+        return self._kmeans(
+            movement,
+            inits,
+            min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter),
+            derive_seed(self.cfg.seed, "kmeans-tracked", rnd),
+        )
 
-    def focused_labels(self, layout: dict[str, tuple[int, int]], moved: dict[str, torch.Tensor], rnd: int
-                       ) -> dict[str, torch.Tensor]:
+    def focused_labels(
+        self, layout: dict[str, tuple[int, int]], moved: dict[str, torch.Tensor], rnd: int
+    ) -> dict[str, torch.Tensor]:
         """``focused``: half the clusters are random groups of m among the rows that moved most."""
         out = {}
         for name, (k, _f) in layout.items():
@@ -234,8 +261,13 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
         movement = {n: public[REFERENCE + n] - layer_matrix(initial[n]).to(public[REFERENCE + n].dtype) for n in layout}
         return self.tracked_labels(layout, movement, rnd)
 
-    def advance_public(self, initial: Tensors, public: Tensors, labels: dict[str, torch.Tensor],
-                       global_centroids: dict[str, torch.Tensor]) -> None:
+    def advance_public(
+        self,
+        initial: Tensors,
+        public: Tensors,
+        labels: dict[str, torch.Tensor],
+        global_centroids: dict[str, torch.Tensor],
+    ) -> None:
         """After an exchange, in place: the shared reference model shifted so that each cluster's mean
         is the global centroid (``R[i] += G[c(i)] − mean_c(R)``), the per-row running mean of its
         squared shifts (``focused``), and the memberships (``shared``)."""
@@ -253,8 +285,9 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
             moved = public.get(MOVED + name)
             public[MOVED + name] = step if moved is None else MOVED_DECAY * moved + (1 - MOVED_DECAY) * step
 
-    def _labels(self, session: ClientSession, matrices: dict[str, torch.Tensor]
-                ) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def _labels(
+        self, session: ClientSession, matrices: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], list[int]]:
         state = session.protocol_state
         if self.memberships != "local":
             return self.public_labels(session.initial_tensors(), state, session.round)
@@ -268,11 +301,13 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
             initial = {n: layer_matrix(t).detach() for n, t in session.initial_tensors().items() if n in matrices}
             inits = self._seeded_rows(initial, {n: k for n, (k, _) in layout.items()})
         max_iter = min(fed.kmeans_max_iter, fed.kmeans_warm_max_iter) if warm else fed.kmeans_max_iter
-        return self._kmeans(matrices, inits, max_iter,
-                            derive_seed(self.cfg.seed, "kmeans", session.client, session.round))
+        return self._kmeans(
+            matrices, inits, max_iter, derive_seed(self.cfg.seed, "kmeans", session.client, session.round)
+        )
 
-    def server_labels(self, initial: Tensors, history: Sequence[tuple[int, Tensors]], rnd: int
-                      ) -> dict[str, torch.Tensor] | None:
+    def server_labels(
+        self, initial: Tensors, history: Sequence[tuple[int, Tensors]], rnd: int
+    ) -> dict[str, torch.Tensor] | None:
         """The memberships every client uses at the exchange of round ``rnd``, as the server derives
         them from public information only: the run config, the identical initial model and the
         aggregates it sent before (``history``: (round, flat aggregate), oldest first). None in mode
@@ -379,8 +414,9 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
         with torch.no_grad():
             for name, global_centroids in glob.items():
                 param = params[name]
-                moved = estimate_global_weights(layer_matrix(param.detach()), labels[name], state[LOCAL + name],
-                                                global_centroids)
+                moved = estimate_global_weights(
+                    layer_matrix(param.detach()), labels[name], state[LOCAL + name], global_centroids
+                )
                 param.copy_(moved.reshape(param.shape))
                 state[GLOBAL + name] = global_centroids
         if self.memberships != "local":

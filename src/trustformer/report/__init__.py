@@ -12,5 +12,14 @@ Tables 2–4 and Figure 6 beside the numbers of ``paper_fedpc.py``.
 from .builder import ReportFiles, build_report, build_report_for, differences
 from .runs import ReportError, RunResult, find_run_dirs, load_run, load_runs
 
-__all__ = ["ReportFiles", "ReportError", "RunResult", "build_report", "build_report_for", "differences",
-           "find_run_dirs", "load_run", "load_runs"]
+__all__ = [
+    "ReportFiles",
+    "ReportError",
+    "RunResult",
+    "build_report",
+    "build_report_for",
+    "differences",
+    "find_run_dirs",
+    "load_run",
+    "load_runs",
+]

@@ -33,8 +33,14 @@ class ReportFiles:
         return [self.markdown, self.html, *self.tables, *self.figures.values()]
 
 
-def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, *, title: str | None = None,
-                 context: dict[str, Any] | None = None, epochs: int = paper.PAPER_EPOCHS) -> ReportFiles:
+def build_report(
+    run_dirs: Iterable[str | Path],
+    out_dir: str | Path,
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+    epochs: int = paper.PAPER_EPOCHS,
+) -> ReportFiles:
     """Report every finished run under ``run_dirs`` into ``out_dir``.
 
     ``context`` (from ``trustformer reproduce``) adds the command, the grid and the run list with
@@ -44,8 +50,14 @@ def build_report(run_dirs: Iterable[str | Path], out_dir: str | Path, *, title: 
     return build_report_for(runs, out_dir, title=title, context=context, epochs=epochs)
 
 
-def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: str | None = None,
-                     context: dict[str, Any] | None = None, epochs: int = paper.PAPER_EPOCHS) -> ReportFiles:
+def build_report_for(
+    runs: Sequence[RunResult],
+    out_dir: str | Path,
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+    epochs: int = paper.PAPER_EPOCHS,
+) -> ReportFiles:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     context = context or {}
@@ -61,20 +73,29 @@ def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: s
     doc.heading("Main results")
     doc.table(by_name["quality"], files=_files(out, "quality", "quality_per_client"))
     translation = any(r.task == "translation" for r in runs) or not runs
-    doc.image(figs["quality"], "Figure 6 — BLEU, METEOR and BERTScore F1 per client and method." if translation
-              else "Accuracy (classification) or Dice, IoU and pixel accuracy (segmentation) per client and "
-                   "method, on the shared held-out test set.")
+    doc.image(
+        figs["quality"],
+        "Figure 6 — BLEU, METEOR and BERTScore F1 per client and method."
+        if translation
+        else "Accuracy (classification) or Dice, IoU and pixel accuracy (segmentation) per client and "
+        "method, on the shared held-out test set.",
+    )
     doc.heading("Communication (Table III)")
     doc.table(by_name["table3_bytes"], files=_files(out, "table3_bytes"))
-    doc.image(figs["bytes_vs_beta"], "Table III as a chart — bytes per client per round relative to a FedAvg "
-                                     "model, ours and the paper's.")
+    doc.image(
+        figs["bytes_vs_beta"],
+        "Table III as a chart — bytes per client per round relative to a FedAvg model, ours and the paper's.",
+    )
     doc.heading("Time (Tables IV and V)")
     doc.table(by_name["table4_time"], files=_files(out, "table4_time"))
     doc.table(by_name["table5_total_time"], files=_files(out, "table5_total_time"))
     doc.heading("Convergence (Figures 4 and 5)")
     doc.image(figs["loss_per_round"], "Figure 4/5 — test loss of every client per round, per method.")
-    doc.image(figs["loss_vs_beta"], "Figure 4/5 — final test loss against β with FedAvg, no aggregation and "
-                                    "the other methods as references; distance to FedAvg against β.")
+    doc.image(
+        figs["loss_vs_beta"],
+        "Figure 4/5 — final test loss against β with FedAvg, no aggregation and "
+        "the other methods as references; distance to FedAvg against β.",
+    )
     if "data_per_client" in figs or "class_counts" in figs:
         doc.heading("Data")
     if "data_per_client" in figs:
@@ -85,8 +106,11 @@ def build_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: s
     if masks:
         doc.heading("Predicted masks")
         for label, path in masks.items():
-            doc.image(path, f"{label} — held-out test slices: the image, the true mask, the first client's "
-                            "predicted mask, and the overlay (green: both, red: missed, blue: false positive).")
+            doc.image(
+                path,
+                f"{label} — held-out test slices: the image, the true mask, the first client's "
+                "predicted mask, and the overlay (green: both, red: missed, blue: false positive).",
+            )
     if translation:
         _samples(doc, runs, out)
     doc.heading("Where this differs from the paper, and why")
@@ -125,11 +149,17 @@ def _intro(doc: Document, runs: Sequence[RunResult], context: dict[str, Any], ou
 
 def _samples(doc: Document, runs: Sequence[RunResult], out: Path, shown: int = 2) -> None:
     doc.heading("Sample translations")
-    doc.para(f"The first {shown} test sentences as decoded by each method's first client. Every client's full "
-             "list is in its `translations.tsv` (source, reference, hypothesis), written by the client itself "
-             "(the server only ever receives the scores and three samples).")
-    table = tables.Table("samples", "Sample translations (first client of each method)",
-                         ["method", "source", "reference", "hypothesis"], left=4)
+    doc.para(
+        f"The first {shown} test sentences as decoded by each method's first client. Every client's full "
+        "list is in its `translations.tsv` (source, reference, hypothesis), written by the client itself "
+        "(the server only ever receives the scores and three samples)."
+    )
+    table = tables.Table(
+        "samples",
+        "Sample translations (first client of each method)",
+        ["method", "source", "reference", "hypothesis"],
+        left=4,
+    )
     links = []
     for r in runs:
         samples = r.summary.get("samples") or {}
@@ -137,8 +167,11 @@ def _samples(doc: Document, runs: Sequence[RunResult], out: Path, shown: int = 2
         for src, ref, hyp in first[:shown]:
             table.rows.append([r.label, _clip(src), _clip(ref), _clip(hyp) or "(empty)"])
         files = r.summary.get("translations") or {}
-        found = [f"[{'all shards' if str(c) == '-1' else 'client ' + str(c)}]({_rel(r.path / p, out)})"
-                 for c, p in files.items() if (r.path / p).is_file()]
+        found = [
+            f"[{'all shards' if str(c) == '-1' else 'client ' + str(c)}]({_rel(r.path / p, out)})"
+            for c, p in files.items()
+            if (r.path / p).is_file()
+        ]
         if found:
             links.append(f"{r.label}: " + ", ".join(found))
     if table.rows:
@@ -162,11 +195,15 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
     if context.get("grid"):
         doc.para("Grid: " + ", ".join(f"{k} = {v}" for k, v in context["grid"].items()))
     seeds = sorted({r.seed for r in runs})
-    doc.para(f"Seeds: {', '.join(map(str, seeds))} (the run seed; every other seed — data split, model "
-             "initialisation, batch order, dropout, k-means starts — is derived from it, so a run is repeatable).")
+    doc.para(
+        f"Seeds: {', '.join(map(str, seeds))} (the run seed; every other seed — data split, model "
+        "initialisation, batch order, dropout, k-means starts — is derived from it, so a run is repeatable)."
+    )
     base = _common_config(runs)
-    doc.para("Configuration shared by the runs (keys that vary between runs — strategy, β, Agg_fr, and any other "
-             "— are listed per run below; `out` omitted):")
+    doc.para(
+        "Configuration shared by the runs (keys that vary between runs — strategy, β, Agg_fr, and any other "
+        "— are listed per run below; `out` omitted):"
+    )
     doc.code(json.dumps(base, indent=2, sort_keys=True, ensure_ascii=False), "json")
     run_items = []
     status = {Path(x["folder"]).name: x for x in context.get("runs", [])}
@@ -176,9 +213,13 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
         extra = ""
         if st:
             extra = f" · {st.get('status', '')}" + (f" in {st['seconds']:.0f} s" if st.get("seconds") else "")
-        run_items.append(f"{r.label}: `{r.path.name}`" + (f" ({varying})" if varying else "") + extra
-                         + f" · seed {r.seed} · {r.rounds} round(s) · "
-                         f"wall {r.summary.get('time_s', {}).get('total', 0):.0f} s")
+        run_items.append(
+            f"{r.label}: `{r.path.name}`"
+            + (f" ({varying})" if varying else "")
+            + extra
+            + f" · seed {r.seed} · {r.rounds} round(s) · "
+            f"wall {r.summary.get('time_s', {}).get('total', 0):.0f} s"
+        )
     doc.bullets(run_items)
     machines = {json.dumps(r.summary.get("machine", {}), sort_keys=True) for r in runs}
     versions = {json.dumps(r.summary.get("versions", {}), sort_keys=True) for r in runs}
@@ -186,8 +227,9 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
     items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
     if context.get("machine"):
         items.append(f"Host during the grid: {_kv(context['machine'])}")
-    data: dict[str, Any] = next((r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")),
-                                {})
+    data: dict[str, Any] = next(
+        (r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")), {}
+    )
     first = next(iter(data.values()), None) if data else None
     if first:
         items.append(f"Data: {_kv(first)}")
@@ -212,8 +254,11 @@ def _common_config(runs: Sequence[RunResult]) -> dict[str, Any]:
     flats = [_flatten(r.config) for r in runs if r.config]
     if not flats:
         return {}
-    common = {k: v for k, v in flats[0].items()
-              if k != ("out",) and k not in _GRID_KEYS and all(f.get(k, object()) == v for f in flats[1:])}
+    common = {
+        k: v
+        for k, v in flats[0].items()
+        if k != ("out",) and k not in _GRID_KEYS and all(f.get(k, object()) == v for f in flats[1:])
+    }
     return nest(common)
 
 
@@ -230,8 +275,11 @@ def nest(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
 
 def _varying(run: RunResult, base: dict[str, Any]) -> str:
     flat_base = _flatten(base)
-    diffs = [f"{'.'.join(k)}={v}" for k, v in sorted(_flatten(run.config).items())
-             if k != ("out",) and k not in _GRID_KEYS and flat_base.get(k, object()) != v]
+    diffs = [
+        f"{'.'.join(k)}={v}"
+        for k, v in sorted(_flatten(run.config).items())
+        if k != ("out",) and k not in _GRID_KEYS and flat_base.get(k, object()) != v
+    ]
     return ", ".join(diffs)
 
 
@@ -240,18 +288,30 @@ def _varying(run: RunResult, base: dict[str, Any]) -> str:
 
 def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) -> list[str]:
     """What differs from the paper, measured on these runs where possible, with the reason."""
-    tf = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-                key=lambda r: r.beta)
+    tf = sorted(
+        (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
+        key=lambda r: r.beta,
+    )
     fedavg = next((r for r in runs if r.strategy == "fedavg" and r.agg_every == 1), None)
-    notes = [_scale_note(runs), _bytes_note(tf), _clustering_note(tf), _total_time_note(fedavg, tf, epochs),
-             TIMING_NOTE, _bertscore_note(runs), _quality_note(runs), _dp_note(runs, fedavg),
-             _convergence_note(runs, fedavg, tf)]
+    notes = [
+        _scale_note(runs),
+        _bytes_note(tf),
+        _clustering_note(tf),
+        _total_time_note(fedavg, tf, epochs),
+        TIMING_NOTE,
+        _bertscore_note(runs),
+        _quality_note(runs),
+        _dp_note(runs, fedavg),
+        _convergence_note(runs, fedavg, tf),
+    ]
     return [note for note in notes if note]
 
 
-TIMING_NOTE = ("**Timing conditions.** Our clients run one after another in one process on a shared CPU (each timed "
-               "alone; Eq. 5 takes the slowest, as if they ran in parallel). Other work on the machine inflates and "
-               "scatters the seconds; repeat runs to judge small differences.")
+TIMING_NOTE = (
+    "**Timing conditions.** Our clients run one after another in one process on a shared CPU (each timed "
+    "alone; Eq. 5 takes the slowest, as if they ran in parallel). Other work on the machine inflates and "
+    "scatters the seconds; repeat runs to judge small differences."
+)
 
 
 def _scale_note(runs: Sequence[RunResult]) -> str | None:
@@ -260,12 +320,14 @@ def _scale_note(runs: Sequence[RunResult]) -> str | None:
     first = runs[0]
     m, d, fed = (first.config.get(k, {}) for k in ("model", "data", "federation"))
     vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size", "?")
-    return (f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
-            f"{m.get('n_encoder_layers')}+{m.get('n_decoder_layers')} layers, FFN {m.get('d_ff')}, vocabulary "
-            f"{vocab}, {fed.get('clients')} clients × {d.get('client_size') or 'all'} pairs of {d.get('source')} "
-            f"data, {first.rounds} round(s), CPU. Paper: {paper.PAPER_SETUP}. Bytes and seconds scale with the "
-            "model and the hardware, so only relative numbers are comparable; our models are far from converged, "
-            "so quality scores are low.")
+    return (
+        f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
+        f"{m.get('n_encoder_layers')}+{m.get('n_decoder_layers')} layers, FFN {m.get('d_ff')}, vocabulary "
+        f"{vocab}, {fed.get('clients')} clients × {d.get('client_size') or 'all'} pairs of {d.get('source')} "
+        f"data, {first.rounds} round(s), CPU. Paper: {paper.PAPER_SETUP}. Bytes and seconds scale with the "
+        "model and the hardware, so only relative numbers are comparable; our models are far from converged, "
+        "so quality scores are low."
+    )
 
 
 def _bytes_note(tf: Sequence[RunResult]) -> str | None:
@@ -274,14 +336,19 @@ def _bytes_note(tf: Sequence[RunResult]) -> str | None:
         up, _ = r.bytes_per_exchange()
         model = r.model_bytes()
         if up is not None and model and r.paper_key in paper.TABLE3_KIB:
-            rel.append(f"β={r.beta:g}: {100 * up / model:.1f}% vs "
-                       f"{100 * paper.TABLE3_KIB[r.paper_key] / paper.PAPER_MODEL_KIB:.1f}%")
+            rel.append(
+                f"β={r.beta:g}: {100 * up / model:.1f}% vs "
+                f"{100 * paper.TABLE3_KIB[r.paper_key] / paper.PAPER_MODEL_KIB:.1f}%"
+            )
     if not rel:
         return None
-    return ("**Communication (Table III).** Trustformer's payload relative to a FedAvg model, ours vs the paper's: "
-            + "; ".join(rel) + ". Both grow like β (k = ⌊r·β⌋ centroids per layer). Ours counts every trainable "
-            "tensor (biases and LayerNorm as r×1, never skipped), rounds k down per layer and includes the message "
-            "framing and control records; small layers (k ≥ 1) weigh more in a small model.")
+    return (
+        "**Communication (Table III).** Trustformer's payload relative to a FedAvg model, ours vs the paper's: "
+        + "; ".join(rel)
+        + ". Both grow like β (k = ⌊r·β⌋ centroids per layer). Ours counts every trainable "
+        "tensor (biases and LayerNorm as r×1, never skipped), rounds k down per layer and includes the message "
+        "framing and control records; small layers (k ≥ 1) weigh more in a small model."
+    )
 
 
 def _clustering_note(tf: Sequence[RunResult]) -> str | None:
@@ -293,50 +360,60 @@ def _clustering_note(tf: Sequence[RunResult]) -> str | None:
             shares.append(f"β={r.beta:g}: {e['cluster'] / e['train']:.2f}× vs {p[1] / p[0]:.2f}×")
     if not shares:
         return None
-    return ("**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
-            "the paper's: " + "; ".join(shares) + ". Our Trustformer runs here cluster as the paper's Algorithm 2 "
-            "(k-means of each client's trained weights at every exchange, memberships = local, no privacy floor); "
-            "after the first exchange k-means starts from the previous global centroids and runs at most "
-            "federation.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
-            "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
-            "(it peaks at β = 0.6), which it attributes to k-means convergence.")
+    return (
+        "**Clustering time (Table IV).** k-means time as a multiple of local-training time per epoch, ours vs "
+        "the paper's: " + "; ".join(shares) + ". Our Trustformer runs here cluster as the paper's Algorithm 2 "
+        "(k-means of each client's trained weights at every exchange, memberships = local, no privacy floor); "
+        "after the first exchange k-means starts from the previous global centroids and runs at most "
+        "federation.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
+        "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
+        "(it peaks at β = 0.6), which it attributes to k-means convergence."
+    )
 
 
 def _total_time_note(fedavg: RunResult | None, tf: Sequence[RunResult], epochs: int) -> str | None:
     if fedavg is None or not tf:
         return None
-    return ("**Total time (Table V).** Computed by Eq. 5 with e = "
-            f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
-            "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
-            f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, "
-            f"{paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
-            "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
-            "'paper / FedAvg' column inherits that.")
+    return (
+        "**Total time (Table V).** Computed by Eq. 5 with e = "
+        f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
+        "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
+        f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, "
+        f"{paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
+        "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
+        "'paper / FedAvg' column inherits that."
+    )
 
 
 def _bertscore_note(runs: Sequence[RunResult]) -> str | None:
     bert = next((r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")), None)
     if not bert:
         return None
-    return (f"**BERTScore.** Computed with {bert}, without baseline rescaling; the paper does not name its model "
-            "(bert-score's default for English is roberta-large, which needs a download). Compare BERTScore only "
-            "between runs scored with the same model.")
+    return (
+        f"**BERTScore.** Computed with {bert}, without baseline rescaling; the paper does not name its model "
+        "(bert-score's default for English is roberta-large, which needs a download). Compare BERTScore only "
+        "between runs scored with the same model."
+    )
 
 
 def _quality_note(runs: Sequence[RunResult]) -> str | None:
     bleu = [v for r in runs for v in r.per_client("bleu") if v is not None]
     if not bleu or max(bleu) >= 1.0:
         return None
-    return ("**Quality.** Every BLEU here is below 1: at this scale and number of rounds the models have not "
-            "learnt to translate yet (many hypotheses are empty or repeat frequent words), so Figure 6 shows noise, "
-            "not a ranking. The paper's Figure 6 gives no numbers to compare with.")
+    return (
+        "**Quality.** Every BLEU here is below 1: at this scale and number of rounds the models have not "
+        "learnt to translate yet (many hypotheses are empty or repeat frequent words), so Figure 6 shows noise, "
+        "not a ranking. The paper's Figure 6 gives no numbers to compare with."
+    )
 
 
 def _dp_note(runs: Sequence[RunResult], fedavg: RunResult | None) -> str:
     dp = [r for r in runs if r.strategy.startswith("dp-")]
     if not dp:
-        return ("**DP baselines.** No DP-FedAvg / DP-FedSAM / DP-BLUR-LUS runs in this report, so their paper "
-                "rows stand alone.")
+        return (
+            "**DP baselines.** No DP-FedAvg / DP-FedSAM / DP-BLUR-LUS runs in this report, so their paper "
+            "rows stand alone."
+        )
     desc = []
     for r in dp:
         privacy = r.summary.get("privacy") if isinstance(r.summary.get("privacy"), dict) else {}
@@ -344,13 +421,20 @@ def _dp_note(runs: Sequence[RunResult], fedavg: RunResult | None) -> str:
         text = f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?"
         text += ", final test loss " + (f"{loss:.3f}" if loss is not None else "—")
         if r.noise_not_private:
-            text += (" — its noise and client sampling were derived from the run seed "
-                     "(privacy.noise_source = seeded-not-private): anyone who knows the seed can remove the "
-                     "noise, so this ε protects nothing")
+            text += (
+                " — its noise and client sampling were derived from the run seed "
+                "(privacy.noise_source = seeded-not-private): anyone who knows the seed can remove the "
+                "noise, so this ε protects nothing"
+            )
         desc.append(text)
     ref = fedavg.mean("test_loss") if fedavg is not None else None
-    return ("**DP baselines.** " + "; ".join(desc) + (f" (FedAvg: {ref:.3f})" if ref is not None else "") + ". "
-            + _dp_reading_verdict(dp))
+    return (
+        "**DP baselines.** "
+        + "; ".join(desc)
+        + (f" (FedAvg: {ref:.3f})" if ref is not None else "")
+        + ". "
+        + _dp_reading_verdict(dp)
+    )
 
 
 def learned(run: RunResult) -> bool | None:
@@ -371,25 +455,35 @@ def _dp_reading_verdict(dp: Sequence[RunResult]) -> str:
     known = {unit: [v for v in values if v is not None] for unit, values in by_unit.items()}
     if not known["client"] or not known["record"]:
         ran = [u for u in known if known[u]]
-        return (f"Only the {ran[0] if ran else '?'}-level reading ran here; run both (reproduce runs each DP baseline "
-                "with privacy.unit = client and record) to see which one the paper's DP rows fit.")
+        return (
+            f"Only the {ran[0] if ran else '?'}-level reading ran here; run both (reproduce runs each DP baseline "
+            "with privacy.unit = client and record) to see which one the paper's DP rows fit."
+        )
     client_learns, record_learns = all(known["client"]), all(known["record"])
     if record_learns and not client_learns:
-        return ("**Which reading the paper's DP rows fit:** at the client level (each client's update clipped and "
-                "noised, McMahan et al. 2018) the baselines do not learn here: with 3 clients the noise on the mean "
-                "update dwarfs it. At the record level (DP-SGD, each training pair's gradient clipped at B) they "
-                "learn. The paper shows its DP baselines learning at ε = 1 with 3 clients, so its numbers fit the "
-                "record-level reading, or noise that was not calibrated to the stated ε.")
+        return (
+            "**Which reading the paper's DP rows fit:** at the client level (each client's update clipped and "
+            "noised, McMahan et al. 2018) the baselines do not learn here: with 3 clients the noise on the mean "
+            "update dwarfs it. At the record level (DP-SGD, each training pair's gradient clipped at B) they "
+            "learn. The paper shows its DP baselines learning at ε = 1 with 3 clients, so its numbers fit the "
+            "record-level reading, or noise that was not calibrated to the stated ε."
+        )
     if record_learns and client_learns:
-        return ("**Which reading the paper's DP rows fit:** both readings learn here, so these runs cannot tell "
-                "them apart.")
+        return (
+            "**Which reading the paper's DP rows fit:** both readings learn here, so these runs cannot tell them apart."
+        )
     diverged = {unit: [r.mean("test_loss") for r in dp if r.privacy_unit == unit] for unit in ("client", "record")}
     worst = {unit: max((v for v in values if v is not None), default=None) for unit, values in diverged.items()}
-    detail = "".join(f" At the {unit} level the worst final test loss is {loss:.3g}." for unit, loss in worst.items()
-                     if loss is not None)
-    return ("**Which reading the paper's DP rows fit:** neither reading learns here at this scale (final test loss "
-            "at or above ln(vocabulary), what uniform guessing costs), so these runs cannot tell which one the paper "
-            "used." + detail)
+    detail = "".join(
+        f" At the {unit} level the worst final test loss is {loss:.3g}."
+        for unit, loss in worst.items()
+        if loss is not None
+    )
+    return (
+        "**Which reading the paper's DP rows fit:** neither reading learns here at this scale (final test loss "
+        "at or above ln(vocabulary), what uniform guessing costs), so these runs cannot tell which one the paper "
+        "used." + detail
+    )
 
 
 def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: Sequence[RunResult]) -> str | None:
@@ -401,13 +495,22 @@ def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: S
     lf = [v for v in local.per_client("test_loss") if v is not None] if local is not None else []
     if lf:
         parts.append(f"clients trained alone end between {min(lf):.3f} and {max(lf):.3f}")
-    dist = [(r.beta, statistics.fmean(d)) for r in tf
-            if (d := [x for x in (r.summary.get("fedavg_distance") or []) if x is not None])]
+    dist = [
+        (r.beta, statistics.fmean(d))
+        for r in tf
+        if (d := [x for x in (r.summary.get("fedavg_distance") or []) if x is not None])
+    ]
     if len(dist) >= 2:
         falling = all(b[1] < a[1] for a, b in zip(dist, dist[1:]))
-        parts.append("Trustformer's mean distance to FedAvg after the last exchange is "
-                     + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)
-                     + (": it falls as β grows, as Theorem 1 predicts (→ 0 at β = 1)" if falling else
-                        ": not monotone in β here (too few rounds or too much noise to show Theorem 1's trend)"))
-    return (("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.")
-            if parts else None)
+        parts.append(
+            "Trustformer's mean distance to FedAvg after the last exchange is "
+            + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)
+            + (
+                ": it falls as β grows, as Theorem 1 predicts (→ 0 at β = 1)"
+                if falling
+                else ": not monotone in β here (too few rounds or too much noise to show Theorem 1's trend)"
+            )
+        )
+    return (
+        ("**Convergence (Fig. 4/5).** " + "; ".join(parts) + ". The paper shows this only as plots.") if parts else None
+    )

@@ -79,12 +79,16 @@ class Document:
                 notes = "".join(f"<li>{_inline(n)}</li>" for n in table.notes)
                 if files:
                     notes += f"<li>Files: {_inline(files)}</li>"
-                parts.append(f"<figure class='table'><figcaption>{html.escape(table.title)}</figcaption>"
-                             f"<div class='scroll'>{table.to_html()}</div><ul class='notes'>{notes}</ul></figure>")
+                parts.append(
+                    f"<figure class='table'><figcaption>{html.escape(table.title)}</figcaption>"
+                    f"<div class='scroll'>{table.to_html()}</div><ul class='notes'>{notes}</ul></figure>"
+                )
             elif kind == "img":
                 data = base64.b64encode(block[1].read_bytes()).decode("ascii")
-                parts.append(f"<figure><img alt='{html.escape(block[2], quote=True)}' "
-                             f"src='data:image/png;base64,{data}'><figcaption>{_inline(block[2])}</figcaption></figure>")
+                parts.append(
+                    f"<figure><img alt='{html.escape(block[2], quote=True)}' "
+                    f"src='data:image/png;base64,{data}'><figcaption>{_inline(block[2])}</figcaption></figure>"
+                )
             elif kind == "code":
                 parts.append(f"<pre><code>{html.escape(block[1])}</code></pre>")
         body = "\n".join(parts)

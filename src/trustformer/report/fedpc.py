@@ -29,9 +29,10 @@ from .tables import Table, _num, _pct
 log = logging.getLogger(__name__)
 
 KIB = 1024
-_DATA = {"image-classification": {"fashion-mnist": "Fashion-MNIST", "digits": "scikit-learn digits",
-                                  "cifar10": "CIFAR-10"},
-         "segmentation": {"mri-brain": "MRI brain extraction (mricron ch2 / ch2bet)", "lgg": "LGG (kaggle_3m)"}}
+_DATA = {
+    "image-classification": {"fashion-mnist": "Fashion-MNIST", "digits": "scikit-learn digits", "cifar10": "CIFAR-10"},
+    "segmentation": {"mri-brain": "MRI brain extraction (mricron ch2 / ch2bet)", "lgg": "LGG (kaggle_3m)"},
+}
 
 
 @dataclass
@@ -88,11 +89,18 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _pick(cells: Sequence[Cell], task: str, strategy: str, n: int | None, partition: str | None,
-          key: str) -> float | None:
+def _pick(
+    cells: Sequence[Cell], task: str, strategy: str, n: int | None, partition: str | None, key: str
+) -> float | None:
     """Our score: mean over the matching runs (one per cell in a grid) of the mean over their clients."""
-    return _mean(c.score(key) for c in cells if c.task == task and c.strategy == strategy
-                 and (n is None or c.n == n) and (partition is None or c.partition == partition))
+    return _mean(
+        c.score(key)
+        for c in cells
+        if c.task == task
+        and c.strategy == strategy
+        and (n is None or c.n == n)
+        and (partition is None or c.partition == partition)
+    )
 
 
 def _centralized(cells: Sequence[Cell], task: str, key: str) -> float | None:
@@ -112,8 +120,10 @@ def _four(v: Any) -> str:
 
 
 def _data_note(cells: Sequence[Cell], task: str) -> str:
-    return (f"Ours: {dataset_name(cells, task)}; paper: {paper.PAPER_SETUP[task]}. The data, models and epochs "
-            "differ, so compare the methods' order and gaps, not the absolute numbers.")
+    return (
+        f"Ours: {dataset_name(cells, task)}; paper: {paper.PAPER_SETUP[task]}. The data, models and epochs "
+        "differ, so compare the methods' order and gaps, not the absolute numbers."
+    )
 
 
 # ----------------------------------------------------------------------------------------- Tables 2 and 4
@@ -127,11 +137,18 @@ def accuracy_table(cells: Sequence[Cell], partition: str) -> Table:
     columns = ["N"]
     for m in paper.METHODS:
         columns += [f"{paper.NAMES[m]} ours", f"{paper.NAMES[m]} paper"]
-    columns += ["centralized ours", "centralized paper (Table 1)", "FedPC / centralized ours",
-                "FedPC / centralized paper"]
-    t = Table(f"fedpc_table{number}_accuracy",
-              f"Table {number} — test accuracy, image classification, {split} "
-              f"(ours: {dataset_name(cells, task)}; paper: {paper.PAPER_DATASET[task]})", columns)
+    columns += [
+        "centralized ours",
+        "centralized paper (Table 1)",
+        "FedPC / centralized ours",
+        "FedPC / centralized paper",
+    ]
+    t = Table(
+        f"fedpc_table{number}_accuracy",
+        f"Table {number} — test accuracy, image classification, {split} "
+        f"(ours: {dataset_name(cells, task)}; paper: {paper.PAPER_DATASET[task]})",
+        columns,
+    )
     central = _centralized(cells, task, "accuracy")
     central_paper = paper.TABLE1[task]
     for n in _ns(cells, task, partition):
@@ -140,9 +157,12 @@ def accuracy_table(cells: Sequence[Cell], partition: str) -> Table:
             row += [_pick(cells, task, m, n, partition, "accuracy"), paper.fmt(paper.published(table, n, m))]
         ours_fedpc = row[1]
         theirs_fedpc = paper.published(table, n, "fedpc")
-        row += [central, paper.fmt(central_paper),
-                ours_fedpc / central if (ours_fedpc is not None and central) else None,
-                theirs_fedpc[0] / central_paper[0] if theirs_fedpc else None]
+        row += [
+            central,
+            paper.fmt(central_paper),
+            ours_fedpc / central if (ours_fedpc is not None and central) else None,
+            theirs_fedpc[0] / central_paper[0] if theirs_fedpc else None,
+        ]
         t.rows.append(row)
     t.formats = {c: _four for c in columns if c.endswith(" ours") and not c.startswith("FedPC /")}
     t.formats.update({"FedPC / centralized ours": _pct, "FedPC / centralized paper": _pct})
@@ -151,7 +171,8 @@ def accuracy_table(cells: Sequence[Cell], partition: str) -> Table:
         _data_note(cells, task),
         "Ours: the fraction of the shared test set classified correctly, mean over the workers after the last "
         "epoch (FedAvg, Phong and FedPC end with one model on every worker); one seed. Paper: mean ± standard "
-        "deviation as printed" + (" (Table 4 prints no deviation)" if partition == "dirichlet" else "")
+        "deviation as printed"
+        + (" (Table 4 prints no deviation)" if partition == "dirichlet" else "")
         + f", for N = {', '.join(map(str, printed))}; a blank paper cell: no N there.",
         "The paper heads the columns 'Phong et al. [2]' and 'FedAvg [1]' while its text cites Phong et al. as [1]; "
         "the columns are taken as headed. FedPC / centralized: the paper's 'performance approximation'.",
@@ -168,16 +189,25 @@ def segmentation_table(cells: Sequence[Cell]) -> Table:
     for m in paper.METHODS:
         columns += [f"{paper.NAMES[m]} Dice ours", f"{paper.NAMES[m]} pixel acc. ours", f"{paper.NAMES[m]} paper"]
     columns += ["centralized Dice ours", "centralized pixel acc. ours", "centralized paper (Table 1)"]
-    t = Table("fedpc_table3_segmentation",
-              f"Table 3 — segmentation Dice and pixel accuracy, imbalanced split "
-              f"(ours: {dataset_name(cells, task)}; paper: {paper.PAPER_DATASET[task]})", columns)
+    t = Table(
+        "fedpc_table3_segmentation",
+        f"Table 3 — segmentation Dice and pixel accuracy, imbalanced split "
+        f"(ours: {dataset_name(cells, task)}; paper: {paper.PAPER_DATASET[task]})",
+        columns,
+    )
     for n in _ns(cells, task, partition):
         row: list[Any] = [n]
         for m in paper.METHODS:
-            row += [_pick(cells, task, m, n, partition, "dice"), _pick(cells, task, m, n, partition, "pixel_accuracy"),
-                    paper.fmt(paper.published("table3", n, m))]
-        row += [_centralized(cells, task, "dice"), _centralized(cells, task, "pixel_accuracy"),
-                paper.fmt(paper.TABLE1[task])]
+            row += [
+                _pick(cells, task, m, n, partition, "dice"),
+                _pick(cells, task, m, n, partition, "pixel_accuracy"),
+                paper.fmt(paper.published("table3", n, m)),
+            ]
+        row += [
+            _centralized(cells, task, "dice"),
+            _centralized(cells, task, "pixel_accuracy"),
+            paper.fmt(paper.TABLE1[task]),
+        ]
         t.rows.append(row)
     t.formats = {c: _four for c in columns if c.endswith(" ours")}
     t.notes = [
@@ -215,11 +245,26 @@ def fig6_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
 
 
 def fig6_table(cells: Sequence[Cell]) -> Table:
-    columns = ["task", "N", "V (KiB)", "FedPC measured KiB", "Eq. 8 KiB", "FedPC measured / Eq. 8",
-               "FedAvg measured KiB", "Phong measured KiB", "2VN KiB", "FedAvg / 2VN", "Phong / 2VN",
-               "FedPC saves vs FedAvg (measured)", "Eq. 8 saves vs 2VN", "paper: saved", "paper Eq. 8 MB"]
-    t = Table("fedpc_fig6_bytes", "Figure 6 — bytes exchanged between the master and all workers per epoch", columns,
-              left=1)
+    columns = [
+        "task",
+        "N",
+        "V (KiB)",
+        "FedPC measured KiB",
+        "Eq. 8 KiB",
+        "FedPC measured / Eq. 8",
+        "FedAvg measured KiB",
+        "Phong measured KiB",
+        "2VN KiB",
+        "FedAvg / 2VN",
+        "Phong / 2VN",
+        "FedPC saves vs FedAvg (measured)",
+        "Eq. 8 saves vs 2VN",
+        "paper: saved",
+        "paper Eq. 8 MB",
+    ]
+    t = Table(
+        "fedpc_fig6_bytes", "Figure 6 — bytes exchanged between the master and all workers per epoch", columns, left=1
+    )
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if (a is not None and b) else None
@@ -227,23 +272,41 @@ def fig6_table(cells: Sequence[Cell]) -> Table:
     for row in fig6_rows(cells):
         n, v = row["n"], row["v"]
         saved_paper = paper.FIG6_SAVED.get(n)
-        t.rows.append([
-            row["task"], n, v / KIB if v else None,
-            row["fedpc"] / KIB if row["fedpc"] is not None else None, row["eq8"] / KIB if row["eq8"] else None,
-            ratio(row["fedpc"], row["eq8"]),
-            row["fedavg"] / KIB if row["fedavg"] is not None else None,
-            row["phong"] / KIB if row["phong"] is not None else None,
-            row["2vn"] / KIB if row["2vn"] else None, ratio(row["fedavg"], row["2vn"]), ratio(row["phong"], row["2vn"]),
-            1 - row["fedpc"] / row["fedavg"] if (row["fedpc"] is not None and row["fedavg"]) else None,
-            1 - row["eq8"] / row["2vn"] if row["eq8"] else None, saved_paper,
-            paper.eq8_bytes(paper.FIG6_MODEL_MB[row["task"]], n),
-        ])
+        t.rows.append(
+            [
+                row["task"],
+                n,
+                v / KIB if v else None,
+                row["fedpc"] / KIB if row["fedpc"] is not None else None,
+                row["eq8"] / KIB if row["eq8"] else None,
+                ratio(row["fedpc"], row["eq8"]),
+                row["fedavg"] / KIB if row["fedavg"] is not None else None,
+                row["phong"] / KIB if row["phong"] is not None else None,
+                row["2vn"] / KIB if row["2vn"] else None,
+                ratio(row["fedavg"], row["2vn"]),
+                ratio(row["phong"], row["2vn"]),
+                1 - row["fedpc"] / row["fedavg"] if (row["fedpc"] is not None and row["fedavg"]) else None,
+                1 - row["eq8"] / row["2vn"] if row["eq8"] else None,
+                saved_paper,
+                paper.eq8_bytes(paper.FIG6_MODEL_MB[row["task"]], n),
+            ]
+        )
     kib = _num(1)
-    t.formats = {"V (KiB)": kib, "FedPC measured KiB": kib, "Eq. 8 KiB": kib, "FedAvg measured KiB": kib,
-                 "Phong measured KiB": kib, "2VN KiB": kib, "FedPC measured / Eq. 8": lambda x: f"{x:.4f}",
-                 "FedAvg / 2VN": lambda x: f"{x:.4f}", "Phong / 2VN": lambda x: f"{x:.4f}",
-                 "FedPC saves vs FedAvg (measured)": _pct2, "Eq. 8 saves vs 2VN": _pct2, "paper: saved": _pct2,
-                 "paper Eq. 8 MB": _num(1)}
+    t.formats = {
+        "V (KiB)": kib,
+        "FedPC measured KiB": kib,
+        "Eq. 8 KiB": kib,
+        "FedAvg measured KiB": kib,
+        "Phong measured KiB": kib,
+        "2VN KiB": kib,
+        "FedPC measured / Eq. 8": lambda x: f"{x:.4f}",
+        "FedAvg / 2VN": lambda x: f"{x:.4f}",
+        "Phong / 2VN": lambda x: f"{x:.4f}",
+        "FedPC saves vs FedAvg (measured)": _pct2,
+        "Eq. 8 saves vs 2VN": _pct2,
+        "paper: saved": _pct2,
+        "paper Eq. 8 MB": _num(1),
+    }
     t.notes = [
         "Measured: the serialized messages of one epoch, every worker's up and down (model, packed ternary "
         "vectors, cost records, requests and their framing), mean over the epochs (Phong's last epoch, which "
@@ -271,8 +334,14 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
         v = next((r["v"] for r in mine if r["v"]), None)
         if v:
             grid = list(range(min(2, *ns), max(10, *ns) + 1))  # the formulas over the paper's range of N
-            ax.plot(grid, [paper.eq8_bytes(v, n) / KIB for n in grid], "-", color="#d62728", lw=1.2,
-                    label="Eq. 8: V(N+1) + V(N−1)/16")
+            ax.plot(
+                grid,
+                [paper.eq8_bytes(v, n) / KIB for n in grid],
+                "-",
+                color="#d62728",
+                lw=1.2,
+                label="Eq. 8: V(N+1) + V(N−1)/16",
+            )
             ax.plot(grid, [paper.baseline_bytes(v, n) / KIB for n in grid], "--", color="black", lw=1.2, label="2VN")
         for m, marker, color in (("fedpc", "o", "#d62728"), ("fedavg", "s", "#1f77b4"), ("phong", "^", "#2ca02c")):
             pts = [(r["n"], r[m] / KIB) for r in mine if r[m] is not None]
@@ -286,22 +355,35 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
         ax.legend(fontsize=7)
     ax = axes[0][-1]
     grid = list(range(2, 11))
-    ax.plot(grid, [paper.eq8_bytes(1, n) / paper.baseline_bytes(1, n) for n in grid], "-", color="#d62728",
-            label="Eq. 8 / 2VN (any model)")
-    ax.plot(list(paper.FIG6_SAVED), [1 - s for s in paper.FIG6_SAVED.values()], "k*", ms=10,
-            label="paper's text (31.25% / 42.20% saved)")
+    ax.plot(
+        grid,
+        [paper.eq8_bytes(1, n) / paper.baseline_bytes(1, n) for n in grid],
+        "-",
+        color="#d62728",
+        label="Eq. 8 / 2VN (any model)",
+    )
+    ax.plot(
+        list(paper.FIG6_SAVED),
+        [1 - s for s in paper.FIG6_SAVED.values()],
+        "k*",
+        ms=10,
+        label="paper's text (31.25% / 42.20% saved)",
+    )
     for task, marker in zip(tasks, ("o", "D")):
         pts = [(r["n"], r["fedpc"] / r["fedavg"]) for r in rows if r["task"] == task and r["fedpc"] and r["fedavg"]]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker, mfc="none", ms=8, mew=1.5,
-                    label=f"measured FedPC / FedAvg, {dataset_name(cells, task)}")
+            ax.plot(
+                xs, ys, marker, mfc="none", ms=8, mew=1.5, label=f"measured FedPC / FedAvg, {dataset_name(cells, task)}"
+            )
     ax.set_title("FedPC's bytes as a fraction of FedAvg's")
     ax.set_xlabel("workers N")
     ax.set_ylabel("fraction")
     ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Figure 6 — data exchanged per training epoch (measured on the real messages, beside Eq. 8 and 2VN)",
-                 fontsize=10)
+    fig.suptitle(
+        "Figure 6 — data exchanged per training epoch (measured on the real messages, beside Eq. 8 and 2VN)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
@@ -323,23 +405,30 @@ def differences(cells: Sequence[Cell]) -> list[str]:
         items.append(
             f"**Data and scale ({task}).** Ours: {dataset_name(cells, task)}, "
             f"{', '.join(map(str, rounds))} epoch(s), a model of {v / 2**20:.2f} MiB on the wire, CPU. Paper: "
-            f"{paper.PAPER_SETUP[task]}. " if v else f"**Data ({task}).** Ours: {dataset_name(cells, task)}. ")
+            f"{paper.PAPER_SETUP[task]}. "
+            if v
+            else f"**Data ({task}).** Ours: {dataset_name(cells, task)}. "
+        )
     items.append(
         "**Repeats.** The paper prints mean ± standard deviation over repeated runs; ours are one seed per cell "
-        "(repeat with `--seed`).")
+        "(repeat with `--seed`)."
+    )
     signs = sorted({str(c.run.config.get("fedpc", {}).get("sign")) for c in cells if c.strategy == "fedpc"})
     if signs:
         items.append(
             f"**Eq. 3's sign.** FedPC ran with `fedpc.sign = {', '.join(signs)}` ('paper': Eq. 3 as printed, "
             "Q* − Σ p_k T_k…; 'flipped': the sum added). As printed, a worker that keeps moving a parameter "
             "in the "
-            "same direction (T = +1) pushes it back; see docs/protocols.md 'FedPC and Phong' for both signs measured.")
+            "same direction (T = +1) pushes it back; see docs/protocols.md 'FedPC and Phong' for both signs measured."
+        )
     items.append(
         "**Private hyper-parameters.** Each FedPC worker draws its batch size, learning rate, local epochs and "
-        "optimizer from `fedpc.*` (seeded per worker, never sent); FedAvg, Phong and centralized use the task's.")
+        "optimizer from `fedpc.*` (seeded per worker, never sent); FedAvg, Phong and centralized use the task's."
+    )
     items.append(
         "**Bytes.** Ours are counted on the serialized messages, so they include the cost reports, the requests "
-        "and the framing that Eq. 8 leaves out; the measured / Eq. 8 column shows their share.")
+        "and the framing that Eq. 8 leaves out; the measured / Eq. 8 column shows their share."
+    )
     return items
 
 
@@ -364,20 +453,26 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
     doc.heading("Configuration, seeds and machine")
     if context.get("grid"):
         doc.para("Grid: " + ", ".join(f"{k} = {v}" for k, v in context["grid"].items()))
-    doc.para(f"Seeds: {', '.join(map(str, sorted({c.run.seed for c in cells})))} (the run seed; the data split, "
-             "the model initialisation, the batch order and FedPC's private hyper-parameters are derived from it).")
+    doc.para(
+        f"Seeds: {', '.join(map(str, sorted({c.run.seed for c in cells})))} (the run seed; the data split, "
+        "the model initialisation, the batch order and FedPC's private hyper-parameters are derived from it)."
+    )
     status = {Path(x["folder"]).name: x for x in context.get("runs", [])}
     for task in paper.PAPER_SETUP:
         order = ("centralized", *paper.METHODS)
-        mine = sorted((c for c in cells if c.task == task),
-                      key=lambda c: (order.index(c.strategy) if c.strategy in order else len(order), c.partition, c.n))
+        mine = sorted(
+            (c for c in cells if c.task == task),
+            key=lambda c: (order.index(c.strategy) if c.strategy in order else len(order), c.partition, c.n),
+        )
         if not mine:
             continue
         flats = [_relevant(c) for c in mine]
         common = {k: v for k, v in flats[0].items() if all(f.get(k, object()) == v for f in flats[1:])}
         nested = nest(common)
-        doc.para(f"Configuration shared by the {task} runs (strategy, N and split in each run's name; other "
-                 "keys that differ listed per run):")
+        doc.para(
+            f"Configuration shared by the {task} runs (strategy, N and split in each run's name; other "
+            "keys that differ listed per run):"
+        )
         doc.code(json.dumps(nested, indent=2, sort_keys=True, ensure_ascii=False), "json")
         items = []
         for c, flat in zip(mine, flats):
@@ -386,8 +481,12 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
             extra = ""
             if st:
                 extra = f" · {st.get('status', '')}" + (f" in {st['seconds']:.0f} s" if st.get("seconds") else "")
-            items.append(f"{label(c)}: `{c.run.path.name}`" + (f" ({varying})" if varying else "") + extra
-                         + f" · {c.run.rounds} epoch(s) · wall {c.run.summary.get('time_s', {}).get('total', 0):.0f} s")
+            items.append(
+                f"{label(c)}: `{c.run.path.name}`"
+                + (f" ({varying})" if varying else "")
+                + extra
+                + f" · {c.run.rounds} epoch(s) · wall {c.run.summary.get('time_s', {}).get('total', 0):.0f} s"
+            )
         doc.bullets(items)
     machines = {json.dumps(c.run.summary.get("machine", {}), sort_keys=True) for c in cells}
     versions = {json.dumps(c.run.summary.get("versions", {}), sort_keys=True) for c in cells}
@@ -398,14 +497,20 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
     doc.bullets(items)
 
 
-def build_fedpc_report(run_dirs: Iterable[str | Path], out_dir: str | Path, *, title: str | None = None,
-                       context: dict[str, Any] | None = None) -> ReportFiles:
+def build_fedpc_report(
+    run_dirs: Iterable[str | Path],
+    out_dir: str | Path,
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+) -> ReportFiles:
     """FedPC's Tables 2–4 and Fig. 6 from every finished run under ``run_dirs``, into ``out_dir``."""
     return build_fedpc_report_for(load_runs(run_dirs), out_dir, title=title, context=context)
 
 
-def build_fedpc_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, title: str | None = None,
-                           context: dict[str, Any] | None = None) -> ReportFiles:
+def build_fedpc_report_for(
+    runs: Sequence[RunResult], out_dir: str | Path, *, title: str | None = None, context: dict[str, Any] | None = None
+) -> ReportFiles:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     context = context or {}
@@ -434,7 +539,8 @@ def build_fedpc_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, ti
         "GPUs for 250 and 35 epochs; these runs use "
         + " and ".join(dataset_name(cells, t) for t in paper.PAPER_SETUP if t in tasks)
         + " with far smaller models and few epochs, so absolute scores are not comparable; the order of the "
-        "methods, their gaps and the bytes relative to Eq. 8 are.")
+        "methods, their gaps and the bytes relative to Eq. 8 are."
+    )
     for t in tables[:-1]:
         doc.heading(t.title.split(" — ")[0])
         doc.table(t, files=f"[{t.name}.csv](tables/{t.name}.csv)")
@@ -442,8 +548,11 @@ def build_fedpc_report_for(runs: Sequence[RunResult], out_dir: str | Path, *, ti
         doc.para("No finished run for Tables 2–4.")
     doc.heading("Figure 6")
     doc.table(fig6, files=f"[{fig6.name}.csv](tables/{fig6.name}.csv)")
-    doc.image(figs["fig6_bytes"], "Figure 6 — bytes per epoch against N: measured (markers) beside Eq. 8 and 2VN "
-                                  "(lines); right, FedPC's bytes as a fraction of FedAvg's.")
+    doc.image(
+        figs["fig6_bytes"],
+        "Figure 6 — bytes per epoch against N: measured (markers) beside Eq. 8 and 2VN "
+        "(lines); right, FedPC's bytes as a fraction of FedAvg's.",
+    )
     doc.heading("Where this differs from the paper, and why")
     doc.bullets(differences(cells))
     _setup(doc, cells, context)

@@ -27,10 +27,26 @@ from .runs import RunResult
 from .tables import TASK_QUALITY
 
 DPI = 130
-_CLIENT_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                  "#bcbd22", "#17becf")
-_REF_STYLES = {"fedavg": ("black", "-"), "local": ("#7f7f7f", "--"), "centralized": ("#8c564b", ":"),
-               "dp-fedavg": ("#9467bd", "-."), "dp-fedsam": ("#e377c2", "-."), "dp-blur-lus": ("#bcbd22", "-.")}
+_CLIENT_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+_REF_STYLES = {
+    "fedavg": ("black", "-"),
+    "local": ("#7f7f7f", "--"),
+    "centralized": ("#8c564b", ":"),
+    "dp-fedavg": ("#9467bd", "-."),
+    "dp-fedsam": ("#e377c2", "-."),
+    "dp-blur-lus": ("#bcbd22", "-."),
+}
 
 
 def _plt():
@@ -58,13 +74,14 @@ def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
     cols = min(4, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows + 0.7), squeeze=False)
-    for ax in axes.flat[len(runs):]:
+    for ax in axes.flat[len(runs) :]:
         ax.set_visible(False)
     for ax, run in zip(axes.flat, runs):
         for client, curve in run.loss_curves().items():
             xs, ys = zip(*curve)
-            ax.plot(xs, ys, marker="o", ms=3, lw=1.4, color=_client_color(client), label=_client_name(client),
-                    alpha=0.85)
+            ax.plot(
+                xs, ys, marker="o", ms=3, lw=1.4, color=_client_color(client), label=_client_name(client), alpha=0.85
+            )
         ax.set_title(run.label)
         ax.set_xlabel("round (epoch)")
         ax.set_ylabel("test loss (nats/token)")
@@ -73,8 +90,11 @@ def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
     if not runs:
         axes.flat[0].set_visible(True)
         axes.flat[0].text(0.5, 0.5, "no per-round records", ha="center", va="center")
-    fig.suptitle("Test loss of every client's model on the shared held-out test set, per round (Fig. 4/5)\n"
-                 "each panel has its own scale; lines that coincide: the clients hold the same model", fontsize=10)
+    fig.suptitle(
+        "Test loss of every client's model on the shared held-out test set, per round (Fig. 4/5)\n"
+        "each panel has its own scale; lines that coincide: the clients hold the same model",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -83,8 +103,10 @@ def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
 
 def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     plt = _plt()
-    sweep = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-                   key=lambda r: r.beta)
+    sweep = sorted(
+        (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
+        key=lambda r: r.beta,
+    )
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
     clients = sorted({c for r in sweep for c in r.client_ids})
     for i, c in enumerate(clients):
@@ -156,12 +178,19 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
 
 def quality(runs: Sequence[RunResult], path: Path) -> Path:
     plt = _plt()
-    metrics = [("bleu", "BLEU (sacreBLEU, 0–100)", 100.0), ("meteor", "METEOR (0–1)", 1.0),
-               ("bertscore_f1", "BERTScore F1 (0–1)", 1.0)]
+    metrics = [
+        ("bleu", "BLEU (sacreBLEU, 0–100)", 100.0),
+        ("meteor", "METEOR (0–1)", 1.0),
+        ("bertscore_f1", "BERTScore F1 (0–1)", 1.0),
+    ]
     translation = any(r.task == "translation" for r in runs) or not runs
     if not translation:  # image runs only: their own scores
-        metrics = [(key, f"{title} (0–1)", 1.0) for task in ("image-classification", "segmentation")
-                   if any(r.task == task for r in runs) for key, title, _ in TASK_QUALITY[task]]
+        metrics = [
+            (key, f"{title} (0–1)", 1.0)
+            for task in ("image-classification", "segmentation")
+            if any(r.task == task for r in runs)
+            for key, title, _ in TASK_QUALITY[task]
+        ]
     bert = next((r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")), None)
     width = max(9.0, 1.1 * len(runs) + 3)
     fig, axes = plt.subplots(1, len(metrics), figsize=(min(width, 22), 4.6), squeeze=False)
@@ -188,8 +217,10 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
         ax.set_ylabel(title)
         label = title.split(" (")[0]
         if key == "bertscore_f1" and bert:
-            ax.set_title(f"{label}\n({bert.split(' (')[0]}, not roberta-large)" if "MiniLM" in bert else
-                         f"{label}\n({bert})", fontsize=9)
+            ax.set_title(
+                f"{label}\n({bert.split(' (')[0]}, not roberta-large)" if "MiniLM" in bert else f"{label}\n({bert})",
+                fontsize=9,
+            )
         else:
             ax.set_title(label)
         ymax = max([0.0] + [v for r in runs for v in r.per_client(key) if v is not None])
@@ -198,8 +229,11 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
             ax.text(0.5, 0.5, "not computed", ha="center", va="center", transform=ax.transAxes)
         else:
             ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Translation quality of every client's final model on the held-out test sentences (Fig. 6)"
-                 if translation else "Quality of every client's final model on the held-out test images")
+    fig.suptitle(
+        "Translation quality of every client's final model on the held-out test sentences (Fig. 6)"
+        if translation
+        else "Quality of every client's final model on the held-out test images"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -209,8 +243,10 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
 def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.8, 4.2))
-    sweep = sorted((r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-                   key=lambda r: r.beta)
+    sweep = sorted(
+        (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
+        key=lambda r: r.beta,
+    )
     pts = []
     for r in sweep:
         up, _ = r.bytes_per_exchange()
@@ -219,12 +255,26 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
             pts.append((r.beta, 100 * up / model))
     if pts:
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", ms=10, mfc="none", mew=2, lw=1.8, color="#1f77b4", zorder=3,
-                label="Trustformer, ours (measured)")
-    pb = sorted((float(k.split("@")[1]), 100 * v / paper.PAPER_MODEL_KIB)
-                for k, v in paper.TABLE3_KIB.items() if k.startswith("trustformer@"))
-    ax.plot(*zip(*pb), marker="s", ms=4, lw=1.0, ls="--", color="#ff7f0e", zorder=2,
-            label="Trustformer, paper (Table III)")
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            ms=10,
+            mfc="none",
+            mew=2,
+            lw=1.8,
+            color="#1f77b4",
+            zorder=3,
+            label="Trustformer, ours (measured)",
+        )
+    pb = sorted(
+        (float(k.split("@")[1]), 100 * v / paper.PAPER_MODEL_KIB)
+        for k, v in paper.TABLE3_KIB.items()
+        if k.startswith("trustformer@")
+    )
+    ax.plot(
+        *zip(*pb), marker="s", ms=4, lw=1.0, ls="--", color="#ff7f0e", zorder=2, label="Trustformer, paper (Table III)"
+    )
     ax.axhline(100, color="black", lw=1.2, label="FedAvg: one whole model")
     for r in runs:
         if r.strategy.startswith("dp-") and r.agg_every == 1:
@@ -249,15 +299,17 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
 def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
     """Pairs of every domain held by each client (stacked bars), and the shared test set's mix; None when
     no run recorded domains (a corpus without them)."""
-    run = next((r for r in runs if any("domains" in c for c in r.summary.get("data", {}).get("clients", {}).values())),
-               None)
+    run = next(
+        (r for r in runs if any("domains" in c for c in r.summary.get("data", {}).get("clients", {}).values())), None
+    )
     if run is None:
         return None
     plt = _plt()
     data = run.summary["data"]
     clients = {k: v for k, v in data["clients"].items() if "domains" in v}
-    names = sorted({d for c in clients.values() for d in c["domains"]} |
-                   set(next(iter(clients.values())).get("test_domains", {})))
+    names = sorted(
+        {d for c in clients.values() for d in c["domains"]} | set(next(iter(clients.values())).get("test_domains", {}))
+    )
     bars = [(f"client {k}" if k != "-1" else "all shards", v["domains"]) for k, v in sorted(clients.items())]
     test = next(iter(clients.values())).get("test_domains")
     if test:
@@ -266,8 +318,13 @@ def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
     bottom = [0.0] * len(bars)
     for i, name in enumerate(names):
         heights = [float(counts.get(name, 0)) for _, counts in bars]
-        ax.bar([label for label, _ in bars], heights, bottom=bottom, label=name,
-               color=_CLIENT_COLORS[i % len(_CLIENT_COLORS)])
+        ax.bar(
+            [label for label, _ in bars],
+            heights,
+            bottom=bottom,
+            label=name,
+            color=_CLIENT_COLORS[i % len(_CLIENT_COLORS)],
+        )
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("pairs")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), title="domain")
@@ -288,9 +345,12 @@ def class_counts(runs: Sequence[RunResult], path: Path) -> Path | None:
         rows = [(k, v) for k, v in sorted(clients.items(), key=lambda kv: int(kv[0])) if "class_counts" in v]
         if r.task == "image-classification" and rows and all(k != "-1" for k, _ in rows):
             classes = [str(c) for c in rows[0][1].get("classes", range(len(rows[0][1]["class_counts"])))]
-            return partition_figure([v["class_counts"] for _, v in rows], classes, path,
-                                    title=f"Examples per client and class — {r.label}, partition "
-                                          f"{r.summary['data'].get('partition', '?')}")
+            return partition_figure(
+                [v["class_counts"] for _, v in rows],
+                classes,
+                path,
+                title=f"Examples per client and class — {r.label}, partition {r.summary['data'].get('partition', '?')}",
+            )
     return None
 
 
@@ -314,8 +374,10 @@ def all_figures(runs: Sequence[RunResult], folder: Path) -> dict[str, Path]:
     data = data_per_client(runs, folder / "data_per_client.png")
     counts = class_counts(runs, folder / "class_counts_per_client.png")
     masks = {f"masks:{label}": path for label, path in mask_figures(runs, folder).items()}
-    return {**({"data_per_client": data} if data is not None else {}),
-        **({"class_counts": counts} if counts is not None else {}), **masks,
+    return {
+        **({"data_per_client": data} if data is not None else {}),
+        **({"class_counts": counts} if counts is not None else {}),
+        **masks,
         "loss_per_round": loss_per_round(runs, folder / "fig4-5_loss_per_round.png"),
         "loss_vs_beta": final_loss_vs_beta(runs, folder / "fig4-5_final_loss_vs_beta.png"),
         "quality": quality(runs, folder / "fig6_quality.png"),

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 PAPER_SETUP = {
     "image-classification": "CIFAR-10 (50,000 training / 10,000 test images), ResNet50 FIXUP, momentum SGD, "
-                            "batch 128/64/32 per worker, lr 0.01 decayed by steps, 250 epochs, GPUs",
+    "batch 128/64/32 per worker, lr 0.01 decayed by steps, 250 epochs, GPUs",
     "segmentation": "LGG MRI segmentation (Kaggle, 80:20 split), U-Net at 256×256, Adam, batch 16/8/4 per "
-                    "worker, lr 0.01 decayed by steps, 35 epochs, GPUs",
+    "worker, lr 0.01 decayed by steps, 35 epochs, GPUs",
 }
 PAPER_DATASET = {"image-classification": "CIFAR-10", "segmentation": "LGGS"}
 METHODS = ("fedpc", "phong", "fedavg")  # the column order of Tables 2-4
@@ -31,7 +31,8 @@ TABLE1 = {"image-classification": (0.9172, 0.0008), "segmentation": (0.9959, 0.0
 
 # Table 2: CIFAR-10, class-stratified imbalanced split; N -> method -> (mean, std)
 TABLE2: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: dict(zip(METHODS, row)) for n, row in {
+    n: dict(zip(METHODS, row))
+    for n, row in {
         3: ((0.9009, 0.0031), (0.9101, 0.0030), (0.9113, 0.0014)),
         4: ((0.8914, 0.0030), (0.9119, 0.0024), (0.9044, 0.0053)),
         5: ((0.8819, 0.0024), (0.9115, 0.0038), (0.9021, 0.0030)),
@@ -45,7 +46,8 @@ TABLE2: dict[int, dict[str, tuple[float, float | None]]] = {
 
 # Table 3: LGGS, imbalanced split; N -> method -> (mean, std)
 TABLE3: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: dict(zip(METHODS, row)) for n, row in {
+    n: dict(zip(METHODS, row))
+    for n, row in {
         3: ((0.9952, 0.0001), (0.9966, 0.0001), (0.9959, 0.0001)),
         4: ((0.9951, 0.0003), (0.9913, 0.0044), (0.9955, 0.0005)),
         5: ((0.9887, 0.0001), (0.9962, 0.0001), (0.9926, 0.0034)),
@@ -59,7 +61,8 @@ TABLE3: dict[int, dict[str, tuple[float, float | None]]] = {
 
 # Table 4: CIFAR-10, Dirichlet split; N -> method -> (value, None)
 TABLE4: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: {m: (v, None) for m, v in zip(METHODS, row)} for n, row in {
+    n: {m: (v, None) for m, v in zip(METHODS, row)}
+    for n, row in {
         3: (0.8927, 0.9051, 0.9016),
         5: (0.8564, 0.8955, 0.8879),
         7: (0.8317, 0.8941, 0.8751),

@@ -166,19 +166,33 @@ class RunResult:
                 train[client].append(float(r["train_s"]))
             if r.get("exchanged"):
                 cluster[client].append(float(r.get("cluster_s", 0.0)))
-                other[client].append(sum(float(v) for k, v in r.items() if k.endswith("_s")
-                                         and k not in _NOT_EXCHANGE and k != "cluster_s"
-                                         and isinstance(v, (int, float))))
+                other[client].append(
+                    sum(
+                        float(v)
+                        for k, v in r.items()
+                        if k.endswith("_s")
+                        and k not in _NOT_EXCHANGE
+                        and k != "cluster_s"
+                        and isinstance(v, (int, float))
+                    )
+                )
                 if "aggregate_s" in r:
                     aggregate[int(r["round"])] = float(r["aggregate_s"])
         t_train = max((statistics.fmean(v) for v in train.values() if v), default=0.0)
         t_cluster = max((statistics.fmean(v) for v in cluster.values() if v), default=0.0)
         t_other = max((statistics.fmean(v) for v in other.values() if v), default=0.0)
-        t_client = max((statistics.fmean(cluster[c]) + statistics.fmean(other[c]) for c in cluster if cluster[c]),
-                       default=0.0)
+        t_client = max(
+            (statistics.fmean(cluster[c]) + statistics.fmean(other[c]) for c in cluster if cluster[c]), default=0.0
+        )
         t_agg = statistics.fmean(aggregate.values()) if aggregate else 0.0
-        return {"train": t_train, "cluster": t_cluster, "other": t_other, "client_exchange": t_client,
-                "aggregate": t_agg, "total": t_train + t_client + t_agg}
+        return {
+            "train": t_train,
+            "cluster": t_cluster,
+            "other": t_other,
+            "client_exchange": t_client,
+            "aggregate": t_agg,
+            "total": t_train + t_client + t_agg,
+        }
 
     def measured_eq5_s(self, epochs: int) -> float:
         """Eq. 5's terms summed over this run's own rounds (only the rounds that exchanged pay the
@@ -190,8 +204,14 @@ class RunResult:
         for rows in by_round.values():
             total += max(float(r.get("train_s", 0.0)) for r in rows)
             if any(r.get("exchanged") for r in rows):
-                total += max(sum(float(v) for k, v in r.items() if k.endswith("_s") and k not in _NOT_EXCHANGE
-                                 and isinstance(v, (int, float))) for r in rows)
+                total += max(
+                    sum(
+                        float(v)
+                        for k, v in r.items()
+                        if k.endswith("_s") and k not in _NOT_EXCHANGE and isinstance(v, (int, float))
+                    )
+                    for r in rows
+                )
                 total += max(float(r.get("aggregate_s", 0.0)) for r in rows)
         return total * epochs / max(len(by_round), 1)
 
@@ -215,7 +235,8 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     unique = list(dict.fromkeys(found))
     if not unique:
         raise ReportError(
-            "no finished run found under " + ", ".join(str(p) for p in paths)
+            "no finished run found under "
+            + ", ".join(str(p) for p in paths)
             + " (a run folder holds summary.json; run 'trustformer run' or 'trustformer reproduce' first)"
         )
     return unique

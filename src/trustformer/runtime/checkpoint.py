@@ -92,8 +92,10 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist: the run in {run_dir} completed no round "
-                              "(or was not started with runtime.checkpoint = true); start it again") from None
+        raise CheckpointError(
+            f"{path} does not exist: the run in {run_dir} completed no round "
+            "(or was not started with runtime.checkpoint = true); start it again"
+        ) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
@@ -125,8 +127,10 @@ def check_same_run(checkpoint: Checkpoint, cfg: RunConfig) -> None:
         if _operational(key):
             continue
         if saved.get(key) != now.get(key):
-            raise ConfigError(f"cannot resume: {key} = {now.get(key)!r} differs from the checkpointed run's "
-                              f"{saved.get(key)!r} (resume with the run's own configuration: --resume DIR alone)")
+            raise ConfigError(
+                f"cannot resume: {key} = {now.get(key)!r} differs from the checkpointed run's "
+                f"{saved.get(key)!r} (resume with the run's own configuration: --resume DIR alone)"
+            )
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -139,8 +143,10 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     values["out"] = str(Path(run_dir))
     for dotted, value in (overrides or {}).items():
         if not _operational(dotted):
-            raise ConfigError(f"cannot resume with {dotted} changed: a resumed run keeps the run's configuration "
-                              "(only runtime.* and federation timeouts may change)")
+            raise ConfigError(
+                f"cannot resume with {dotted} changed: a resumed run keeps the run's configuration "
+                "(only runtime.* and federation timeouts may change)"
+            )
         target = values
         *parents, leaf = dotted.split(".")
         for part in parents:
@@ -183,11 +189,15 @@ class Checkpointer:
         self.resumed = [*checkpoint.resumed, checkpoint.round]
         if checkpoint.protocol is not None:
             if not isinstance(self.protocol, ServerState):
-                raise CheckpointError(f"the checkpoint holds server state of {self.protocol.name}, "
-                                      "which cannot load it")
+                raise CheckpointError(
+                    f"the checkpoint holds server state of {self.protocol.name}, which cannot load it"
+                )
             self.protocol.load_server_state(checkpoint.protocol)
-        rec.event(event="resumed", round=checkpoint.round,
-                  reason=f"resumed after round {checkpoint.round} from {CHECKPOINT_FILE}")
+        rec.event(
+            event="resumed",
+            round=checkpoint.round,
+            reason=f"resumed after round {checkpoint.round} from {CHECKPOINT_FILE}",
+        )
 
     def round_done(self, rnd: int, clients: dict[int, int]) -> None:
         """After round ``rnd`` completed: write the checkpoint (when ``runtime.checkpoint`` is on)."""
@@ -198,15 +208,36 @@ class Checkpointer:
         if not self.enabled:
             return
         state = self.protocol.server_state if isinstance(self.protocol, ServerState) else None
-        lines = [json.loads(line) for line in
-                 self.recorder.metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        write_checkpoint(self.cfg.out, Checkpoint(
-            round=rnd, config=self._config, lines=lines,
-            clients={str(c): n for n, c in sorted(clients.items(), key=lambda kv: kv[1])},
-            server_phases=dict(self.server_phases), protocol=state() if state is not None else None,
-            elapsed_s=now - self.recorder.started, round_s=self.round_s, resumed=self.resumed,
-        ))
+        lines = [
+            json.loads(line)
+            for line in self.recorder.metrics_path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+        write_checkpoint(
+            self.cfg.out,
+            Checkpoint(
+                round=rnd,
+                config=self._config,
+                lines=lines,
+                clients={str(c): n for n, c in sorted(clients.items(), key=lambda kv: kv[1])},
+                server_phases=dict(self.server_phases),
+                protocol=state() if state is not None else None,
+                elapsed_s=now - self.recorder.started,
+                round_s=self.round_s,
+                resumed=self.resumed,
+            ),
+        )
 
 
-__all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointError", "Checkpointer", "check_same_run",
-           "checkpoint_path", "read_checkpoint", "resume_config", "run_key", "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "Checkpoint",
+    "CheckpointError",
+    "Checkpointer",
+    "check_same_run",
+    "checkpoint_path",
+    "read_checkpoint",
+    "resume_config",
+    "run_key",
+    "write_checkpoint",
+]

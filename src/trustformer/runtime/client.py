@@ -92,8 +92,11 @@ class ClientEnv:
         if not self.startup_s:
             return {"load_s": self.load_s}
         started_at = time.time() - (time.perf_counter() - self.created) - self.startup_s
-        return {"load_s": self.load_s, "startup_s": self.startup_s,
-                "deliver_s": max(0.0, started_at - msg.metadata.created_at)}
+        return {
+            "load_s": self.load_s,
+            "startup_s": self.startup_s,
+            "deliver_s": max(0.0, started_at - msg.metadata.created_at),
+        }
 
     @property
     def key(self) -> str:
@@ -170,9 +173,18 @@ def client_env(context: Context) -> ClientEnv:
     process_setup(cfg)
     client = client_id(context)
     task, shard = _client_data(cfg.json, client, str(context.node_config.get("train-file", "")))
-    return ClientEnv(cfg=cfg, client=client, task=task, protocol=get_protocol(cfg), store=client_store(cfg, context),
-                     shard=shard, diagnostics=bool(context.node_config.get("diagnostics", False)),
-                     load_s=time.perf_counter() - started, startup_s=_process_age_s(started), created=started)
+    return ClientEnv(
+        cfg=cfg,
+        client=client,
+        task=task,
+        protocol=get_protocol(cfg),
+        store=client_store(cfg, context),
+        shard=shard,
+        diagnostics=bool(context.node_config.get("diagnostics", False)),
+        load_s=time.perf_counter() - started,
+        startup_s=_process_age_s(started),
+        created=started,
+    )
 
 
 def secure_view(context: Context) -> SecureClient:
@@ -193,9 +205,16 @@ def secure_view(context: Context) -> SecureClient:
         protocol = get_protocol(cfg)
         return protocol.expected_payload(initial_tensors(cfg.json)), protocol.spec.mean_weighting
 
-    return SecureClient(cfg=cfg, client=client, run_id=int(context.run_id), node_config=context.node_config,
-                        load_state=load, save_state=save, payload_layout=layout,
-                        diagnostics=bool(context.node_config.get("diagnostics", False)))
+    return SecureClient(
+        cfg=cfg,
+        client=client,
+        run_id=int(context.run_id),
+        node_config=context.node_config,
+        load_state=load,
+        save_state=save,
+        payload_layout=layout,
+        diagnostics=bool(context.node_config.get("diagnostics", False)),
+    )
 
 
 def _process_age_s(now: float) -> float:
@@ -230,8 +249,9 @@ def _client_data(cfg_json: str, client: int, train_file: str = ""):
     task = load_task(cfg)
     fault = cfg.federation.poisoning(client)
     if fault is not None and fault.kind in DATA_POISON_KINDS:
-        return task, task.poisoned_shard(client, train_file, fault.kind, fault.share,
-                                         seed=derive_seed(cfg.seed, "poison", client))
+        return task, task.poisoned_shard(
+            client, train_file, fault.kind, fault.share, seed=derive_seed(cfg.seed, "poison", client)
+        )
     return task, task.shard(client, train_file)
 
 
@@ -242,11 +262,19 @@ def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors 
         return
     fault = _poisoning(env.cfg.federation, env.client)
     assert fault is not None
-    log.warning("client %s · round %d · poisoning its update (federation.faults: %s)", env.client, session.round,
-                fault.kind)
-    assign_tensors(session.model, poisoned_model(start, trainable_tensors(session.model), fault.kind,
-                                                 factor=fault.factor,
-                                                 seed=derive_seed(env.cfg.seed, "poison", env.client, session.round)))
+    log.warning(
+        "client %s · round %d · poisoning its update (federation.faults: %s)", env.client, session.round, fault.kind
+    )
+    assign_tensors(
+        session.model,
+        poisoned_model(
+            start,
+            trainable_tensors(session.model),
+            fault.kind,
+            factor=fault.factor,
+            seed=derive_seed(env.cfg.seed, "poison", env.client, session.round),
+        ),
+    )
 
 
 def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool) -> Tensors | None:
@@ -271,8 +299,9 @@ class SavedOptimizerState:
         return self._state
 
 
-def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool = True
-                 ) -> tuple[ClientSession, torch.optim.Optimizer | SavedOptimizerState]:
+def open_session(
+    env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool = True
+) -> tuple[ClientSession, torch.optim.Optimizer | SavedOptimizerState]:
     """Rebuild the client's model, optimizer and protocol state as saved at or before the point ``upto``
     (round, TRAINED | ROUND_END) of the round loop; none saved yet: the shared initial model.
     ``train=False``: the optimizer's saved state is kept as it is, without building an optimizer."""
@@ -280,8 +309,9 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = (capability(env.protocol, LocalTraining).client_optimizer(model, env.client)
-                     or env.task.new_optimizer(model))
+        optimizer = capability(env.protocol, LocalTraining).client_optimizer(
+            model, env.client
+        ) or env.task.new_optimizer(model)
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -290,19 +320,35 @@ def open_session(env: ClientEnv, rnd: int, upto: tuple[int, int], *, train: bool
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer.load_state_dict(state.optimizer)
         protocol_state = dict(state.protocol)
-    session = ClientSession(cfg=env.cfg, client=env.client, round=rnd, model=model,
-                            num_examples=len(env.shard), label_smoothing=env.task.label_smoothing,
-                            grad_clip=env.task.grad_clip,
-                            initial_tensors=env.initial, protocol_state=protocol_state, diagnostics=env.diagnostics)
+    session = ClientSession(
+        cfg=env.cfg,
+        client=env.client,
+        round=rnd,
+        model=model,
+        num_examples=len(env.shard),
+        label_smoothing=env.task.label_smoothing,
+        grad_clip=env.task.grad_clip,
+        initial_tensors=env.initial,
+        protocol_state=protocol_state,
+        diagnostics=env.diagnostics,
+    )
     return session, optimizer
 
 
-def save_session(env: ClientEnv, session: ClientSession, optimizer: torch.optim.Optimizer | SavedOptimizerState,
-                 at: int) -> None:
+def save_session(
+    env: ClientEnv, session: ClientSession, optimizer: torch.optim.Optimizer | SavedOptimizerState, at: int
+) -> None:
     """Save the client's state as snapshot (session.round, ``at``): TRAINED or ROUND_END."""
-    env.store.save(env.key, ClientState(model=session.model.state_dict(), optimizer=optimizer.state_dict(),
-                                        protocol=session.protocol_state, rounds_done=session.round),
-                   at=(session.round, at))
+    env.store.save(
+        env.key,
+        ClientState(
+            model=session.model.state_dict(),
+            optimizer=optimizer.state_dict(),
+            protocol=session.protocol_state,
+            rounds_done=session.round,
+        ),
+        at=(session.round, at),
+    )
 
 
 def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, Any]) -> None:
@@ -320,25 +366,38 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     rnd, exchange = int(config["round"]), bool(config["exchange"])
     session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
-    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
-                               **env.timings(msg)}
+    metrics: dict[str, Any] = {
+        "client": env.client,
+        "round": rnd,
+        "num_examples": session.num_examples,
+        **env.timings(msg),
+    }
     protocol = env.protocol
     training = capability(protocol, LocalTraining)
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
-        incoming = from_array_record(msg.content["model"], spec_of(trainable_tensors(session.model)),
-                                     what="model from the server")
+        incoming = from_array_record(
+            msg.content["model"], spec_of(trainable_tensors(session.model)), what="model from the server"
+        )
         metrics.update(capability(protocol, CatchUp).client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)
-    metrics.update(env.task.train_local(session.model, optimizer, env.shard,
-                                        seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
-                                        client=env.client, step=training.local_step(session),
-                                        **training.train_options(session)))
+    metrics.update(
+        env.task.train_local(
+            session.model,
+            optimizer,
+            env.shard,
+            seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
+            client=env.client,
+            step=training.local_step(session),
+            **training.train_options(session),
+        )
+    )
     poison_trained_model(env, session, start)
     training.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:
-        diagnostics.record_local_model(context.run_id, rnd, env.client, trainable_tensors(session.model),
-                                       session.num_examples)
+        diagnostics.record_local_model(
+            context.run_id, rnd, env.client, trainable_tensors(session.model), session.num_examples
+        )
     if exchange and not protocol.spec.payload_on_request:  # FedPC: only the report now
         payload, phases = protocol.client_payload(session)
         metrics.update(phases)
@@ -354,14 +413,30 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def _log_training(client: int, rnd: int, metrics: dict[str, Any]) -> None:
-    rate, unit = ((metrics["tokens_per_s"], "tok/s") if "tokens_per_s" in metrics
-                  else (metrics.get("examples_per_s", 0.0), "examples/s"))
+    rate, unit = (
+        (metrics["tokens_per_s"], "tok/s")
+        if "tokens_per_s" in metrics
+        else (metrics.get("examples_per_s", 0.0), "examples/s")
+    )
     if "steps" in metrics:  # (FedPC: private, removed by client_trained)
-        log.info("client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f", client, rnd,
-                 metrics["steps"], metrics["train_s"], rate, unit, metrics["train_loss"])
+        log.info(
+            "client %s · round %d · %d steps in %.1f s · %.0f %s · train loss %.3f",
+            client,
+            rnd,
+            metrics["steps"],
+            metrics["train_s"],
+            rate,
+            unit,
+            metrics["train_loss"],
+        )
     else:
-        log.info("client %s · round %d · trained in %.1f s · train loss %.3f", client, rnd, metrics["train_s"],
-                 metrics["train_loss"])
+        log.info(
+            "client %s · round %d · trained in %.1f s · train loss %.3f",
+            client,
+            rnd,
+            metrics["train_s"],
+            metrics["train_loss"],
+        )
 
 
 def train_payload(msg: Message, context: Context) -> Message:
@@ -372,13 +447,21 @@ def train_payload(msg: Message, context: Context) -> Message:
     rnd = int(config["round"])
     session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     session.request = {k: v for k, v in dict(config).items() if k != "round"}
-    metrics: dict[str, Any] = {"client": env.client, "round": rnd, "num_examples": session.num_examples,
-                               **env.timings(msg)}
+    metrics: dict[str, Any] = {
+        "client": env.client,
+        "round": rnd,
+        "num_examples": session.num_examples,
+        **env.timings(msg),
+    }
     payload, phases = env.protocol.client_payload(session)
     metrics.update(phases)
     save_session(env, session, optimizer, TRAINED)
-    return Message(RecordDict({"payload": to_array_record({n: t.cpu() for n, t in payload.items()}),
-                               "metrics": MetricRecord(metrics)}), reply_to=msg)
+    return Message(
+        RecordDict(
+            {"payload": to_array_record({n: t.cpu() for n, t in payload.items()}), "metrics": MetricRecord(metrics)}
+        ),
+        reply_to=msg,
+    )
 
 
 def train_apply(msg: Message, context: Context) -> Message:
@@ -387,13 +470,13 @@ def train_apply(msg: Message, context: Context) -> Message:
     rnd = int(msg.content["config"]["round"])
     session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, **env.timings(msg)}
-    aggregate = from_array_record(msg.content["aggregate"], env.protocol.payload_spec(session),
-                                  what="aggregate from the server")
+    aggregate = from_array_record(
+        msg.content["aggregate"], env.protocol.payload_spec(session), what="aggregate from the server"
+    )
     device = next(session.model.parameters()).device
     metrics.update(env.protocol.client_apply(session, {name: t.to(device) for name, t in aggregate.items()}))
     if env.diagnostics:
-        metrics["fedavg_distance"] = diagnostics.fedavg_distance(context.run_id, rnd,
-                                                                 trainable_tensors(session.model))
+        metrics["fedavg_distance"] = diagnostics.fedavg_distance(context.run_id, rnd, trainable_tensors(session.model))
     _evaluate_into(env, session, metrics)
     save_session(env, session, optimizer, ROUND_END)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
@@ -411,11 +494,17 @@ def _finetuned_scores(env: ClientEnv, session: ClientSession, rnd: int) -> dict[
     if not fed.finetune_epochs:
         return {}
     tuned = copy.deepcopy(session.model)
-    out = env.task.finetune(tuned, env.shard, epochs=fed.finetune_epochs, lr_scale=fed.finetune_lr_scale,
-                            seed=derive_seed(env.cfg.seed, "finetune", env.client, rnd))
+    out = env.task.finetune(
+        tuned,
+        env.shard,
+        epochs=fed.finetune_epochs,
+        lr_scale=fed.finetune_lr_scale,
+        seed=derive_seed(env.cfg.seed, "finetune", env.client, rnd),
+    )
     out["ft_test_loss"] = env.task.test_loss(tuned)
-    out.update({f"ft_{k}": v for k, v in {**env.task.quick_scores(tuned),
-                                          **env.task.own_metrics(tuned, env.client)}.items()})
+    out.update(
+        {f"ft_{k}": v for k, v in {**env.task.quick_scores(tuned), **env.task.own_metrics(tuned, env.client)}.items()}
+    )
     return out
 
 
@@ -453,19 +542,25 @@ def evaluate(msg: Message, context: Context) -> Message:
         metrics.update(env.task.own_metrics(session.model, env.client))
         metrics.update(_finetuned_scores(env, session, rnd))
     if score:
-        scores, task_labels, samples = env.task.final_metrics(session.model, node_setting(env.cfg, context,
-                                                                                        "output-dir"))
+        scores, task_labels, samples = env.task.final_metrics(
+            session.model, node_setting(env.cfg, context, "output-dir")
+        )
         scores.pop("test_loss", None)  # the task's own copy of what _evaluate_into measured
         metrics.update(scores)
         labels.update(task_labels)
         models_dir = node_setting(env.cfg, context, "models-dir")
         if models_dir:
-            labels["model"] = str(export_model(Path(str(models_dir)), session.model, **env.task.export_kwargs(),
-                                               extra={"strategy": env.cfg.federation.strategy, "round": rnd}))
+            labels["model"] = str(
+                export_model(
+                    Path(str(models_dir)),
+                    session.model,
+                    **env.task.export_kwargs(),
+                    extra={"strategy": env.cfg.federation.strategy, "round": rnd},
+                )
+            )
         if samples:
             content["samples"] = ConfigRecord(samples)
-        log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"],
-                 env.task.final_log(metrics))
+        log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
     # what the whole model costs under the same serializer (the size of a FedAvg payload)
     metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))
     data = env.task.describe(env.client)
@@ -477,5 +572,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-__all__ = ["ClientEnv", "client_env", "evaluate", "open_session", "process_setup", "query", "release_memory_store",
-           "save_session", "secure_view", "train", "train_apply", "train_payload"]
+__all__ = [
+    "ClientEnv",
+    "client_env",
+    "evaluate",
+    "open_session",
+    "process_setup",
+    "query",
+    "release_memory_store",
+    "save_session",
+    "secure_view",
+    "train",
+    "train_apply",
+    "train_payload",
+]

@@ -18,8 +18,9 @@ from ..core.aggregation import weighted_mean
 _local_models: dict[tuple[int, int], dict[int, tuple[dict[str, torch.Tensor], int]]] = {}
 
 
-def record_local_model(run_id: int, round_: int, client: int, tensors: Mapping[str, torch.Tensor],
-                       num_examples: int) -> None:
+def record_local_model(
+    run_id: int, round_: int, client: int, tensors: Mapping[str, torch.Tensor], num_examples: int
+) -> None:
     """Keep a client's pre-exchange model of this round (drops older rounds of the run)."""
     for key in [k for k in _local_models if k[0] == run_id and k[1] < round_]:
         del _local_models[key]

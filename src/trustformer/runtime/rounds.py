@@ -39,16 +39,42 @@ from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
 from ..protocols.base import FederatedProtocol
 from ..protocols.capabilities import PayloadCheck, RoundReport, capability
-from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record,
-                    payload_bytes, spec_of, to_array_record)
+from ..wire import (
+    APPLY,
+    PAYLOAD,
+    TRAIN,
+    Delivery,
+    FederationError,
+    Link,
+    PayloadError,
+    TensorSpec,
+    from_array_record,
+    payload_bytes,
+    spec_of,
+    to_array_record,
+)
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # seconds between two pulls of the replies still awaited
 TTL_MARGIN_S = 10.0  # a message outlives the wait for its reply by this much (the SuperLink then drops it)
 # metrics keys the server writes itself: a client's reply may not set them
-SERVER_KEYS = frozenset({"event", "node", "reason", "bytes_up", "bytes_down", "exchanged", "sampled", "epsilon",
-                         "beta", "pilot", "goodness", "position"})
+SERVER_KEYS = frozenset(
+    {
+        "event",
+        "node",
+        "reason",
+        "bytes_up",
+        "bytes_down",
+        "exchanged",
+        "sampled",
+        "epsilon",
+        "beta",
+        "pilot",
+        "goodness",
+        "position",
+    }
+)
 
 
 class ReplyError(TrustformerError, ValueError):
@@ -97,8 +123,9 @@ class PlainLink:
     def prepare(self, rnd: int, nodes: list[int], exchange: bool) -> list[int]:
         return nodes
 
-    def send(self, nodes, message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
-             ) -> dict[int, Delivery]:
+    def send(
+        self, nodes, message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
+    ) -> dict[int, Delivery]:
         messages, down = [], {}
         for node in nodes:
             content = make_content(node)
@@ -110,8 +137,9 @@ class PlainLink:
     def payload_spec(self, spec: TensorSpec) -> TensorSpec:
         return spec
 
-    def combine(self, rnd: int, payloads: dict[int, Tensors], examples: dict[int, int], weighting: str | None
-                ) -> tuple[list[Tensors], list[int], dict[str, float]]:
+    def combine(
+        self, rnd: int, payloads: dict[int, Tensors], examples: dict[int, int], weighting: str | None
+    ) -> tuple[list[Tensors], list[int], dict[str, float]]:
         return list(payloads.values()), [examples[n] for n in payloads], {}
 
     def finish_row(self, rnd: int, node: int, row: dict[str, Any]) -> None:
@@ -140,8 +168,9 @@ def client_of(metrics, node: int, clients: Mapping[int, int], expected: int) -> 
     return client
 
 
-def validate_reply(reply: Message, rnd: int, node: int, clients: Mapping[int, int], step: str, *, expected: int,
-                   max_examples: int) -> tuple[int, dict[str, float | int]]:
+def validate_reply(
+    reply: Message, rnd: int, node: int, clients: Mapping[int, int], step: str, *, expected: int, max_examples: int
+) -> tuple[int, dict[str, float | int]]:
     """The client id and metrics of a ``train``, ``train.payload`` or ``train.apply`` reply, or a ReplyError
     saying what is wrong: a ``metrics`` MetricRecord of scalar numbers, the client this node is, the round of
     the message, and for ``train`` a ``num_examples`` that is an integer in [1, ``federation.max_examples``]."""
@@ -149,8 +178,9 @@ def validate_reply(reply: Message, rnd: int, node: int, clients: Mapping[int, in
         raise ReplyError(f"the reply to {step} has no 'metrics' record")
     record = reply.content["metrics"]
     if not isinstance(record, MetricRecord):
-        raise ReplyError(f"the 'metrics' record of the reply to {step} is a {type(record).__name__}, "
-                         "not a MetricRecord")
+        raise ReplyError(
+            f"the 'metrics' record of the reply to {step} is a {type(record).__name__}, not a MetricRecord"
+        )
     metrics = dict(record)
     client = client_of(metrics, node, clients, expected)
     for key, value in metrics.items():
@@ -163,8 +193,9 @@ def validate_reply(reply: Message, rnd: int, node: int, clients: Mapping[int, in
     if step in ("train", "payload"):
         n = metrics.get("num_examples")
         if not isinstance(n, int) or not 1 <= n <= max_examples:
-            raise ReplyError(f"num_examples = {n!r} must be an integer in [1, {max_examples}] "
-                             "(federation.max_examples)")
+            raise ReplyError(
+                f"num_examples = {n!r} must be an integer in [1, {max_examples}] (federation.max_examples)"
+            )
     return client, metrics
 
 
@@ -173,12 +204,23 @@ def check_spec(payload: Mapping[str, torch.Tensor], expected: TensorSpec) -> Non
     if got != expected:
         missing = sorted(set(expected) - set(got))[:3]
         extra = sorted(set(got) - set(expected))[:3]
-        wrong = [f"{n} {got[n][0]} {got[n][1]} (expected {expected[n][0]} {expected[n][1]})"
-                 for n in sorted(set(got) & set(expected)) if got[n] != expected[n]][:3]
-        raise PayloadError("payload names/shapes/dtypes differ from those the configuration gives: "
-                           + "; ".join(x for x in (f"missing {missing}" if missing else "",
-                                                   f"unexpected {extra}" if extra else "",
-                                                   f"wrong {wrong}" if wrong else "") if x))
+        wrong = [
+            f"{n} {got[n][0]} {got[n][1]} (expected {expected[n][0]} {expected[n][1]})"
+            for n in sorted(set(got) & set(expected))
+            if got[n] != expected[n]
+        ][:3]
+        raise PayloadError(
+            "payload names/shapes/dtypes differ from those the configuration gives: "
+            + "; ".join(
+                x
+                for x in (
+                    f"missing {missing}" if missing else "",
+                    f"unexpected {extra}" if extra else "",
+                    f"wrong {wrong}" if wrong else "",
+                )
+                if x
+            )
+        )
 
 
 def describe(exc: BaseException) -> str:
@@ -303,8 +345,9 @@ class RoundIO:
             self.drop(node, f"invalid payload: {got.invalid}")
             return None
         try:
-            client, metrics = validate_reply(reply, self.rnd, node, self.clients, step, expected=fed.clients,
-                                             max_examples=fed.max_examples)
+            client, metrics = validate_reply(
+                reply, self.rnd, node, self.clients, step, expected=fed.clients, max_examples=fed.max_examples
+            )
         except ReplyError as exc:
             self.drop(node, f"invalid reply to {step}: {exc}")
             return None
@@ -315,8 +358,9 @@ class RoundIO:
         row.update(metrics, round=self.rnd, client=client)
         return row
 
-    def _payloads(self, deliveries: dict[int, Delivery], step: str, specs: Mapping[int, TensorSpec | None]
-                  ) -> dict[int, Tensors]:
+    def _payloads(
+        self, deliveries: dict[int, Delivery], step: str, specs: Mapping[int, TensorSpec | None]
+    ) -> dict[int, Tensors]:
         """The valid payloads of the replies, each checked against its spec and by the protocol."""
         payloads: dict[int, Tensors] = {}
         for node, got in deliveries.items():
@@ -346,8 +390,14 @@ class RoundIO:
             self.sampled = participants
         return participants
 
-    def train(self, nodes: list[int], *, payload: bool, models: Mapping[int, Tensors] | None = None,
-              config: Mapping[str, Any] | None = None) -> dict[int, Tensors]:
+    def train(
+        self,
+        nodes: list[int],
+        *,
+        payload: bool,
+        models: Mapping[int, Tensors] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> dict[int, Tensors]:
         """``train`` to ``nodes`` (each adopting ``models[node]`` first, when given); returns the valid
         payloads (``payload``), every valid reply's line in ``rows``. Invalid payloads drop their client."""
         train_cfg = ConfigRecord({"round": self.rnd, "exchange": self.exchange, **dict(config or {})})
@@ -361,19 +411,22 @@ class RoundIO:
         deliveries = self.link.send(nodes, TRAIN, self.rnd, content)
         return self._payloads(deliveries, "train", {n: None for n in nodes} if payload else {})
 
-    def request(self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]
-                ) -> dict[int, Tensors]:
+    def request(self, requests: Mapping[int, Mapping[str, Any]], specs: Mapping[int, TensorSpec]) -> dict[int, Tensors]:
         """``train.payload``: ask each node for the payload ``requests[node]`` describes (after its ``train``),
         checked against ``specs[node]``; returns the valid payloads."""
         rnd = self.rnd
-        deliveries = self.link.send(list(requests), PAYLOAD, rnd, lambda n: RecordDict(
-            {"config": ConfigRecord({"round": rnd, **dict(requests[n])})}))
+        deliveries = self.link.send(
+            list(requests),
+            PAYLOAD,
+            rnd,
+            lambda n: RecordDict({"config": ConfigRecord({"round": rnd, **dict(requests[n])})}),
+        )
         return self._payloads(deliveries, "payload", specs)
 
     def _combine(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
-        inputs, weights, phases = self.link.combine(self.rnd, payloads,
-                                                    {n: self.rows[n]["num_examples"] for n in payloads},
-                                                    self.protocol.spec.mean_weighting)
+        inputs, weights, phases = self.link.combine(
+            self.rnd, payloads, {n: self.rows[n]["num_examples"] for n in payloads}, self.protocol.spec.mean_weighting
+        )
         aggregate, more = self.protocol.aggregate(inputs, weights)
         self._events = self.report.aggregate_events()
         if self._events and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
@@ -407,8 +460,10 @@ class RoundIO:
                 except Exception as single:  # this client's contribution alone makes the aggregation fail
                     culprits[node] = single
             if not culprits:
-                raise FederationError(f"round {self.rnd}: the aggregation failed with every client's contribution "
-                                      f"valid on its own: {describe(exc)}") from exc
+                raise FederationError(
+                    f"round {self.rnd}: the aggregation failed with every client's contribution "
+                    f"valid on its own: {describe(exc)}"
+                ) from exc
             for node, single in culprits.items():
                 self.drop(node, f"aggregation failed on its contribution: {describe(single)}")
                 payloads.pop(node)
@@ -419,8 +474,9 @@ class RoundIO:
             self.server.server_phases[key] = self.server.server_phases.get(key, 0.0) + value
         return aggregate, phases
 
-    def apply(self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
-              ) -> None:
+    def apply(
+        self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None
+    ) -> None:
         """``train.apply``: every node adopts ``tensors`` (the aggregate or the server's model) and evaluates;
         ``phases`` (the server's phase times of the round) go on each of their lines. Then at least
         ``federation.min_clients`` must have a line, and each client that applied it is synced to this round."""

@@ -55,14 +55,34 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
     payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.json)))
-    link = secure_link(cfg, PlainLink(grid, nodes.timeout), run_id=int(grid.run.run_id), recorder=recorder,
-                       drop=lambda r, n, why: drop(recorder, r, n, nodes.clients, why), clients=nodes.clients,
-                       payload_spec=payload_spec)
-    server = Server(cfg=cfg, link=link, protocol=protocol, recorder=recorder, clients=nodes.clients,
-                    min_valid=nodes.needed, payload_spec=payload_spec, initial=lambda: initial_tensors(cfg.json),
-                    server_phases=checkpoints.server_phases)
-    log.info("strategy %s · %d client(s) · %d round(s) · output %s%s", protocol.name, len(nodes.connected()),
-             fed.rounds, cfg.out, f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "")
+    link = secure_link(
+        cfg,
+        PlainLink(grid, nodes.timeout),
+        run_id=int(grid.run.run_id),
+        recorder=recorder,
+        drop=lambda r, n, why: drop(recorder, r, n, nodes.clients, why),
+        clients=nodes.clients,
+        payload_spec=payload_spec,
+    )
+    server = Server(
+        cfg=cfg,
+        link=link,
+        protocol=protocol,
+        recorder=recorder,
+        clients=nodes.clients,
+        min_valid=nodes.needed,
+        payload_spec=payload_spec,
+        initial=lambda: initial_tensors(cfg.json),
+        server_phases=checkpoints.server_phases,
+    )
+    log.info(
+        "strategy %s · %d client(s) · %d round(s) · output %s%s",
+        protocol.name,
+        len(nodes.connected()),
+        fed.rounds,
+        cfg.out,
+        f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "",
+    )
     link.setup(nodes.connected(), nodes.needed)  # the secure channel: every client attests the aggregator
     rounds_run = checkpoints.completed
     for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
@@ -77,8 +97,9 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     return finish_run(cfg, server, nodes, checkpoints, rounds_run)
 
 
-def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
-               ) -> dict[str, Any]:
+def finish_run(
+    cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
+) -> dict[str, Any]:
     """The final evaluation of every connected client (:func:`final_evaluation`), then ``summary.json``."""
     recorder, protocol = server.recorder, server.protocol
     per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
@@ -99,23 +120,37 @@ def finish_run(cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Chec
     if distances:  # the last exchange's value per client (simulation-only diagnostic)
         extra["fedavg_distance"] = [distances.get(c) for c in order]
     summary = recorder.summary(
-        strategy=protocol.name, preset=cfg.preset, rounds=rounds_run, clients=expected_nodes(cfg), seed=cfg.seed,
-        config=cfg.to_dict(), client_ids=order, test_loss=[per_client[c]["test_loss"] for c in order],
+        strategy=protocol.name,
+        preset=cfg.preset,
+        rounds=rounds_run,
+        clients=expected_nodes(cfg),
+        seed=cfg.seed,
+        config=cfg.to_dict(),
+        client_ids=order,
+        test_loss=[per_client[c]["test_loss"] for c in order],
         **task_summary(cfg.task, cfg.out, per_client, order),
         data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
         bytes={"fedavg_model_bytes": max((int(per_client[c]["model_bytes"]) for c in order), default=0)},
         scored_by={str(c): per_client[c]["scored_by"] for c in order},
         server_time_s={k: round(v, 4) for k, v in server.server_phases.items()},
-        versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__}, **extra)
+        versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
+        **extra,
+    )
     first = FINAL_METRICS[cfg.task][0]
-    log.info("done in %.1f s · test loss %s · %s %s · wrote %s", summary["time_s"]["total"],
-             _fmt_list(summary["test_loss"]), first.upper() if first == "bleu" else first,
-             _fmt_list(summary[first], 2 if first == "bleu" else 4), Path(cfg.out) / "summary.json")
+    log.info(
+        "done in %.1f s · test loss %s · %s %s · wrote %s",
+        summary["time_s"]["total"],
+        _fmt_list(summary["test_loss"]),
+        first.upper() if first == "bleu" else first,
+        _fmt_list(summary[first], 2 if first == "bleu" else 4),
+        Path(cfg.out) / "summary.json",
+    )
     return summary
 
 
-def final_evaluation(cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
-                     ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+def final_evaluation(
+    cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """Every client's final metrics and where its model was saved. First every client reports its test loss
     and its model's fingerprint; then one client per distinct model (``eval.decode_once``; otherwise every
     client) scores and saves it, and the clients holding the same model share its scores (``scored_by``)."""
@@ -126,12 +161,18 @@ def final_evaluation(cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
         config = ConfigRecord({"round": rnd, "score": score})
         for node, delivery in link.send(targets, EVALUATE, rnd, lambda _n: RecordDict({"config": config})).items():
             reply = delivery.reply
-            why = ("no reply to evaluate" if reply is None else
-                   f"final evaluation failed: {reply.error.reason}" if reply.has_error() else None)
+            why = (
+                "no reply to evaluate"
+                if reply is None
+                else f"final evaluation failed: {reply.error.reason}"
+                if reply.has_error()
+                else None
+            )
             try:
                 if why is None:
-                    got[node] = final_metrics(reply, node, nodes.clients, cfg.federation.clients, cfg.task,
-                                              scored=score)
+                    got[node] = final_metrics(
+                        reply, node, nodes.clients, cfg.federation.clients, cfg.task, scored=score
+                    )
             except (KeyError, TypeError, ValueError) as exc:
                 why = f"invalid reply to evaluate: {describe(exc)}"
             if why is not None:
@@ -139,8 +180,10 @@ def final_evaluation(cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
         return got
 
     reported = ask(nodes.connected(), score=False)
-    key_of = {node: basic["labels"]["fingerprint"] if cfg.eval.decode_once else str(node)
-              for node, (_client, basic) in reported.items()}
+    key_of = {
+        node: basic["labels"]["fingerprint"] if cfg.eval.decode_once else str(node)
+        for node, (_client, basic) in reported.items()
+    }
     candidates: dict[str, list[int]] = {}  # model -> the nodes holding it, in client order
     for node in sorted(reported, key=lambda n: reported[n][0]):
         candidates.setdefault(key_of[node], []).append(node)
@@ -168,8 +211,9 @@ def open_tracker(cfg: RunConfig):
     return Tracker(cfg.out, cfg.runtime.log, cfg.to_dict(), run_name=Path(cfg.out).name)
 
 
-def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: int, task: str = "translation", *,
-                  scored: bool = True) -> tuple[int, dict[str, Any]]:
+def final_metrics(
+    reply: Message, node: int, clients: dict[int, int], expected: int, task: str = "translation", *, scored: bool = True
+) -> tuple[int, dict[str, Any]]:
     """A client's final evaluation (ValueError/KeyError/TypeError if malformed): ``test_loss`` and
     ``model_bytes`` must be numbers, with ``scored`` the task's scores (``FINAL_METRICS``) too."""
     record = reply.content["metrics"]
@@ -181,15 +225,20 @@ def final_metrics(reply: Message, node: int, clients: dict[int, int], expected: 
         if isinstance(metrics.get(key), bool) or not isinstance(metrics.get(key), (int, float)):
             raise ReplyError(f"metric {key!r} must be a number, got {metrics.get(key)!r}")
     per_class = metrics.get("per_class_accuracy")
-    if per_class is not None and (not isinstance(per_class, list)
-                                  or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)):
+    if per_class is not None and (
+        not isinstance(per_class, list) or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)
+    ):
         raise ReplyError(f"metric 'per_class_accuracy' must be a list of accuracies in [0, 1], got {per_class!r}")
     samples = reply.content["samples"] if "samples" in reply.content else None
-    metrics["samples"] = ([[str(x) for x in t] for t in zip(samples["source"], samples["reference"],
-                                                             samples["hypothesis"])] if samples is not None else [])
+    metrics["samples"] = (
+        [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
+        if samples is not None
+        else []
+    )
     metrics["data"] = _data_record(reply.content["data"]) if "data" in reply.content else {}
-    metrics["labels"] = ({k: str(v) for k, v in dict(reply.content["labels"]).items()}
-                         if "labels" in reply.content else {})
+    metrics["labels"] = (
+        {k: str(v) for k, v in dict(reply.content["labels"]).items()} if "labels" in reply.content else {}
+    )
     metrics["labels"].setdefault("fingerprint", f"node-{node}")
     return client, metrics
 
@@ -233,14 +282,28 @@ class Nodes:
         """Ask the nodes not met yet which client they are (a ``query``); return the nodes of known
         clients in client order. A client answering from a new node id retires its old one."""
         unknown = [n for n in nodes if n not in self.clients and n not in self.retired]
-        replies = exchange(self.grid, [Message(RecordDict({"config": ConfigRecord({"round": 0})}), n, QUERY,
-                                               group_id="identify", ttl=ttl(self.timeout)) for n in unknown],
-                           self.timeout)
+        replies = exchange(
+            self.grid,
+            [
+                Message(
+                    RecordDict({"config": ConfigRecord({"round": 0})}),
+                    n,
+                    QUERY,
+                    group_id="identify",
+                    ttl=ttl(self.timeout),
+                )
+                for n in unknown
+            ],
+            self.timeout,
+        )
         for node in unknown:
             reply = replies.get(node)
             if reply is None or reply.has_error():
-                log.warning("node %d did not say which client it is (%s); left out for now", node,
-                            "no reply" if reply is None else reply.error.reason)
+                log.warning(
+                    "node %d did not say which client it is (%s); left out for now",
+                    node,
+                    "no reply" if reply is None else reply.error.reason,
+                )
                 continue
             try:
                 record = reply.content["metrics"]
@@ -248,8 +311,7 @@ class Nodes:
                 if isinstance(client, bool) or not isinstance(client, int):
                     raise ReplyError(f"'client' must be an integer, got {client!r}")
             except (KeyError, ReplyError) as exc:
-                log.warning("node %d did not say which client it is (malformed reply: %s); left out for now", node,
-                            exc)
+                log.warning("node %d did not say which client it is (malformed reply: %s); left out for now", node, exc)
                 continue
             for old in [n for n, c in self.clients.items() if c == client]:
                 del self.clients[old]
@@ -269,16 +331,24 @@ class Nodes:
                 return nodes
             connected = tuple(sorted(self.clients[n] for n in nodes))
             if connected != shown:  # who is connected so far, each time it changes
-                log.info("waiting for client nodes: %d of %d connected (client%s %s) · %.0f s of %.0f s "
-                         "(federation.node_wait_s)", len(nodes), want, "" if len(nodes) == 1 else "s",
-                         ", ".join(map(str, connected)) or "none", time.monotonic() - started, wait_s)
+                log.info(
+                    "waiting for client nodes: %d of %d connected (client%s %s) · %.0f s of %.0f s "
+                    "(federation.node_wait_s)",
+                    len(nodes),
+                    want,
+                    "" if len(nodes) == 1 else "s",
+                    ", ".join(map(str, connected)) or "none",
+                    time.monotonic() - started,
+                    wait_s,
+                )
                 shown = connected
             if time.monotonic() > started + wait_s:
                 if len(nodes) >= need:
                     return nodes
                 raise FederationError(
                     f"only {len(nodes)} of {want} client node(s) connected within {wait_s:.0f} s "
-                    f"(federation.node_wait_s); at least {need} required (federation.min_clients)")
+                    f"(federation.node_wait_s); at least {need} required (federation.min_clients)"
+                )
             time.sleep(0.5)
 
 

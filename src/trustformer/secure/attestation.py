@@ -33,9 +33,19 @@ from ..errors import TrustformerError
 from ..config import RunConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-MEASURED_FILES = ("app.py", "wire.py", "runtime/server.py", "runtime/rounds.py", "core/shared.py",
-                  "core/aggregation.py", "core/dp.py", "core/accounting.py", "core/centroids.py", "core/ternary.py",
-                  "core/quantize.py")
+MEASURED_FILES = (
+    "app.py",
+    "wire.py",
+    "runtime/server.py",
+    "runtime/rounds.py",
+    "core/shared.py",
+    "core/aggregation.py",
+    "core/dp.py",
+    "core/accounting.py",
+    "core/centroids.py",
+    "core/ternary.py",
+    "core/quantize.py",
+)
 MEASURED_PACKAGES = ("protocols", "secure")
 QUOTE_VERSION = 1
 QUOTE_DOMAIN = b"trustformer quote v1\0"
@@ -60,10 +70,18 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
     """The protocol configuration the aggregator applies (what its behaviour depends on)."""
     fed, sec = cfg.federation, cfg.secure
     values: dict[str, Any] = {
-        "strategy": fed.strategy, "rounds": fed.rounds, "clients": fed.clients, "agg_every": fed.agg_every,
-        "beta": fed.beta, "weighting": fed.weighting, "min_clients": fed.min_clients,
-        "secure": {"mode": sec.mode, "secagg_threshold": sec.secagg_threshold,
-                   "secagg_scale_bits": sec.secagg_scale_bits},
+        "strategy": fed.strategy,
+        "rounds": fed.rounds,
+        "clients": fed.clients,
+        "agg_every": fed.agg_every,
+        "beta": fed.beta,
+        "weighting": fed.weighting,
+        "min_clients": fed.min_clients,
+        "secure": {
+            "mode": sec.mode,
+            "secagg_threshold": sec.secagg_threshold,
+            "secagg_scale_bits": sec.secagg_scale_bits,
+        },
     }
     values["privacy"] = asdict(cfg.privacy)  # a DP aggregator clips, samples and adds noise from these
     values["seed"] = cfg.seed
@@ -107,8 +125,17 @@ class Quote:
         except (UnicodeDecodeError, ValueError, TypeError) as exc:
             raise AttestationError(f"attestation failed: the quote is malformed ({exc})") from None
         types: dict[str, type | tuple[type, ...]] = {
-            "backend": str, "measurement": str, "enclave_key": str, "client_key": str, "nonce": str,
-            "run_id": int, "client": int, "issued_at": (int, float), "valid_for_s": (int, float), "version": int}
+            "backend": str,
+            "measurement": str,
+            "enclave_key": str,
+            "client_key": str,
+            "nonce": str,
+            "run_id": int,
+            "client": int,
+            "issued_at": (int, float),
+            "valid_for_s": (int, float),
+            "version": int,
+        }
         for name, kind in types.items():
             value = getattr(quote, name)
             if isinstance(value, bool) or not isinstance(value, kind):
@@ -124,23 +151,32 @@ def sign_quote(signing_key: Ed25519PrivateKey, quote: Quote) -> tuple[bytes, byt
     return body, signing_key.sign(QUOTE_DOMAIN + body)
 
 
-def verify_quote(body: bytes, signature: bytes, trusted_key: Ed25519PublicKey, *, nonce: bytes,
-                 client_key: bytes, run_id: int, client: int, expected_measurement: str,
-                 measurement_source: str = "computed from this client's configuration",
-                 now: float | None = None) -> Quote:
+def verify_quote(
+    body: bytes,
+    signature: bytes,
+    trusted_key: Ed25519PublicKey,
+    *,
+    nonce: bytes,
+    client_key: bytes,
+    run_id: int,
+    client: int,
+    expected_measurement: str,
+    measurement_source: str = "computed from this client's configuration",
+    now: float | None = None,
+) -> Quote:
     """Check a quote (signature, freshness, binding, measurement); return it or raise AttestationError."""
     try:
         trusted_key.verify(bytes(signature), QUOTE_DOMAIN + bytes(body))
     except InvalidSignature:
         raise AttestationError(
             "attestation failed: the quote's signature does not verify under the trusted attestation key "
-            f"{public_key_hex(trusted_key)[:16]}… (a foreign or forged quote)") from None
+            f"{public_key_hex(trusted_key)[:16]}… (a foreign or forged quote)"
+        ) from None
     quote = Quote.from_bytes(body)
     if quote.version != QUOTE_VERSION:
         raise AttestationError(f"attestation failed: quote version {quote.version}, expected {QUOTE_VERSION}")
     if quote.nonce != nonce.hex() or quote.client_key != client_key.hex():
-        raise AttestationError("attestation failed: the quote answers another nonce or client key "
-                               "(a replayed quote)")
+        raise AttestationError("attestation failed: the quote answers another nonce or client key (a replayed quote)")
     if quote.run_id != run_id:
         raise AttestationError(f"attestation failed: the quote is for run {quote.run_id}, this is run {run_id}")
     if quote.client != client:
@@ -149,13 +185,16 @@ def verify_quote(body: bytes, signature: bytes, trusted_key: Ed25519PublicKey, *
     if quote.issued_at > now + CLOCK_SKEW_S:
         raise AttestationError(f"attestation failed: the quote is issued {quote.issued_at - now:.0f} s in the future")
     if now > quote.issued_at + quote.valid_for_s:
-        raise AttestationError("attestation failed: the quote expired "
-                               f"{now - quote.issued_at - quote.valid_for_s:.0f} s "
-                               f"ago (valid for {quote.valid_for_s:.0f} s)")
+        raise AttestationError(
+            "attestation failed: the quote expired "
+            f"{now - quote.issued_at - quote.valid_for_s:.0f} s "
+            f"ago (valid for {quote.valid_for_s:.0f} s)"
+        )
     if quote.measurement != expected_measurement:
         raise AttestationError(
             f"attestation failed: the aggregator's measurement does not match: expected {expected_measurement} "
-            f"({measurement_source}), quoted {quote.measurement}")
+            f"({measurement_source}), quoted {quote.measurement}"
+        )
     return quote
 
 
@@ -214,10 +253,10 @@ def write_key_pair(prefix: str | Path) -> tuple[Path, Path]:
     key = generate_signing_key()
     private_path, public_path = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
     private_path.parent.mkdir(parents=True, exist_ok=True)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     private_path.touch(mode=0o600, exist_ok=False)
     private_path.write_bytes(pem)
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private_path, public_path

@@ -45,8 +45,20 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from ..config import RunConfig
 from ..metrics import RunRecorder
-from ..wire import (APPLY, PAYLOAD, TRAIN, Delivery, FederationError, Link, PayloadError, TensorSpec, from_array_record,
-                    payload_bytes, spec_of, to_array_record)
+from ..wire import (
+    APPLY,
+    PAYLOAD,
+    TRAIN,
+    Delivery,
+    FederationError,
+    Link,
+    PayloadError,
+    TensorSpec,
+    from_array_record,
+    payload_bytes,
+    spec_of,
+    to_array_record,
+)
 from . import codec, records
 from .attestation import AttestationError, load_signing_key, measured_sources, measurement, public_key_hex
 from .provision import plain_vectors, signing_keys, uses_secagg, uses_tee
@@ -62,14 +74,22 @@ class SecureChannelError(FederationError):
     """The secure channel cannot go on (too few attested clients, a secure-aggregation step failed)."""
 
 
-def secure_link(cfg: RunConfig, link: Link, *, run_id: int, recorder: RunRecorder,
-                drop: Callable[[int, int, str], None], clients: Mapping[int, int],
-                payload_spec: Callable[[], TensorSpec]) -> Link:
+def secure_link(
+    cfg: RunConfig,
+    link: Link,
+    *,
+    run_id: int,
+    recorder: RunRecorder,
+    drop: Callable[[int, int, str], None],
+    clients: Mapping[int, int],
+    payload_spec: Callable[[], TensorSpec],
+) -> Link:
     """``link`` wrapped by the secure channel of ``secure.mode`` (``none``: ``link`` itself)."""
     if cfg.secure.mode == "none":
         return link
-    return SecureLink(cfg, link, run_id=run_id, recorder=recorder, drop=drop, clients=clients,
-                      payload_spec=payload_spec)
+    return SecureLink(
+        cfg, link, run_id=run_id, recorder=recorder, drop=drop, clients=clients, payload_spec=payload_spec
+    )
 
 
 @dataclass
@@ -84,9 +104,17 @@ class _SecAggRound:
 class SecureLink:
     """The aggregator's side of the secure channel for one run (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig, link: Link, *, run_id: int, recorder: RunRecorder,
-                 drop: Callable[[int, int, str], None], clients: Mapping[int, int],
-                 payload_spec: Callable[[], TensorSpec]) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        link: Link,
+        *,
+        run_id: int,
+        recorder: RunRecorder,
+        drop: Callable[[int, int, str], None],
+        clients: Mapping[int, int],
+        payload_spec: Callable[[], TensorSpec],
+    ) -> None:
         self.cfg, self.link, self.run_id, self.recorder, self._drop = cfg, link, run_id, recorder, drop
         self.mode = cfg.secure.mode
         self.tee, self.secagg = uses_tee(self.mode), uses_secagg(self.mode)
@@ -159,8 +187,9 @@ class SecureLink:
             self._plain_bytes[cache_key] = payload_bytes(RecordDict({key: to_array_record(zeros)}))
         return self._plain_bytes[cache_key]
 
-    def _query(self, rnd: int, nodes: list[int], step: str, make, budget: str
-               ) -> tuple[dict[int, Message], dict[int, str]]:
+    def _query(
+        self, rnd: int, nodes: list[int], step: str, make, budget: str
+    ) -> tuple[dict[int, Message], dict[int, str]]:
         """Send one ``query.*`` step; count its bytes and the client's seconds under ``budget``; drop
         the clients that fail it. Returns the good replies and the failures' reasons."""
         message_type = ATTEST if budget == "attest" else SECAGG
@@ -171,8 +200,13 @@ class SecureLink:
             extra[f"{budget}_bytes"] += got.down
             extra["bytes_down"] += got.down
             reply = got.reply
-            why = (f"no reply to {message_type} ({step})" if reply is None else
-                   f"{message_type} ({step}) failed: {reply.error.reason}" if reply.has_error() else None)
+            why = (
+                f"no reply to {message_type} ({step})"
+                if reply is None
+                else f"{message_type} ({step}) failed: {reply.error.reason}"
+                if reply.has_error()
+                else None
+            )
             if why is not None:
                 self._count_client_rejection(why)
                 self._drop(rnd, node, why)
@@ -198,8 +232,11 @@ class SecureLink:
 
     def setup(self, nodes: list[int], needed: int) -> None:
         """tee: every client attests the aggregator before round 1; too few attested clients stop the run."""
-        log.info("secure exchange: secure.mode = %s%s", self.mode,
-                 " · TEE EMULATED IN SOFTWARE (no hardware protection)" if self.tee else "")
+        log.info(
+            "secure exchange: secure.mode = %s%s",
+            self.mode,
+            " · TEE EMULATED IN SOFTWARE (no hardware protection)" if self.tee else "",
+        )
         if not self.tee:
             return
         sec = self.cfg.secure
@@ -208,23 +245,31 @@ class SecureLink:
         elif self.run_id in signing_keys:
             key, self.key_origin = signing_keys[self.run_id]
         else:
-            raise SecureChannelError("secure.mode = 'tee' needs the aggregator's attestation signing key: set "
-                                     "secure.signing_key to a PEM file "
-                                     "(`trustformer attest --keygen PREFIX` writes one)")
+            raise SecureChannelError(
+                "secure.mode = 'tee' needs the aggregator's attestation signing key: set "
+                "secure.signing_key to a PEM file "
+                "(`trustformer attest --keygen PREFIX` writes one)"
+            )
         self.backend = SoftwareTEE(key, measurement(self.cfg), self.run_id, quote_validity_s=sec.quote_validity_s)
-        log.info("secure exchange: emulated TEE, measurement %s, attestation key %s… (%s)",
-                 self.backend.measurement(), public_key_hex(key)[:16], self.key_origin)
+        log.info(
+            "secure exchange: emulated TEE, measurement %s, attestation key %s… (%s)",
+            self.backend.measurement(),
+            public_key_hex(key)[:16],
+            self.key_origin,
+        )
         attested, failures = self._attest(0, list(nodes))  # round 0: before the first round
         if len(attested) < needed:
             raise SecureChannelError(
                 f"attestation failed for {len(nodes) - len(attested)} of {len(nodes)} client(s), {needed} "
-                f"needed (federation.min_clients); no payload was sent. {failures[0] if failures else ''}")
+                f"needed (federation.min_clients); no payload was sent. {failures[0] if failures else ''}"
+            )
 
     def _attest(self, rnd: int, nodes: list[int]) -> tuple[list[int], list[str]]:
         """The two ``query.attest`` steps with ``nodes``: returns the nodes that verified the quote, and
         why the others did not."""
-        hello, failed = self._query(rnd, nodes, "hello",
-                                    lambda _n: RecordDict({"config": ConfigRecord({"step": "hello"})}), "attest")
+        hello, failed = self._query(
+            rnd, nodes, "hello", lambda _n: RecordDict({"config": ConfigRecord({"step": "hello"})}), "attest"
+        )
         quotes: dict[int, tuple[bytes, bytes]] = {}
         failures = [f"client node {node}: {why}" for node, why in failed.items()]
         for node, reply in hello.items():
@@ -238,10 +283,18 @@ class SecureLink:
             except (KeyError, TypeError, ValueError, AttestationError) as exc:
                 failures.append(f"client node {node}: {exc}")
                 self._drop(rnd, node, f"attestation: {exc}")
-        verified, failed = self._query(rnd, list(quotes), "quote", lambda n: RecordDict({
-            "config": ConfigRecord({"step": "quote"}),
-            "attest": ConfigRecord({"quote": quotes[n][0], "signature": quotes[n][1]}),
-        }), "attest")
+        verified, failed = self._query(
+            rnd,
+            list(quotes),
+            "quote",
+            lambda n: RecordDict(
+                {
+                    "config": ConfigRecord({"step": "quote"}),
+                    "attest": ConfigRecord({"quote": quotes[n][0], "signature": quotes[n][1]}),
+                }
+            ),
+            "attest",
+        )
         for node, why in failed.items():
             failures.append(f"client {self.node_client.pop(node)}: {why}")
         self.attested.update(verified)
@@ -260,8 +313,9 @@ class SecureLink:
             participants = [n for n in participants if n in self.attested]
         if not (self.secagg and exchange) or not participants:
             return self.link.prepare(rnd, participants, exchange)
-        params = SecAggParams(threshold=records.secagg_threshold(self.cfg),
-                              scale_bits=self.cfg.secure.secagg_scale_bits)
+        params = SecAggParams(
+            threshold=records.secagg_threshold(self.cfg), scale_bits=self.cfg.secure.secagg_scale_bits
+        )
         config = ConfigRecord({"round": rnd, "step": "keys"})
         replies, _failed = self._query(rnd, participants, "keys", lambda _n: RecordDict({"config": config}), "secagg")
         keys: dict[int, dict[str, bytes]] = {}
@@ -270,10 +324,12 @@ class SecureLink:
             try:
                 if not self.tee:  # with tee the client id is the attested one
                     self.node_client[node] = int(reply.content["metrics"]["client"])
-                arrays = records.unpack(reply.content, self._open_from(node, rnd, "secagg.keys"), None,
-                                        f"secagg keys of node {node}")
-                if set(arrays) != {"c_pk", "s_pk", "spec"} or any(a.dtype != np.uint8 or a.ndim != 1
-                                                                  for a in arrays.values()):
+                arrays = records.unpack(
+                    reply.content, self._open_from(node, rnd, "secagg.keys"), None, f"secagg keys of node {node}"
+                )
+                if set(arrays) != {"c_pk", "s_pk", "spec"} or any(
+                    a.dtype != np.uint8 or a.ndim != 1 for a in arrays.values()
+                ):
                     raise codec.CodecError(f"secagg keys of node {node}: expected uint8 arrays c_pk, s_pk and spec")
                 keys[node] = {"c_pk": arrays["c_pk"].tobytes(), "s_pk": arrays["s_pk"].tobytes()}
                 specs[node] = records.parse_spec(arrays["spec"].tobytes(), f"secagg keys of node {node}")
@@ -282,17 +338,27 @@ class SecureLink:
         if specs:  # the payload every client must announce follows from the configuration, not from a vote
             expected = records.spec_json(self.configured_spec())
             for node in [n for n in specs if records.spec_json(specs[n]) != expected]:
-                self._drop(rnd, node, "secagg keys: the announced payload names/shapes differ from those the "
-                                      "run's configuration and protocol give")
+                self._drop(
+                    rnd,
+                    node,
+                    "secagg keys: the announced payload names/shapes differ from those the "
+                    "run's configuration and protocol give",
+                )
                 keys.pop(node)
                 specs.pop(node)
         if len(keys) < params.threshold:
-            raise SecureChannelError(f"round {rnd} (secagg keys): {len(keys)} client(s) advertised keys, the "
-                                     f"threshold is {params.threshold} (secure.secagg_threshold)")
+            raise SecureChannelError(
+                f"round {rnd} (secagg keys): {len(keys)} client(s) advertised keys, the "
+                f"threshold is {params.threshold} (secure.secagg_threshold)"
+            )
         spec = next(iter(specs.values()))
         started = time.perf_counter()
-        server = SecAggServer(list(range(self.cfg.federation.clients)), params, records.spec_length(spec),
-                              records.secagg_session(self.run_id, rnd))
+        server = SecAggServer(
+            list(range(self.cfg.federation.clients)),
+            params,
+            records.spec_length(spec),
+            records.secagg_session(self.run_id, rnd),
+        )
         try:
             broadcast = server.collect_keys({self._client(n): k for n, k in keys.items()})
         except SecAggError as exc:
@@ -302,8 +368,10 @@ class SecureLink:
 
         def addressed_to_the_others(client: int, entry: dict[int, bytes]) -> None:
             if set(entry) != set(broadcast) - {client} or not all(entry.values()):
-                raise codec.CodecError(f"secagg shares of client {client}: addressed to {sorted(entry)}, "
-                                       f"expected {sorted(set(broadcast) - {client})}")
+                raise codec.CodecError(
+                    f"secagg shares of client {client}: addressed to {sorted(entry)}, "
+                    f"expected {sorted(set(broadcast) - {client})}"
+                )
 
         shares = self._secagg_step(rnd, list(keys), "shares", arrays, "secagg shares", addressed_to_the_others)
         started = time.perf_counter()
@@ -316,21 +384,38 @@ class SecureLink:
         self.secagg_rounds += 1
         return self.link.prepare(rnd, [n for n in participants if self.node_client.get(n) in routed], exchange)
 
-    def _secagg_step(self, rnd: int, nodes: list[int], step: str, arrays: dict[str, np.ndarray], what: str,
-                     check: Callable[[int, dict[int, bytes]], None] | None = None) -> dict[int, dict[int, bytes]]:
+    def _secagg_step(
+        self,
+        rnd: int,
+        nodes: list[int],
+        step: str,
+        arrays: dict[str, np.ndarray],
+        what: str,
+        check: Callable[[int, dict[int, bytes]], None] | None = None,
+    ) -> dict[int, dict[int, bytes]]:
         """Send one secure-aggregation step (sealed in tee+secagg) to ``nodes``; each valid reply as
         client -> {client id: bytes}. A reply that cannot be opened, decoded or fails ``check`` drops
         that client from the round."""
-        replies, _failed = self._query(rnd, nodes, step, lambda n: RecordDict({
-            "config": ConfigRecord({"round": rnd, "step": step}),
-            SECURE: records.pack(arrays, self._seal_for(n, rnd, f"secagg.{step}"))}), "secagg")
+        replies, _failed = self._query(
+            rnd,
+            nodes,
+            step,
+            lambda n: RecordDict(
+                {
+                    "config": ConfigRecord({"round": rnd, "step": step}),
+                    SECURE: records.pack(arrays, self._seal_for(n, rnd, f"secagg.{step}")),
+                }
+            ),
+            "secagg",
+        )
         out: dict[int, dict[int, bytes]] = {}
         for node, reply in replies.items():
             client = self._client(node)
             label = f"{what} of client {client}"
             try:
-                entry = records.id_keyed(records.unpack(reply.content, self._open_from(node, rnd, f"secagg.{step}"),
-                                                        None, label), label)
+                entry = records.id_keyed(
+                    records.unpack(reply.content, self._open_from(node, rnd, f"secagg.{step}"), None, label), label
+                )
                 if check is not None:
                     check(client, entry)
                 out[client] = entry
@@ -340,8 +425,9 @@ class SecureLink:
 
     # -- messages
 
-    def send(self, nodes: Sequence[int], message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
-             ) -> dict[int, Delivery]:
+    def send(
+        self, nodes: Sequence[int], message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
+    ) -> dict[int, Delivery]:
         """The plain link's ``send`` with every content sealed or given its shares on the way out, and every
         ``train``/``train.payload`` reply opened (and its masked vector kept) on the way in."""
         retries: set[int] = set()  # train.payload asked again of another worker (FedPC): sealed as a retry
@@ -369,8 +455,10 @@ class SecureLink:
     def _outgoing(self, node: int, message_type: str, rnd: int, content: RecordDict) -> RecordDict:
         content = RecordDict(dict(content.items()))  # the same content may go to every node
         if message_type == TRAIN and self.secagg and self._round is not None and self._round.rnd == rnd:
-            routed = {str(sender): records.bytes_array(ct)
-                      for sender, ct in self._round.routed.get(self._client(node), {}).items()}
+            routed = {
+                str(sender): records.bytes_array(ct)
+                for sender, ct in self._round.routed.get(self._client(node), {}).items()
+            }
             record = records.pack(routed, self._seal_for(node, rnd, TRAIN))
             self._extra(rnd, node)["secagg_bytes"] += payload_bytes(RecordDict({SECURE: record}))
             content[SECURE] = record
@@ -384,8 +472,9 @@ class SecureLink:
                 continue
             record = ConfigRecord({"sealed": self._seal_for(node, rnd, kind)(encoded)})
             key = "model" if name == "model" else SECURE
-            self._extra(rnd, node)["payload_overhead_bytes"] += (payload_bytes(RecordDict({key: record}))
-                                                                 - self._plain_bytes_of(spec, name))
+            self._extra(rnd, node)["payload_overhead_bytes"] += payload_bytes(
+                RecordDict({key: record})
+            ) - self._plain_bytes_of(spec, name)
             content[key] = record
         return content
 
@@ -400,21 +489,27 @@ class SecureLink:
         """A ``train``/``train.payload`` reply as the round sees it, in place: opened (tee), its sealed metrics
         merged, its masked vector kept for the unmasking (secagg, ``train``) and shown as the payload."""
         content = reply.content
-        clear = (dict(content["metrics"])
-                 if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {})
+        clear = (
+            dict(content["metrics"]) if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {}
+        )
         if SECURE not in content and not self.tee:
             return  # secagg: a report without a payload (a round that exchanges nothing)
         client = clear.get("client")
         if self.tee and (node not in self.attested or self.node_client.get(node) != client):
             self.rejected["no-session"] += 1
-            raise SealError("no-session", f"node {node} (client {client}) has not attested the aggregator as "
-                                          "this client")
+            raise SealError(
+                "no-session", f"node {node} (client {client}) has not attested the aggregator as this client"
+            )
         masked = self.secagg and kind == TRAIN
         if masked and (self._round is None or self._round.rnd != rnd):
             raise codec.CodecError("masked payload outside a secure-aggregation round")
         expected = {"masked": ((self._round.server.length,), "uint64")} if masked else None
-        arrays = records.unpack(content, self._open_from(node, rnd, kind, {"num_examples": int(clear["num_examples"])}),
-                                None if self.tee else expected, f"payload of client {client}")
+        arrays = records.unpack(
+            content,
+            self._open_from(node, rnd, kind, {"num_examples": int(clear["num_examples"])}),
+            None if self.tee else expected,
+            f"payload of client {client}",
+        )
         if self.tee:
             if SEALED_METRICS not in arrays:
                 raise codec.CodecError(f"payload of client {client}: the sealed record holds no {SEALED_METRICS!r}")
@@ -426,12 +521,14 @@ class SecureLink:
         record_bytes = payload_bytes(RecordDict({SECURE: content[SECURE]}))
         if masked:
             self._round.masked[client] = arrays["masked"]
-            self._extra(rnd, node)["payload_overhead_bytes"] += record_bytes - self._plain_bytes_of(self._round.spec,
-                                                                                                   "payload")
+            self._extra(rnd, node)["payload_overhead_bytes"] += record_bytes - self._plain_bytes_of(
+                self._round.spec, "payload"
+            )
             arrays = {"masked": arrays["masked"].view(np.int64)}
         else:
             self._extra(rnd, node)["payload_overhead_bytes"] += record_bytes - self._plain_bytes_of(
-                spec_of(arrays), "payload")
+                spec_of(arrays), "payload"
+            )
         plain = RecordDict({n: r for n, r in content.items() if n not in (SECURE, "metrics")})
         if arrays:
             plain["payload"] = ArrayRecord({n: torch.from_numpy(a) for n, a in arrays.items()})
@@ -443,8 +540,9 @@ class SecureLink:
             return {"masked": ((self._round.server.length,), "int64")}
         return spec
 
-    def combine(self, rnd: int, payloads: dict[int, dict[str, torch.Tensor]], examples: dict[int, int],
-                weighting: str | None) -> tuple[list[dict[str, torch.Tensor]], list[int], dict[str, float]]:
+    def combine(
+        self, rnd: int, payloads: dict[int, dict[str, torch.Tensor]], examples: dict[int, int], weighting: str | None
+    ) -> tuple[list[dict[str, torch.Tensor]], list[int], dict[str, float]]:
         """secagg: the survivors' mean, unmasked from the masked sum (weighted as the protocol declares), as the
         protocol's only input; otherwise the payloads as they are."""
         if not self.secagg:
@@ -457,8 +555,9 @@ class SecureLink:
         if state is None:
             raise SecureChannelError(f"round {rnd}: no secure-aggregation round to unmask")
         try:
-            survivors, dropped = state.server.collect_masked({self._client(n): state.masked[self._client(n)]
-                                                              for n in nodes})
+            survivors, dropped = state.server.collect_masked(
+                {self._client(n): state.masked[self._client(n)] for n in nodes}
+            )
         except SecAggError as exc:
             raise SecureChannelError(f"round {rnd} (secagg masked inputs): {exc}") from None
         self._round = None
@@ -472,8 +571,9 @@ class SecureLink:
             total = state.server.unmask(revealed)
         except SecAggError as exc:
             raise SecureChannelError(f"round {rnd} (secagg unmask): {exc}") from None
-        divisor = (float(sum(examples[by_client[c]] for c in survivors)) if weighting == "examples"
-                   else float(len(survivors)))
+        divisor = (
+            float(sum(examples[by_client[c]] for c in survivors)) if weighting == "examples" else float(len(survivors))
+        )
         mean = total / divisor
         self.bounds.append(quantization_error_bound(len(survivors), self.cfg.secure.secagg_scale_bits) / divisor)
         plain = plain_vectors.pop((self.run_id, rnd), None)
@@ -486,7 +586,7 @@ class SecureLink:
         aggregate, offset = {}, 0
         for name, (shape, dtype) in sorted(state.spec.items()):
             size = int(np.prod(shape))
-            aggregate[name] = torch.from_numpy(mean[offset:offset + size].reshape(shape)).to(getattr(torch, dtype))
+            aggregate[name] = torch.from_numpy(mean[offset : offset + size].reshape(shape)).to(getattr(torch, dtype))
             offset += size
         self.server_round_s[rnd] += time.perf_counter() - started
         return [aggregate], [1], {"secagg_server_s": self.server_round_s[rnd]}
@@ -525,32 +625,39 @@ class SecureLink:
             rows = [r for r in records_ if r["round"] == rnd]
             per_round[str(rnd)] = {
                 "bytes": sum(int(r.get(k, 0)) for r in rows for k in byte_keys),
-                "seconds": round(sum(float(r.get(k, 0.0)) for r in rows for k in second_keys)
-                                 + self.server_round_s.get(rnd, 0.0), 6),
+                "seconds": round(
+                    sum(float(r.get(k, 0.0)) for r in rows for k in second_keys) + self.server_round_s.get(rnd, 0.0), 6
+                ),
             }
         out: dict[str, Any] = {
             "mode": self.mode,
-            "counts": {"attestations": self.counts["attestations"], "sealed": self.counts["sealed"],
-                       "opened": self.counts["opened"], "rejected": dict(sorted(rejected.items()))},
+            "counts": {
+                "attestations": self.counts["attestations"],
+                "sealed": self.counts["sealed"],
+                "opened": self.counts["opened"],
+                "rejected": dict(sorted(rejected.items())),
+            },
             "overhead": {
                 "bytes": sum(v["bytes"] for v in per_round.values()),
                 "seconds": round(sum(v["seconds"] for v in per_round.values()), 6),
                 "per_round": per_round,
                 "what": "bytes: attestation and secure-aggregation messages plus the secure payload records beyond "
-                        "their plain ArrayRecords; seconds: attestation, sealing, opening and secure-aggregation "
-                        "steps of clients and aggregator",
+                "their plain ArrayRecords; seconds: attestation, sealing, opening and secure-aggregation "
+                "steps of clients and aggregator",
             },
         }
         if self.tee:
-            out.update({
-                "backend": self.backend.name if self.backend else None,
-                "emulated": bool(self.backend.emulated) if self.backend else True,
-                "note": "software emulation of a TEE: quotes, keys and sealing are real, the hardware isolation "
-                        "is not (the server process holds the session keys and sees the opened payloads)",
-                "measurement": self.backend.measurement() if self.backend else None,
-                "measured_files": measured_sources(),
-                "attestation_key": self.key_origin,
-            })
+            out.update(
+                {
+                    "backend": self.backend.name if self.backend else None,
+                    "emulated": bool(self.backend.emulated) if self.backend else True,
+                    "note": "software emulation of a TEE: quotes, keys and sealing are real, the hardware isolation "
+                    "is not (the server process holds the session keys and sees the opened payloads)",
+                    "measurement": self.backend.measurement() if self.backend else None,
+                    "measured_files": measured_sources(),
+                    "attestation_key": self.key_origin,
+                }
+            )
         if self.secagg:
             out["secagg"] = {
                 "threshold": records.secagg_threshold(self.cfg),

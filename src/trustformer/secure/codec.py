@@ -68,15 +68,15 @@ def decode_arrays(data: bytes, expected: TensorSpec | None = None, *, what: str 
         raise CodecError(f"{what}: {len(data)} bytes is too short to be an encoded payload")
     if data[: len(MAGIC)] != MAGIC:
         raise CodecError(f"{what}: not an encoded payload (bad magic bytes)")
-    (header_len,) = struct.unpack("<I", data[len(MAGIC):prefix])
+    (header_len,) = struct.unpack("<I", data[len(MAGIC) : prefix])
     if header_len > MAX_HEADER_BYTES or prefix + header_len + DIGEST_BYTES > len(data):
         raise CodecError(f"{what}: header length {header_len} does not fit the {len(data)} bytes received")
     framed, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
     if hashlib.sha256(framed).digest() != digest:
         raise CodecError(f"{what}: digest mismatch (truncated, extended or corrupted)")
-    header_bytes = data[prefix:prefix + header_len]
+    header_bytes = data[prefix : prefix + header_len]
     entries = _parse_header(header_bytes, what)
-    body = memoryview(framed)[prefix + header_len:]
+    body = memoryview(framed)[prefix + header_len :]
     sizes = []
     for entry in entries:
         count = math.prod(entry["shape"])
@@ -91,7 +91,7 @@ def decode_arrays(data: bytes, expected: TensorSpec | None = None, *, what: str 
     offset = 0
     for entry, size in zip(entries, sizes):
         dtype = np.dtype(entry["dtype"]).newbyteorder("<")
-        array = np.frombuffer(body[offset:offset + size], dtype=dtype).astype(np.dtype(entry["dtype"]), copy=True)
+        array = np.frombuffer(body[offset : offset + size], dtype=dtype).astype(np.dtype(entry["dtype"]), copy=True)
         array = array.reshape(entry["shape"])
         offset += size
         if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -131,8 +131,11 @@ def _parse_header(header_bytes: bytes, what: str) -> list[dict]:
         names.add(name)
         if dtype not in ALLOWED_DTYPES:
             raise CodecError(f"{what}: array {name!r}: dtype {dtype!r} is not allowed ({', '.join(ALLOWED_DTYPES)})")
-        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
-                or not all(type(d) is int and 0 <= d <= MAX_BODY_BYTES for d in shape)):
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_NDIM
+            or not all(type(d) is int and 0 <= d <= MAX_BODY_BYTES for d in shape)
+        ):
             raise CodecError(f"{what}: array {name!r}: bad shape {shape!r}")
     if _canonical(header) != header_bytes:
         raise CodecError(f"{what}: header is not in canonical form")
@@ -147,5 +150,7 @@ def _check_expected(entries: list[dict], expected: TensorSpec, what: str) -> Non
         raise CodecError(f"{what}: missing arrays {missing[:5]}, unexpected arrays {extra[:5]}")
     for name, (shape, dtype) in expected.items():
         if got[name] != (tuple(shape), dtype):
-            raise CodecError(f"{what}: array {name!r} has shape {got[name][0]} dtype {got[name][1]}, "
-                             f"expected shape {tuple(shape)} dtype {dtype}")
+            raise CodecError(
+                f"{what}: array {name!r} has shape {got[name][0]} dtype {got[name][1]}, "
+                f"expected shape {tuple(shape)} dtype {dtype}"
+            )

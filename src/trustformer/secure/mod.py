@@ -39,8 +39,14 @@ from ..config import CONFIG_KEY, RunConfig, parse_run_config, run_config_of
 from ..wire import APPLY, PAYLOAD, TRAIN, TensorSpec, from_array_record, spec_of, to_array_record
 from . import codec, records
 from .attestation import AttestationError, load_trusted_key, trusted_key_from_hex, verify_quote
-from .provision import (MEASUREMENT_NODE_CONFIG, PUBLIC_KEY_NODE_CONFIG, TRUSTED_KEY_NODE_CONFIG, plain_vectors,
-                        uses_secagg, uses_tee)
+from .provision import (
+    MEASUREMENT_NODE_CONFIG,
+    PUBLIC_KEY_NODE_CONFIG,
+    TRUSTED_KEY_NODE_CONFIG,
+    plain_vectors,
+    uses_secagg,
+    uses_tee,
+)
 from .records import ATTEST, CLEAR_METRICS, MODEL_KIND, SEALED_METRICS, SECAGG, SECURE
 from .sealing import Channel, SealError, derive_session_keys
 from .secagg import SecAggClient, SecAggError, SecAggParams
@@ -134,8 +140,11 @@ class ClientChannel:
     def require_session(self) -> None:
         """tee: refuse to train or send anything without a verified quote of the aggregator."""
         if self.tee and self.channel is None:
-            raise SealError("no-session", f"client {self.peer.client} has no attested session with the aggregator "
-                                          "(attestation failed or did not run); it sends nothing")
+            raise SealError(
+                "no-session",
+                f"client {self.peer.client} has no attested session with the aggregator "
+                "(attestation failed or did not run); it sends nothing",
+            )
 
     # -- train / train.payload / train.apply
 
@@ -148,14 +157,18 @@ class ClientChannel:
         timing: dict[str, float] = {}
         plain = RecordDict({name: record for name, record in content.items() if name not in (SECURE, "model")})
         if "model" in content:  # a model sent down to train on (Phong)
-            plain["model"] = (content["model"] if not self.tee else
-                              self._sealed_arrays(content["model"], rnd, MODEL_KIND, timing, "secure_train_open_s"))
+            plain["model"] = (
+                content["model"]
+                if not self.tee
+                else self._sealed_arrays(content["model"], rnd, MODEL_KIND, timing, "secure_train_open_s")
+            )
         if kind == APPLY and self.tee:
             plain["aggregate"] = self._sealed_arrays(content[SECURE], rnd, APPLY, timing, "secure_apply_open_s")
         if kind == TRAIN and SECURE in content:  # secagg: the shares the aggregator routed to this client
             started = time.perf_counter()
-            routed = records.unpack(content, self._open(rnd, TRAIN, timing, "open"), None,
-                                    "secagg shares routed by the aggregator")
+            routed = records.unpack(
+                content, self._open(rnd, TRAIN, timing, "open"), None, "secagg shares routed by the aggregator"
+            )
             self.routed = records.id_keyed(routed, "secagg shares routed by the aggregator")
             timing["secagg"] = time.perf_counter() - started - timing.get("open", 0.0)
         msg.content = plain
@@ -179,8 +192,10 @@ class ClientChannel:
             metrics[f"secure_{what}_open_s"] = timing.pop("open")
         metrics.update({k: v for k, v in timing.items() if k.startswith("secure_")})
         if kind == APPLY:
-            return _with_content(reply, RecordDict({**{n: r for n, r in content.items() if n != "metrics"},
-                                                    "metrics": MetricRecord(metrics)}))
+            return _with_content(
+                reply,
+                RecordDict({**{n: r for n, r in content.items() if n != "metrics"}, "metrics": MetricRecord(metrics)}),
+            )
         payload = from_array_record(content["payload"]) if "payload" in content else {}
         arrays: dict[str, Any] = dict(payload)
         if self.secagg and kind == TRAIN and payload:
@@ -196,8 +211,9 @@ class ClientChannel:
         retry = kind == PAYLOAD and bool(dict(msg.content["config"]).get("retry"))
         seal_kind = kind + (".retry" if retry else "")
         seal_timing: dict[str, float] = {}
-        record = records.pack(arrays, self._seal(rnd, seal_kind, seal_timing, "t",
-                                                 bound={"num_examples": int(metrics["num_examples"])}))
+        record = records.pack(
+            arrays, self._seal(rnd, seal_kind, seal_timing, "t", bound={"num_examples": int(metrics["num_examples"])})
+        )
         if "t" in seal_timing:
             metrics["secure_train_seal_s"] = seal_timing["t"]
         out = RecordDict({n: r for n, r in content.items() if n not in ("payload", "metrics")})
@@ -209,8 +225,10 @@ class ClientChannel:
         client = self._secagg_client(rnd)
         spec = records.parse_spec(bytes(self.state["secagg/spec"].tolist()), "this client's announced payload")
         if spec_of(dict(payload)) != spec:
-            raise SecAggError(f"client {self.peer.client}: the payload's names/shapes differ from those announced "
-                              "in the secure-aggregation keys step")
+            raise SecAggError(
+                f"client {self.peer.client}: the payload's names/shapes differ from those announced "
+                "in the secure-aggregation keys step"
+            )
         vector = np.concatenate([payload[n].detach().double().reshape(-1).numpy() for n in sorted(spec)])
         if not np.isfinite(vector).all():
             raise SecAggError(f"client {self.peer.client}: the payload holds NaN or Inf; nothing is sent")
@@ -239,10 +257,13 @@ class ClientChannel:
             self.channel = None
             self.state["attest/nonce"], self.state["attest/secret"] = _u8(nonce), _u8(secret.private_bytes_raw())
             self._save()
-            record = ConfigRecord({"client": self.peer.client, "nonce": nonce,
-                                   "client_key": secret.public_key().public_bytes_raw()})
-            return Message(RecordDict({"attest": record, "metrics": MetricRecord(
-                {"attest_s": time.perf_counter() - started})}), reply_to=msg)
+            record = ConfigRecord(
+                {"client": self.peer.client, "nonce": nonce, "client_key": secret.public_key().public_bytes_raw()}
+            )
+            return Message(
+                RecordDict({"attest": record, "metrics": MetricRecord({"attest_s": time.perf_counter() - started})}),
+                reply_to=msg,
+            )
         if step != "quote":
             raise AttestationError(f"unknown attestation step {step!r}")
         if "attest/nonce" not in self.state:
@@ -253,19 +274,30 @@ class ClientChannel:
         client_key = secret.public_key().public_bytes_raw()
         record = msg.content["attest"]
         quote = verify_quote(
-            bytes(record["quote"]), bytes(record["signature"]), trusted, nonce=nonce, client_key=client_key,
-            run_id=self.peer.run_id, client=self.peer.client, expected_measurement=pinned,
-            measurement_source=f"pinned by this client's node config {MEASUREMENT_NODE_CONFIG!r}")
+            bytes(record["quote"]),
+            bytes(record["signature"]),
+            trusted,
+            nonce=nonce,
+            client_key=client_key,
+            run_id=self.peer.run_id,
+            client=self.peer.client,
+            expected_measurement=pinned,
+            measurement_source=f"pinned by this client's node config {MEASUREMENT_NODE_CONFIG!r}",
+        )
         enclave_key = bytes.fromhex(quote.enclave_key)
         shared = secret.exchange(X25519PublicKey.from_public_bytes(enclave_key))
-        keys = derive_session_keys(shared, run_id=self.peer.run_id, client=self.peer.client,
-                                   transcript=nonce + client_key + enclave_key)
+        keys = derive_session_keys(
+            shared, run_id=self.peer.run_id, client=self.peer.client, transcript=nonce + client_key + enclave_key
+        )
         self.channel = Channel(run_id=self.peer.run_id, client=self.peer.client, keys=keys, side="client")
         self._save()
-        log.info("client %s · attested the aggregator (%s, measurement %s…)", self.peer.client, quote.backend,
-                 quote.measurement[:16])
-        return Message(RecordDict({"metrics": MetricRecord({"attest_s": time.perf_counter() - started})}),
-                       reply_to=msg)
+        log.info(
+            "client %s · attested the aggregator (%s, measurement %s…)",
+            self.peer.client,
+            quote.backend,
+            quote.measurement[:16],
+        )
+        return Message(RecordDict({"metrics": MetricRecord({"attest_s": time.perf_counter() - started})}), reply_to=msg)
 
     def _trusted_key(self):
         """The aggregator key this client trusts: from its own node config only. ``secure.trusted_key`` of
@@ -278,7 +310,8 @@ class ClientChannel:
         raise AttestationError(
             "attestation refused: this client pins no aggregator key, so it sends nothing: start it with "
             f"`trustformer deploy client --trusted-key FILE.pub` (node config {TRUSTED_KEY_NODE_CONFIG!r}); the "
-            "run config's secure.trusted_key comes from the server and is not trusted")
+            "run config's secure.trusted_key comes from the server and is not trusted"
+        )
 
     def _pinned_measurement(self) -> str:
         """The aggregator measurement this client requires: from its own node config only (the run config's
@@ -289,7 +322,8 @@ class ClientChannel:
                 "attestation refused: this client pins no aggregator measurement (64 hex digits), so it sends "
                 "nothing: start it with `trustformer deploy client --expected-measurement HEX` (the first line "
                 f"of `trustformer attest` with the run's options; node config {MEASUREMENT_NODE_CONFIG!r}); the "
-                "run config's secure.expected_measurement comes from the server and is not trusted")
+                "run config's secure.expected_measurement comes from the server and is not trusted"
+            )
         return pinned
 
     # -- query.secagg
@@ -306,18 +340,28 @@ class ClientChannel:
         started = time.perf_counter()
         if step == "keys":
             spec = self.peer.payload_layout()[0]
-            params = SecAggParams(threshold=records.secagg_threshold(self.cfg),
-                                  scale_bits=self.cfg.secure.secagg_scale_bits)
-            client = SecAggClient(self.peer.client, list(range(self.cfg.federation.clients)), params,
-                                  records.secagg_session(self.peer.run_id, rnd), length=records.spec_length(spec))
+            params = SecAggParams(
+                threshold=records.secagg_threshold(self.cfg), scale_bits=self.cfg.secure.secagg_scale_bits
+            )
+            client = SecAggClient(
+                self.peer.client,
+                list(range(self.cfg.federation.clients)),
+                params,
+                records.secagg_session(self.peer.run_id, rnd),
+                length=records.spec_length(spec),
+            )
             keys = client.advertise_keys()
-            arrays = {"c_pk": records.bytes_array(keys["c_pk"]), "s_pk": records.bytes_array(keys["s_pk"]),
-                      "spec": records.bytes_array(records.spec_json(spec))}
+            arrays = {
+                "c_pk": records.bytes_array(keys["c_pk"]),
+                "s_pk": records.bytes_array(keys["s_pk"]),
+                "spec": records.bytes_array(records.spec_json(spec)),
+            }
             self.state["secagg/spec"] = _u8(records.spec_json(spec))
         elif step == "shares":
             client = self._secagg_client(rnd)
-            broadcast_arrays = records.unpack(msg.content, self._open(rnd, "secagg.shares", timing, "open_s"), None,
-                                              "secagg keys from the aggregator")
+            broadcast_arrays = records.unpack(
+                msg.content, self._open(rnd, "secagg.shares", timing, "open_s"), None, "secagg keys from the aggregator"
+            )
             broadcast: dict[int, dict[str, bytes]] = {}
             for name, array in broadcast_arrays.items():
                 owner, _, which = name.partition("/")
@@ -327,10 +371,12 @@ class ClientChannel:
             arrays = {str(r): records.bytes_array(ct) for r, ct in client.share_keys(broadcast).items()}
         elif step == "unmask":
             client = self._secagg_client(rnd)
-            request = records.unpack(msg.content, self._open(rnd, "secagg.unmask", timing, "open_s"),
-                                     None, "secagg unmask request")
-            if set(request) != {"survivors", "dropped"} or any(a.dtype != np.int64 or a.ndim != 1
-                                                               for a in request.values()):
+            request = records.unpack(
+                msg.content, self._open(rnd, "secagg.unmask", timing, "open_s"), None, "secagg unmask request"
+            )
+            if set(request) != {"survivors", "dropped"} or any(
+                a.dtype != np.int64 or a.ndim != 1 for a in request.values()
+            ):
                 raise codec.CodecError("secagg unmask request: expected int64 lists 'survivors' and 'dropped'")
             revealed = client.unmask(request["survivors"].tolist(), request["dropped"].tolist())
             arrays = {str(owner): records.bytes_array(share) for owner, share in revealed.items()}
@@ -346,8 +392,10 @@ class ClientChannel:
 
     def _secagg_client(self, rnd: int) -> SecAggClient:
         if "secagg/state" not in self.state or int(self.state["secagg/round"][0]) != rnd:
-            raise SecAggError(f"client {self.peer.client}: no secure-aggregation state for round {rnd} "
-                              "(the keys step did not run here)")
+            raise SecAggError(
+                f"client {self.peer.client}: no secure-aggregation state for round {rnd} "
+                "(the keys step did not run here)"
+            )
         return SecAggClient.from_bytes(bytes(self.state["secagg/state"].tolist()))
 
 

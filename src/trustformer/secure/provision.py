@@ -67,5 +67,14 @@ def provisioned(cfg: RunConfig, run_id: int, nodes: list[dict[str, Any]]) -> Ite
             del plain_vectors[vector_key]
 
 
-__all__ = ["MEASUREMENT_NODE_CONFIG", "PUBLIC_KEY_NODE_CONFIG", "TRUSTED_KEY_NODE_CONFIG", "client_pins",
-           "plain_vectors", "provisioned", "signing_keys", "uses_secagg", "uses_tee"]
+__all__ = [
+    "MEASUREMENT_NODE_CONFIG",
+    "PUBLIC_KEY_NODE_CONFIG",
+    "TRUSTED_KEY_NODE_CONFIG",
+    "client_pins",
+    "plain_vectors",
+    "provisioned",
+    "signing_keys",
+    "uses_secagg",
+    "uses_tee",
+]

@@ -36,8 +36,9 @@ def pack(arrays: Mapping[str, Any], seal: Callable[[bytes], bytes] | None) -> Co
     return ConfigRecord({"sealed": seal(data)} if seal is not None else {"data": data})
 
 
-def unpack(content: RecordDict, open_: Callable[[bytes], bytes] | None, expected: TensorSpec | None,
-           what: str) -> dict[str, np.ndarray]:
+def unpack(
+    content: RecordDict, open_: Callable[[bytes], bytes] | None, expected: TensorSpec | None, what: str
+) -> dict[str, np.ndarray]:
     """The arrays of a message's secure record (opened first when sealed); PayloadError otherwise."""
     if SECURE not in content:
         raise codec.CodecError(f"{what}: the message has no {SECURE!r} record")
@@ -86,5 +87,20 @@ def spec_length(spec: TensorSpec) -> int:
     return int(sum(int(np.prod(shape)) for shape, _ in spec.values()))
 
 
-__all__ = ["ATTEST", "CLEAR_METRICS", "MODEL_KIND", "SEALED_METRICS", "SECAGG", "SECURE", "bytes_array", "id_keyed",
-           "pack", "parse_spec", "secagg_session", "secagg_threshold", "spec_json", "spec_length", "unpack"]
+__all__ = [
+    "ATTEST",
+    "CLEAR_METRICS",
+    "MODEL_KIND",
+    "SEALED_METRICS",
+    "SECAGG",
+    "SECURE",
+    "bytes_array",
+    "id_keyed",
+    "pack",
+    "parse_spec",
+    "secagg_session",
+    "secagg_threshold",
+    "spec_json",
+    "spec_length",
+    "unpack",
+]

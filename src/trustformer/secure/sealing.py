@@ -46,8 +46,16 @@ DIRECTIONS = ("up", "down")
 # the train message carries down: Phong) shares slot 3 with the train message's secure-aggregation shares, which
 # never travel with it (secure aggregation refuses Phong); "train.payload" (and its retry: FedPC asking the next
 # best worker for its model) follow the train reply upwards.
-STEPS = {"secagg.keys": 1, "secagg.shares": 2, "train": 3, "train.model": 3, "secagg.unmask": 4, "train.apply": 5,
-         "train.payload": 6, "train.payload.retry": 7}
+STEPS = {
+    "secagg.keys": 1,
+    "secagg.shares": 2,
+    "train": 3,
+    "train.model": 3,
+    "secagg.unmask": 4,
+    "train.apply": 5,
+    "train.payload": 6,
+    "train.payload.retry": 7,
+}
 SLOTS_PER_ROUND = 8
 REASONS = ("malformed", "truncated", "replay", "out-of-order", "authentication", "nonce-reuse", "no-session")
 REJECTED_TAG = "sealed message rejected"
@@ -88,11 +96,27 @@ def derive_session_keys(shared_secret: bytes, *, run_id: int, client: int, trans
     return SessionKeys(up=key("up"), down=key("down"))
 
 
-def associated_data(*, run_id: int, round_: int, client: int, direction: str, kind: str, counter: int,
-                    bound: dict[str, Any] | None = None) -> bytes:
+def associated_data(
+    *,
+    run_id: int,
+    round_: int,
+    client: int,
+    direction: str,
+    kind: str,
+    counter: int,
+    bound: dict[str, Any] | None = None,
+) -> bytes:
     """The AEAD associated data: canonical JSON of everything a sealed message is bound to."""
-    fields = {"v": 1, "run": run_id, "round": round_, "client": client, "dir": direction, "type": kind,
-              "counter": counter, "bound": dict(sorted((bound or {}).items()))}
+    fields = {
+        "v": 1,
+        "run": run_id,
+        "round": round_,
+        "client": client,
+        "dir": direction,
+        "type": kind,
+        "counter": counter,
+        "bound": dict(sorted((bound or {}).items())),
+    }
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -126,13 +150,23 @@ class Channel:
     def seal(self, plaintext: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None) -> bytes:
         """Encrypt and authenticate ``plaintext`` as message ``kind`` of ``round_``."""
         counter = message_counter(round_, kind)
-        aad = associated_data(run_id=self.run_id, round_=round_, client=self.client,
-                              direction=self.send_direction, kind=kind, counter=counter, bound=bound)
+        aad = associated_data(
+            run_id=self.run_id,
+            round_=round_,
+            client=self.client,
+            direction=self.send_direction,
+            kind=kind,
+            counter=counter,
+            bound=bound,
+        )
         digest = hashlib.sha256(len(aad).to_bytes(8, "big") + aad + plaintext).digest()
         same_again = counter == self.last_sent and digest == self.last_sent_digest
         if counter <= self.last_sent and not same_again:
-            raise SealError("nonce-reuse", f"{kind} of round {round_} (counter {counter}) was already sealed "
-                            f"with other content (last counter sent {self.last_sent}); refusing to reuse a nonce")
+            raise SealError(
+                "nonce-reuse",
+                f"{kind} of round {round_} (counter {counter}) was already sealed "
+                f"with other content (last counter sent {self.last_sent}); refusing to reuse a nonce",
+            )
         body = AESGCM(self._key(self.send_direction)).encrypt(_nonce(counter), plaintext, aad)
         self.last_sent, self.last_sent_digest = counter, digest
         return HEADER.pack(SEALED_MAGIC, counter) + body
@@ -149,22 +183,41 @@ class Channel:
         if magic != SEALED_MAGIC:
             raise SealError("malformed", f"{what}: not a sealed message (bad magic bytes)")
         if counter <= self.last_accepted or expected <= self.last_accepted:
-            raise SealError("replay", f"{what}: counter {counter}, but counter {self.last_accepted} "
-                            "was already accepted (a replayed or stale message)")
+            raise SealError(
+                "replay",
+                f"{what}: counter {counter}, but counter {self.last_accepted} "
+                "was already accepted (a replayed or stale message)",
+            )
         if counter < expected:
-            raise SealError("replay", f"{what}: counter {counter} belongs to an earlier message than the "
-                            f"expected {expected} (a replayed or stale message)")
+            raise SealError(
+                "replay",
+                f"{what}: counter {counter} belongs to an earlier message than the "
+                f"expected {expected} (a replayed or stale message)",
+            )
         if counter > expected:
-            raise SealError("out-of-order", f"{what}: counter {counter} belongs to a later message than the "
-                            f"expected {expected} (reordered)")
-        aad = associated_data(run_id=self.run_id, round_=round_, client=self.client,
-                              direction=self.receive_direction, kind=kind, counter=counter, bound=bound)
+            raise SealError(
+                "out-of-order",
+                f"{what}: counter {counter} belongs to a later message than the expected {expected} (reordered)",
+            )
+        aad = associated_data(
+            run_id=self.run_id,
+            round_=round_,
+            client=self.client,
+            direction=self.receive_direction,
+            kind=kind,
+            counter=counter,
+            bound=bound,
+        )
         try:
-            plaintext = AESGCM(self._key(self.receive_direction)).decrypt(_nonce(counter),
-                                                                          bytes(sealed[HEADER.size:]), aad)
+            plaintext = AESGCM(self._key(self.receive_direction)).decrypt(
+                _nonce(counter), bytes(sealed[HEADER.size :]), aad
+            )
         except InvalidTag:
-            raise SealError("authentication", f"{what}: authentication failed (tampered or truncated, "
-                            "sealed under another key, or bound to another run/round/client/type)") from None
+            raise SealError(
+                "authentication",
+                f"{what}: authentication failed (tampered or truncated, "
+                "sealed under another key, or bound to another run/round/client/type)",
+            ) from None
         self.last_accepted = counter
         return plaintext
 
@@ -174,16 +227,25 @@ class Channel:
         return {
             prefix + "key_up": torch.frombuffer(bytearray(self.keys.up), dtype=torch.uint8).clone(),
             prefix + "key_down": torch.frombuffer(bytearray(self.keys.down), dtype=torch.uint8).clone(),
-            prefix + "ids": torch.tensor([self.run_id, self.client, self.last_sent, self.last_accepted],
-                                         dtype=torch.int64),
+            prefix + "ids": torch.tensor(
+                [self.run_id, self.client, self.last_sent, self.last_accepted], dtype=torch.int64
+            ),
             prefix + "last_sent_digest": torch.tensor(list(self.last_sent_digest), dtype=torch.uint8),
         }
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], side: str, prefix: str = "") -> "Channel":
         run_id, client, last_sent, last_accepted = (int(x) for x in tensors[prefix + "ids"].tolist())
-        keys = SessionKeys(up=bytes(tensors[prefix + "key_up"].tolist()),
-                           down=bytes(tensors[prefix + "key_down"].tolist()))
+        keys = SessionKeys(
+            up=bytes(tensors[prefix + "key_up"].tolist()), down=bytes(tensors[prefix + "key_down"].tolist())
+        )
         digest = bytes(tensors[prefix + "last_sent_digest"].tolist()) if prefix + "last_sent_digest" in tensors else b""
-        return cls(run_id=run_id, client=client, keys=keys, side=side, last_sent=last_sent,
-                   last_accepted=last_accepted, last_sent_digest=digest)
+        return cls(
+            run_id=run_id,
+            client=client,
+            keys=keys,
+            side=side,
+            last_sent=last_sent,
+            last_accepted=last_accepted,
+            last_sent_digest=digest,
+        )

@@ -55,8 +55,7 @@ class TEEBackend(Protocol):
         """A signed quote (body, signature) answering ``client``'s nonce; opens the client's session."""
         ...
 
-    def has_session(self, client: int) -> bool:
-        ...
+    def has_session(self, client: int) -> bool: ...
 
     def open(self, client: int, sealed: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None) -> bytes:
         """Check and decrypt a message sealed by ``client`` (raises :class:`SealError`)."""
@@ -66,8 +65,9 @@ class TEEBackend(Protocol):
         """Run the protocol's aggregation on opened payloads (inside the enclave)."""
         ...
 
-    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str,
-             bound: dict[str, Any] | None = None) -> bytes:
+    def seal(
+        self, client: int, plaintext: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None
+    ) -> bytes:
         """Encrypt and authenticate a message for ``client``."""
         ...
 
@@ -78,8 +78,15 @@ class SoftwareTEE:
     name = EMULATED_BACKEND
     emulated = True
 
-    def __init__(self, signing_key: Ed25519PrivateKey, measurement: str, run_id: int, *,
-                 quote_validity_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        signing_key: Ed25519PrivateKey,
+        measurement: str,
+        run_id: int,
+        *,
+        quote_validity_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._signing_key = signing_key
         self._measurement = measurement
         self._run_id = run_id
@@ -101,21 +108,32 @@ class SoftwareTEE:
 
     def quote(self, client: int, nonce: bytes, client_key: bytes) -> tuple[bytes, bytes]:
         if len(nonce) != NONCE_BYTES:
-            raise AttestationError(f"attestation: client {client} sent a {len(nonce)}-byte nonce, "
-                                   f"expected {NONCE_BYTES}")
+            raise AttestationError(
+                f"attestation: client {client} sent a {len(nonce)}-byte nonce, expected {NONCE_BYTES}"
+            )
         if len(client_key) != X25519_BYTES:
-            raise AttestationError(f"attestation: client {client} sent a {len(client_key)}-byte key, "
-                                   f"expected {X25519_BYTES}")
+            raise AttestationError(
+                f"attestation: client {client} sent a {len(client_key)}-byte key, expected {X25519_BYTES}"
+            )
         try:
             shared = self._kex.exchange(X25519PublicKey.from_public_bytes(client_key))
         except ValueError as exc:
             raise AttestationError(f"attestation: client {client}'s X25519 key is unusable ({exc})") from None
-        keys = derive_session_keys(shared, run_id=self._run_id, client=client,
-                                   transcript=nonce + client_key + self.public_key)
+        keys = derive_session_keys(
+            shared, run_id=self._run_id, client=client, transcript=nonce + client_key + self.public_key
+        )
         self._channels[client] = Channel(run_id=self._run_id, client=client, keys=keys, side="server")
-        quote = Quote(backend=self.name, measurement=self._measurement, enclave_key=self.public_key.hex(),
-                      client_key=client_key.hex(), nonce=nonce.hex(), run_id=self._run_id, client=client,
-                      issued_at=round(self._clock(), 3), valid_for_s=self._validity)
+        quote = Quote(
+            backend=self.name,
+            measurement=self._measurement,
+            enclave_key=self.public_key.hex(),
+            client_key=client_key.hex(),
+            nonce=nonce.hex(),
+            run_id=self._run_id,
+            client=client,
+            issued_at=round(self._clock(), 3),
+            valid_for_s=self._validity,
+        )
         return sign_quote(self._signing_key, quote)
 
     def has_session(self, client: int) -> bool:
@@ -133,8 +151,9 @@ class SoftwareTEE:
     def aggregate(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
-    def seal(self, client: int, plaintext: bytes, *, round_: int, kind: str,
-             bound: dict[str, Any] | None = None) -> bytes:
+    def seal(
+        self, client: int, plaintext: bytes, *, round_: int, kind: str, bound: dict[str, Any] | None = None
+    ) -> bytes:
         return self._channel(client).seal(plaintext, round_=round_, kind=kind, bound=bound)
 
     def clients(self) -> Sequence[int]:

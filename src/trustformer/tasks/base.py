@@ -48,15 +48,25 @@ class Task(Protocol):
 
     name: str
 
-    def client_shards(self, n_clients: int, partition: str = "iid", seed: int = 0, *,
-                      alpha: float = 0.5) -> list[Sized]: ...
+    def client_shards(
+        self, n_clients: int, partition: str = "iid", seed: int = 0, *, alpha: float = 0.5
+    ) -> list[Sized]: ...
 
     def build_model(self, seed: int) -> nn.Module: ...
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer: ...
 
-    def train_local(self, model: nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    epochs: int, batch_size: int, step: LocalStep | None = None) -> dict[str, float]: ...
+    def train_local(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: Any,
+        *,
+        seed: int,
+        epochs: int,
+        batch_size: int,
+        step: LocalStep | None = None,
+    ) -> dict[str, float]: ...
 
     def test_loss(self, model: nn.Module) -> float: ...
 
@@ -75,8 +85,9 @@ def seeded_model(factory: Callable[[], ModuleT], seed: int) -> ModuleT:
         return factory()
 
 
-def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, *, name: str, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
     """SGD with momentum (FedPC's "Momentum optimizer" for the ResNet) or Adam (its U-Net optimizer)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":
@@ -120,9 +131,16 @@ def decay_learning_rate(optimizer: torch.optim.Optimizer, decay: float, progress
 
 
 def run_epochs(
-    model: nn.Module, optimizer: torch.optim.Optimizer, n_examples: int,
-    batch: Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]], *,
-    seed: int, epochs: int, batch_size: int, step: LocalStep, lr_decay: float = 0.0,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    n_examples: int,
+    batch: Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    seed: int,
+    epochs: int,
+    batch_size: int,
+    step: LocalStep,
+    lr_decay: float = 0.0,
 ) -> dict[str, float]:
     """``epochs`` passes of mini-batch training in a seeded order (shared by the image tasks).
 
@@ -146,7 +164,7 @@ def run_epochs(
             gen = torch.Generator().manual_seed(derive_seed(seed, "epoch", epoch))
             order = torch.randperm(n_examples, generator=gen)
             for start in range(0, n_examples, batch_size):
-                idx = order[start:start + batch_size]
+                idx = order[start : start + batch_size]
                 lr = decay_learning_rate(optimizer, lr_decay, len(idx) / n_examples)
                 inputs, targets = batch(idx, gen)
                 batch_loss, n = step(model, optimizer, inputs, targets)
@@ -157,8 +175,14 @@ def run_epochs(
     train_loss = loss_sum / max(seen, 1)
     if not math.isfinite(train_loss):
         raise FloatingPointError(f"local training diverged (train loss {train_loss})")
-    return {"train_loss": train_loss, "steps": steps, "examples": seen, "train_s": elapsed,
-            "examples_per_s": seen / elapsed if elapsed > 0 else float("inf"), "lr": lr}
+    return {
+        "train_loss": train_loss,
+        "steps": steps,
+        "examples": seen,
+        "train_s": elapsed,
+        "examples_per_s": seen / elapsed if elapsed > 0 else float("inf"),
+        "lr": lr,
+    }
 
 
 def check_choice(field: str, value: Any, choices: tuple) -> None:
@@ -167,8 +191,11 @@ def check_choice(field: str, value: Any, choices: tuple) -> None:
 
 
 def check_positive(field: str, value: Any, *, allow_zero: bool = False, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) and not isinstance(value, bool) if integer else (
-        isinstance(value, (int, float)) and not isinstance(value, bool))
+    ok_type = (
+        isinstance(value, int) and not isinstance(value, bool)
+        if integer
+        else (isinstance(value, (int, float)) and not isinstance(value, bool))
+    )
     if not ok_type or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = "≥ 0" if allow_zero else "> 0"
         kind = "an integer" if integer else "a number"
@@ -176,6 +203,16 @@ def check_positive(field: str, value: Any, *, allow_zero: bool = False, integer:
 
 
 __all__ = [
-    "LocalStep", "PARTITIONS", "Task", "TaskConfigError", "build_optimizer", "check_choice", "check_positive",
-    "decay_learning_rate", "derive_seed", "plain_step", "run_epochs", "seeded_model",
+    "LocalStep",
+    "PARTITIONS",
+    "Task",
+    "TaskConfigError",
+    "build_optimizer",
+    "check_choice",
+    "check_positive",
+    "decay_learning_rate",
+    "derive_seed",
+    "plain_step",
+    "run_epochs",
+    "seeded_model",
 ]

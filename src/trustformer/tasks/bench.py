@@ -56,12 +56,15 @@ def score_line(task, metrics: dict[str, Any]) -> dict[str, float]:
 def fedavg_average(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
     """Σ_k (n_k / n) · w_k (McMahan et al. 2017, Algorithm 1)."""
     total = float(sum(weights))
-    return {name: sum(s[name].double() * (w / total) for s, w in zip(states, weights)).to(states[0][name].dtype)
-            for name in states[0]}
+    return {
+        name: sum(s[name].double() * (w / total) for s, w in zip(states, weights)).to(states[0][name].dtype)
+        for name in states[0]
+    }
 
 
-def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, seed: int, log=print,
-        figure: str = "") -> list[dict]:
+def run(
+    task, *, epochs: int, clients: int, partition: str, local_epochs: int, seed: int, log=print, figure: str = ""
+) -> list[dict]:
     """Train for ``epochs`` (rounds) and return one row per epoch; ``figure``: also draw the
     final model's test masks (segmentation) or the clients' class counts (classification)."""
     started = time.perf_counter()
@@ -73,9 +76,11 @@ def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, s
         shards = task.client_shards(clients, partition, seed)
     client_models = [task.build_model(seed) for _ in shards] if clients > 1 else [model]
     optimizers = [task.build_optimizer(m) for m in client_models]
-    log(f"{task.name}: {task.describe()['model']}, {task.describe()['parameters']:,} parameters, "
+    log(
+        f"{task.name}: {task.describe()['model']}, {task.describe()['parameters']:,} parameters, "
         f"{len(task.train)} train / {len(task.test)} test, {clients} client(s) {[len(s) for s in shards]}, "
-        f"{torch.get_num_threads()} thread(s)")
+        f"{torch.get_num_threads()} thread(s)"
+    )
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
         losses, sizes = [], []
@@ -83,8 +88,7 @@ def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, s
         for k, (m, opt, shard) in enumerate(zip(client_models, optimizers, shards)):
             if clients > 1:
                 m.load_state_dict(global_state)
-            r = task.train_local(m, opt, shard, seed=seed * 1000 + epoch * 10 + k, epochs=local_epochs,
-                                 batch_size=None)
+            r = task.train_local(m, opt, shard, seed=seed * 1000 + epoch * 10 + k, epochs=local_epochs, batch_size=None)
             losses.append(r["train_loss"])
             sizes.append(len(shard))
         if clients > 1:
@@ -93,23 +97,38 @@ def run(task, *, epochs: int, clients: int, partition: str, local_epochs: int, s
         t1 = time.perf_counter()
         metrics = task.final_metrics(model)
         eval_s = time.perf_counter() - t1
-        row = {"epoch": epoch, "train_loss": sum(loss * n for loss, n in zip(losses, sizes)) / sum(sizes),
-               **score_line(task, metrics), "train_s": train_s, "eval_s": eval_s,
-               "elapsed_s": time.perf_counter() - started}
+        row = {
+            "epoch": epoch,
+            "train_loss": sum(loss * n for loss, n in zip(losses, sizes)) / sum(sizes),
+            **score_line(task, metrics),
+            "train_s": train_s,
+            "eval_s": eval_s,
+            "elapsed_s": time.perf_counter() - started,
+        }
         rows.append(row)
-        shown = " · ".join(f"{k} {v:.4f}" for k, v in row.items()
-                           if k not in ("epoch", "train_s", "eval_s", "elapsed_s"))
-        log(f"epoch {epoch}/{epochs} · {shown} · train {train_s:.1f} s, eval {eval_s:.1f} s · "
-            f"elapsed {row['elapsed_s']:.0f} s")
+        shown = " · ".join(
+            f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "train_s", "eval_s", "elapsed_s")
+        )
+        log(
+            f"epoch {epoch}/{epochs} · {shown} · train {train_s:.1f} s, eval {eval_s:.1f} s · "
+            f"elapsed {row['elapsed_s']:.0f} s"
+        )
     if figure:
         from .figures import mask_figure, partition_figure
 
         if task.name == "segmentation":
-            mask_figure(task.sample_predictions(model, n=6), figure,
-                        title=f"{clients} client(s), {epochs} epoch(s): Dice {rows[-1]['dice']:.3f}")
+            mask_figure(
+                task.sample_predictions(model, n=6),
+                figure,
+                title=f"{clients} client(s), {epochs} epoch(s): Dice {rows[-1]['dice']:.3f}",
+            )
         else:
-            partition_figure(task.shard_class_counts(shards), task.train.classes, figure,
-                             title=f"{partition} split over {clients} client(s)")
+            partition_figure(
+                task.shard_class_counts(shards),
+                task.train.classes,
+                figure,
+                title=f"{partition} split over {clients} client(s)",
+            )
         log(f"wrote {figure}")
     return rows
 
@@ -118,8 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trustformer.tasks.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", default="image", help="image | segmentation")
     ap.add_argument("--preset", default="small", help="tiny | small | paper")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a task option, e.g. --set lr=0.1 --set widths=[16,32,64]")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a task option, e.g. --set lr=0.1 --set widths=[16,32,64]",
+    )
     ap.add_argument("--epochs", type=int, default=5, help="epochs (centralized) or rounds (FedAvg)")
     ap.add_argument("--clients", type=int, default=1, help="1: centralized; N > 1: FedAvg over N clients")
     ap.add_argument("--partition", default="iid", help="iid | stratified | dirichlet (FedAvg only)")
@@ -140,14 +164,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 1 or args.clients < 1:
         ap.error("--epochs and --clients must be ≥ 1")
     task = make_task(args.task, args.preset, overrides, args.seed)
-    rows = run(task, epochs=args.epochs, clients=args.clients, partition=args.partition,
-               local_epochs=args.local_epochs, seed=args.seed, log=lambda m: print(m, flush=True),
-               figure=args.figure)
+    rows = run(
+        task,
+        epochs=args.epochs,
+        clients=args.clients,
+        partition=args.partition,
+        local_epochs=args.local_epochs,
+        seed=args.seed,
+        log=lambda m: print(m, flush=True),
+        figure=args.figure,
+    )
     if args.json:
         with open(args.json, "w") as f:
-            header = {"task": task.name, "preset": args.preset, "overrides": {k: list(v) if isinstance(v, tuple) else v
-                      for k, v in overrides.items()}, "clients": args.clients, "partition": args.partition,
-                      "threads": torch.get_num_threads(), "describe": task.describe()}
+            header = {
+                "task": task.name,
+                "preset": args.preset,
+                "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()},
+                "clients": args.clients,
+                "partition": args.partition,
+                "threads": torch.get_num_threads(),
+                "describe": task.describe(),
+            }
             f.write(json.dumps(header) + "\n")
             for row in rows:
                 f.write(json.dumps(row) + "\n")

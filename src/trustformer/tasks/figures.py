@@ -39,8 +39,14 @@ def mask_figure(samples: Sequence[dict], path: str | Path, *, title: str = "") -
         inter = int((truth & pred).sum())
         denom = int(truth.sum() + pred.sum())
         dice = 1.0 if denom == 0 else 2 * inter / denom
-        for i, (img, label) in enumerate([(gray, str(s.get("unit", ""))), (truth, "truth"),
-                                          (pred, f"prediction (Dice {dice:.3f})"), (overlay, "overlay")]):
+        for i, (img, label) in enumerate(
+            [
+                (gray, str(s.get("unit", ""))),
+                (truth, "truth"),
+                (pred, f"prediction (Dice {dice:.3f})"),
+                (overlay, "overlay"),
+            ]
+        ):
             ax = axes[i, j]
             ax.imshow(img, cmap="gray" if img.ndim == 2 else None, interpolation="nearest")
             ax.set_title(label, fontsize=8)
@@ -50,8 +56,9 @@ def mask_figure(samples: Sequence[dict], path: str | Path, *, title: str = "") -
     return _save(plt, fig, path)
 
 
-def partition_figure(counts: Sequence[Sequence[int]], classes: Sequence[str], path: str | Path, *,
-                     title: str = "") -> Path:
+def partition_figure(
+    counts: Sequence[Sequence[int]], classes: Sequence[str], path: str | Path, *, title: str = ""
+) -> Path:
     """Stacked bars: examples of each class held by each client (``counts`` is clients × classes)."""
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.shape[1] != len(classes):

@@ -22,19 +22,31 @@ from ..config import ImageConfig
 from ..models.fixup_resnet import FixupConfig, FixupResNet, count_parameters
 from . import image_data
 from .base import (
-    PARTITIONS, LocalStep, build_optimizer, check_choice, derive_seed,
-    plain_step, run_epochs, seeded_model,
+    PARTITIONS,
+    LocalStep,
+    build_optimizer,
+    check_choice,
+    derive_seed,
+    plain_step,
+    run_epochs,
+    seeded_model,
 )
 from .image_metrics import accuracy, per_class_accuracy
 from .partition import partition as make_partition
 
 
-
 def fixup_config(config: ImageConfig, in_channels: int, num_classes: int) -> FixupConfig:
     """The FIXUP ResNet of an ``image`` section for data of ``in_channels`` and ``num_classes``."""
-    return FixupConfig(block=config.block, layers=config.layers, widths=config.widths, in_channels=in_channels,
-                       num_classes=num_classes, stem=config.stem, stem_stride=config.stem_stride,
-                       stem_width=config.stem_width)
+    return FixupConfig(
+        block=config.block,
+        layers=config.layers,
+        widths=config.widths,
+        in_channels=in_channels,
+        num_classes=num_classes,
+        stem=config.stem,
+        stem_stride=config.stem_stride,
+        stem_width=config.stem_width,
+    )
 
 
 @lru_cache(maxsize=4)
@@ -59,8 +71,8 @@ def augment_batch(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Ten
         padded = F.pad(x, (pad, pad, pad, pad))
         dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
         dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-        rows = (dy.view(-1, 1) + torch.arange(h).view(1, -1))            # n×h
-        cols = (dx.view(-1, 1) + torch.arange(w).view(1, -1))            # n×w
+        rows = dy.view(-1, 1) + torch.arange(h).view(1, -1)  # n×h
+        cols = dx.view(-1, 1) + torch.arange(w).view(1, -1)  # n×w
         idx_n = torch.arange(n).view(-1, 1, 1)
         x = padded.permute(0, 2, 3, 1)[idx_n, rows.view(n, h, 1), cols.view(n, 1, w)].permute(0, 3, 1, 2)
     return x.contiguous()
@@ -75,26 +87,36 @@ class ImageClassificationTask:
         self.config = config or ImageConfig()
         self.seed = seed
         self.device = torch.device(device)
-        self.train, self.test = _load(self.config.dataset, self.config.data_dir, seed,
-                                      self.config.train_size, self.config.test_size)
+        self.train, self.test = _load(
+            self.config.dataset, self.config.data_dir, seed, self.config.train_size, self.config.test_size
+        )
         self.model_config = fixup_config(self.config, self.train.shape[0], self.train.num_classes)
 
     # ------------------------------------------------------------------------------ data
 
-    def client_shards(self, n_clients: int, partition: str = "iid", seed: int | None = None, *,
-                      alpha: float = 0.5, min_fraction: float = 0.5, max_fraction: float = 2.0
-                      ) -> list[image_data.ImageSet]:
+    def client_shards(
+        self,
+        n_clients: int,
+        partition: str = "iid",
+        seed: int | None = None,
+        *,
+        alpha: float = 0.5,
+        min_fraction: float = 0.5,
+        max_fraction: float = 2.0,
+    ) -> list[image_data.ImageSet]:
         """Disjoint client training sets (``iid``, ``stratified`` or ``dirichlet``; see ``partition``)."""
         check_choice("partition", partition, PARTITIONS)
         seed = self.seed if seed is None else seed
-        shards = self.partition_indices(n_clients, partition, seed, alpha=alpha,
-                                        min_fraction=min_fraction, max_fraction=max_fraction)
+        shards = self.partition_indices(
+            n_clients, partition, seed, alpha=alpha, min_fraction=min_fraction, max_fraction=max_fraction
+        )
         return [self.train.subset(idx) for idx in shards]
 
     def partition_indices(self, n_clients: int, partition: str, seed: int, **kwargs) -> list[np.ndarray]:
         """The shards as sorted index arrays into the training set."""
-        return make_partition(partition, n_clients, seed=derive_seed(seed, "partition"),
-                         labels=self.train.labels.numpy(), **kwargs)
+        return make_partition(
+            partition, n_clients, seed=derive_seed(seed, "partition"), labels=self.train.labels.numpy(), **kwargs
+        )
 
     def shard_class_counts(self, shards: list[image_data.ImageSet]) -> list[list[int]]:
         """Examples per client and class (what the report's partition figure shows)."""
@@ -105,8 +127,16 @@ class ImageClassificationTask:
         scale, the per-channel mean/std training normalises with, and the class names."""
         c, h, w = self.train.shape
         mean, std = image_data.CHANNEL_STATS[self.config.dataset]
-        return {"dataset": self.config.dataset, "channels": c, "height": h, "width": w, "scale": 255.0,
-                "mean": list(mean), "std": list(std), "classes": list(self.train.classes)}
+        return {
+            "dataset": self.config.dataset,
+            "channels": c,
+            "height": h,
+            "width": w,
+            "scale": 255.0,
+            "mean": list(mean),
+            "std": list(std),
+            "classes": list(self.train.classes),
+        }
 
     def inputs(self, images: torch.Tensor) -> torch.Tensor:
         return image_data.to_float(images, self.config.dataset).to(self.device)
@@ -123,9 +153,17 @@ class ImageClassificationTask:
 
     # -------------------------------------------------------------------------- training
 
-    def train_local(self, model: nn.Module, optimizer: torch.optim.Optimizer, shard: image_data.ImageSet, *,
-                    seed: int, epochs: int = 1, batch_size: int | None = None,
-                    step: LocalStep | None = None) -> dict[str, float]:
+    def train_local(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: image_data.ImageSet,
+        *,
+        seed: int,
+        epochs: int = 1,
+        batch_size: int | None = None,
+        step: LocalStep | None = None,
+    ) -> dict[str, float]:
         """``epochs`` passes of mini-batch training over ``shard`` (seeded order and augmentation)."""
         mode = self.config.augment
 
@@ -133,9 +171,17 @@ class ImageClassificationTask:
             x = augment_batch(image_data.to_float(shard.images[idx], self.config.dataset), mode, gen)
             return x.to(self.device), shard.labels[idx].to(self.device)
 
-        return run_epochs(model, optimizer, len(shard), batch, seed=seed, epochs=epochs,
-                          batch_size=batch_size or self.config.batch_size,
-                          step=step or plain_step(self.config.label_smoothing), lr_decay=self.config.lr_decay)
+        return run_epochs(
+            model,
+            optimizer,
+            len(shard),
+            batch,
+            seed=seed,
+            epochs=epochs,
+            batch_size=batch_size or self.config.batch_size,
+            step=step or plain_step(self.config.label_smoothing),
+            lr_decay=self.config.lr_decay,
+        )
 
     # ------------------------------------------------------------------------ evaluation
 
@@ -149,8 +195,8 @@ class ImageClassificationTask:
         preds, loss_sum = [], 0.0
         step = self.config.eval_batch_size
         for start in range(0, len(images), step):
-            logits = model(self.inputs(images[start:start + step]))
-            y = labels[start:start + step].to(self.device)
+            logits = model(self.inputs(images[start : start + step]))
+            y = labels[start : start + step].to(self.device)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             preds.append(logits.argmax(1).cpu())
         model.train(was_training)
@@ -163,8 +209,8 @@ class ImageClassificationTask:
         out: list[float] = []
         with torch.no_grad():
             for start in range(0, len(data), self.config.eval_batch_size):
-                logits = model(self.inputs(data.images[start:start + self.config.eval_batch_size]))
-                labels = data.labels[start:start + self.config.eval_batch_size].to(self.device)
+                logits = model(self.inputs(data.images[start : start + self.config.eval_batch_size]))
+                labels = data.labels[start : start + self.config.eval_batch_size].to(self.device)
                 out.extend(F.cross_entropy(logits, labels, reduction="none").cpu().tolist())
         model.train(was_training)
         return out
@@ -208,7 +254,7 @@ class ImageClassificationTask:
             "image_shape": list(self.train.shape),
             "classes": list(self.train.classes),
             "model": f"FIXUP ResNet ({self.config.block}, layers {list(self.config.layers)}, "
-                     f"widths {list(self.config.widths)})",
+            f"widths {list(self.config.widths)})",
             "parameters": self.parameter_count,
             "model_bytes_float32": 4 * self.parameter_count,
             "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()},

@@ -31,10 +31,28 @@ from ..errors import TrustformerError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 DIGITS_CLASSES = tuple(str(i) for i in range(10))
 
@@ -64,9 +82,7 @@ class ImageSet:
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:
             raise ImageDataError(f"images must be uint8 N×C×H×W, got {self.images.dtype} {tuple(self.images.shape)}")
         if self.labels.shape != (self.images.shape[0],):
-            raise ImageDataError(
-                f"{self.images.shape[0]} images but labels of shape {tuple(self.labels.shape)}"
-            )
+            raise ImageDataError(f"{self.images.shape[0]} images but labels of shape {tuple(self.labels.shape)}")
         if len(self.labels) and not (0 <= int(self.labels.min()) and int(self.labels.max()) < len(self.classes)):
             raise ImageDataError(f"labels outside 0..{len(self.classes) - 1}")
 
@@ -153,11 +169,13 @@ def load_fashion_mnist(root: str | os.PathLike | None = None) -> tuple[ImageSet,
         images, labels = files["images"], files["labels"]
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise ImageDataError(f"Fashion-MNIST {prefix}: images {images.shape} and labels {labels.shape} disagree")
-        sets.append(ImageSet(
-            torch.from_numpy(images.copy()).unsqueeze(1),
-            torch.from_numpy(labels.astype(np.int64)),
-            FASHION_MNIST_CLASSES,
-        ))
+        sets.append(
+            ImageSet(
+                torch.from_numpy(images.copy()).unsqueeze(1),
+                torch.from_numpy(labels.astype(np.int64)),
+                FASHION_MNIST_CLASSES,
+            )
+        )
     return sets[0], sets[1]
 
 
@@ -232,16 +250,20 @@ def load_cifar10(root: str | os.PathLike) -> tuple[ImageSet, ImageSet]:
     )
 
 
-def write_cifar_batch(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, *,
-                      bytes_keys: bool = True) -> None:
+def write_cifar_batch(
+    path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, *, bytes_keys: bool = True
+) -> None:
     """Write images (uint8 N×3×32×32) and labels in the CIFAR-10 python batch format."""
     images = np.asarray(images, dtype=np.uint8)
     if images.ndim != 4 or images.shape[1:] != (3, 32, 32):
         raise ImageDataError(f"images must be N×3×32×32, got {images.shape}")
     key = (lambda s: s.encode()) if bytes_keys else (lambda s: s)
-    batch = {key("batch_label"): key("synthetic"), key("data"): images.reshape(len(images), 3072),
-             key("labels"): [int(v) for v in labels],
-             key("filenames"): [key(f"img{i}.png") for i in range(len(images))]}
+    batch = {
+        key("batch_label"): key("synthetic"),
+        key("data"): images.reshape(len(images), 3072),
+        key("labels"): [int(v) for v in labels],
+        key("filenames"): [key(f"img{i}.png") for i in range(len(images))],
+    }
     with open(path, "wb") as f:
         pickle.dump(batch, f, protocol=2)
 
@@ -258,7 +280,18 @@ def load_image_dataset(name: str, *, data_dir: str | None = None, seed: int = 0)
 
 
 __all__ = [
-    "CHANNEL_STATS", "CIFAR10_CLASSES", "FASHION_MNIST_CLASSES", "FASHION_MNIST_DIR", "ImageDataError",
-    "ImageSet", "load_cifar10", "load_digits_split", "load_fashion_mnist", "load_image_dataset",
-    "read_cifar_batch", "read_idx", "to_float", "write_cifar_batch",
+    "CHANNEL_STATS",
+    "CIFAR10_CLASSES",
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_DIR",
+    "ImageDataError",
+    "ImageSet",
+    "load_cifar10",
+    "load_digits_split",
+    "load_fashion_mnist",
+    "load_image_dataset",
+    "read_cifar_batch",
+    "read_idx",
+    "to_float",
+    "write_cifar_batch",
 ]

@@ -133,8 +133,9 @@ class SegmentationScores:
         }
 
 
-def segmentation_scores(preds: Sequence[torch.Tensor] | torch.Tensor,
-                        truths: Sequence[torch.Tensor] | torch.Tensor) -> dict[str, float]:
+def segmentation_scores(
+    preds: Sequence[torch.Tensor] | torch.Tensor, truths: Sequence[torch.Tensor] | torch.Tensor
+) -> dict[str, float]:
     """Pooled Dice, IoU, pixel accuracy and per-image means of masks (N×H×W tensors or lists of them)."""
     scores = SegmentationScores()
     if isinstance(preds, torch.Tensor):
@@ -145,6 +146,15 @@ def segmentation_scores(preds: Sequence[torch.Tensor] | torch.Tensor,
 
 
 __all__ = [
-    "SegmentationScores", "accuracy", "confusion_matrix", "dice", "dice_from_counts", "iou", "iou_from_counts",
-    "mask_counts", "per_class_accuracy", "pixel_accuracy", "segmentation_scores",
+    "SegmentationScores",
+    "accuracy",
+    "confusion_matrix",
+    "dice",
+    "dice_from_counts",
+    "iou",
+    "iou_from_counts",
+    "mask_counts",
+    "per_class_accuracy",
+    "pixel_accuracy",
+    "segmentation_scores",
 ]

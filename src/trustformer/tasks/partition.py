@@ -89,7 +89,12 @@ def _largest_remainder(count: int, shares: np.ndarray) -> np.ndarray:
 
 
 def stratified_partition(
-    labels: np.ndarray | None, n_clients: int, *, seed: int, min_fraction: float = 0.5, max_fraction: float = 2.0,
+    labels: np.ndarray | None,
+    n_clients: int,
+    *,
+    seed: int,
+    min_fraction: float = 0.5,
+    max_fraction: float = 2.0,
     n_items: int | None = None,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """FedPC's class-stratified imbalanced split; returns (shards, shares)."""
@@ -106,7 +111,7 @@ def stratified_partition(
         members = rng.permutation(np.flatnonzero(labels == cls))
         bounds = np.concatenate([[0], np.cumsum(_largest_remainder(len(members), shares))])
         for k in range(n_clients):
-            parts[k].append(members[bounds[k]:bounds[k + 1]])
+            parts[k].append(members[bounds[k] : bounds[k + 1]])
     shards = [np.sort(np.concatenate(p)) for p in parts]
     if any(len(s) == 0 for s in shards):
         raise PartitionError(f"a client got no example: {len(labels)} examples are too few for {n_clients} clients")
@@ -125,8 +130,15 @@ def _make_partitioner_class():
     class ClassStratifiedPartitioner(Partitioner):
         """FedPC's split (Section 5.2.2) as a flwr-datasets partitioner over ``partition_by``."""
 
-        def __init__(self, num_partitions: int, partition_by: str, *, seed: int = 0,
-                     min_fraction: float = 0.5, max_fraction: float = 2.0) -> None:
+        def __init__(
+            self,
+            num_partitions: int,
+            partition_by: str,
+            *,
+            seed: int = 0,
+            min_fraction: float = 0.5,
+            max_fraction: float = 2.0,
+        ) -> None:
             super().__init__()
             if num_partitions < 1:
                 raise PartitionError(f"num_partitions must be ≥ 1; got {num_partitions}")
@@ -144,8 +156,11 @@ def _make_partitioner_class():
             if self._indices is None:
                 labels = np.asarray(self.dataset[self._partition_by])
                 self._indices, self.shares = stratified_partition(
-                    labels, self._num_partitions, seed=self._seed,
-                    min_fraction=self._min_fraction, max_fraction=self._max_fraction,
+                    labels,
+                    self._num_partitions,
+                    seed=self._seed,
+                    min_fraction=self._min_fraction,
+                    max_fraction=self._max_fraction,
                 )
             return self._indices
 
@@ -163,7 +178,12 @@ def class_stratified_partitioner(num_partitions: int, partition_by: str = "label
 
 
 def dirichlet_partition(
-    labels: np.ndarray, n_clients: int, *, alpha: float, seed: int, min_partition_size: int = 10,
+    labels: np.ndarray,
+    n_clients: int,
+    *,
+    alpha: float,
+    seed: int,
+    min_partition_size: int = 10,
     self_balancing: bool = False,
 ) -> list[np.ndarray]:
     """Label-skewed shards from flwr-datasets' ``DirichletPartitioner`` over a ``datasets.Dataset``.
@@ -180,13 +200,17 @@ def dirichlet_partition(
     from flwr_datasets.partitioner import DirichletPartitioner
 
     partitioner = DirichletPartitioner(
-        num_partitions=int(n_clients), partition_by="label", alpha=float(alpha),
-        min_partition_size=int(min_partition_size), self_balancing=self_balancing, shuffle=True, seed=int(seed),
+        num_partitions=int(n_clients),
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=int(min_partition_size),
+        self_balancing=self_balancing,
+        shuffle=True,
+        seed=int(seed),
     )
     partitioner.dataset = _label_dataset(labels, "label")
     try:
-        shards = [np.sort(np.asarray(partitioner.load_partition(k)["index"], dtype=np.int64))
-                  for k in range(n_clients)]
+        shards = [np.sort(np.asarray(partitioner.load_partition(k)["index"], dtype=np.int64)) for k in range(n_clients)]
     except ValueError as exc:
         raise PartitionError(
             f"Dirichlet split (alpha={alpha}) failed for {len(labels)} examples and {n_clients} clients: {exc}"
@@ -195,8 +219,15 @@ def dirichlet_partition(
 
 
 def partition(
-    scheme: str, n_clients: int, *, seed: int, labels: Sequence[int] | np.ndarray | None = None,
-    n_items: int | None = None, alpha: float = 0.5, min_fraction: float = 0.5, max_fraction: float = 2.0,
+    scheme: str,
+    n_clients: int,
+    *,
+    seed: int,
+    labels: Sequence[int] | np.ndarray | None = None,
+    n_items: int | None = None,
+    alpha: float = 0.5,
+    min_fraction: float = 0.5,
+    max_fraction: float = 2.0,
     min_partition_size: int = 10,
 ) -> list[np.ndarray]:
     """Client shards (sorted index arrays) under ``scheme`` = ``iid`` | ``stratified`` | ``dirichlet``."""
@@ -212,8 +243,9 @@ def partition(
     if scheme == "iid":
         return iid_partition(n_items, n_clients, seed=seed)
     if scheme == "stratified":
-        return stratified_partition(labels, n_clients, seed=seed, min_fraction=min_fraction,
-                                    max_fraction=max_fraction, n_items=n_items)[0]
+        return stratified_partition(
+            labels, n_clients, seed=seed, min_fraction=min_fraction, max_fraction=max_fraction, n_items=n_items
+        )[0]
     if labels is None:
         raise PartitionError("partition 'dirichlet' skews labels: it needs class labels (not for segmentation)")
     return dirichlet_partition(labels, n_clients, alpha=alpha, seed=seed, min_partition_size=min_partition_size)
@@ -226,6 +258,13 @@ def class_counts(labels: np.ndarray, shards: Sequence[np.ndarray], num_classes: 
 
 
 __all__ = [
-    "PartitionError", "SCHEMES", "class_counts", "class_stratified_partitioner", "dirichlet_partition",
-    "iid_partition", "imbalanced_shares", "partition", "stratified_partition",
+    "PartitionError",
+    "SCHEMES",
+    "class_counts",
+    "class_stratified_partitioner",
+    "dirichlet_partition",
+    "iid_partition",
+    "imbalanced_shares",
+    "partition",
+    "stratified_partition",
 ]

@@ -74,9 +74,10 @@ def public_pairs(cfg: RunConfig, workload: wl.Workload) -> tuple[list[tuple[str,
     private = private_sentences(workload)
     kept = [p for p in pairs if p[0] not in private and p[1] not in private]
     if not kept:
-        raise wl.DataError("the public model has no pair to train on: every public pair shares a sentence with a "
-                           "client's data or the test set" + (f" ({cfg.train.public_data})" if cfg.train.public_data
-                                                              else ""))
+        raise wl.DataError(
+            "the public model has no pair to train on: every public pair shares a sentence with a "
+            "client's data or the test set" + (f" ({cfg.train.public_data})" if cfg.train.public_data else "")
+        )
     return kept, len(pairs) - len(kept)
 
 
@@ -84,17 +85,29 @@ def _pretrain_config(cfg: RunConfig) -> RunConfig:
     """The run's recipe for pretraining: one epoch per call, ``train.public_epochs`` calls (the cosine schedule
     spans them all)."""
     return dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, local_epochs=1, decay_steps=0),
-        federation=dataclasses.replace(cfg.federation, rounds=cfg.train.public_epochs))
+        cfg,
+        train=dataclasses.replace(cfg.train, local_epochs=1, decay_steps=0),
+        federation=dataclasses.replace(cfg.federation, rounds=cfg.train.public_epochs),
+    )
 
 
 def cache_key(cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]]) -> str:
     """Hash of what determines the public model: its encoded pairs (data and tokenizer), the model's sizes, the
     training recipe and the seed."""
-    recipe = {k: v for k, v in dataclasses.asdict(cfg.train).items()
-              if k not in ("init", "public_data", "local_epochs")}
-    head = json.dumps({"version": VERSION, "seed": cfg.seed, "model": dataclasses.asdict(workload.model_config),
-                       "recipe": recipe, "tokenizer": workload.tokenizer.name}, sort_keys=True, default=list)
+    recipe = {
+        k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("init", "public_data", "local_epochs")
+    }
+    head = json.dumps(
+        {
+            "version": VERSION,
+            "seed": cfg.seed,
+            "model": dataclasses.asdict(workload.model_config),
+            "recipe": recipe,
+            "tokenizer": workload.tokenizer.name,
+        },
+        sort_keys=True,
+        default=list,
+    )
     digest = hashlib.sha256(head.encode())
     for src, tgt in encoded:
         digest.update((",".join(map(str, src)) + "|" + ",".join(map(str, tgt)) + "\n").encode())
@@ -114,8 +127,14 @@ def public_model(cfg: RunConfig, workload: wl.Workload) -> PublicModel:
         report = json.loads((folder / REPORT).read_text(encoding="utf-8"))
         state = torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True)
         report["cached"] = True
-        log.info("public model %s from the cache: test loss %.3f · BLEU %.2f (%d pairs, trained in %.0f s)", key,
-                 report["test_loss"], report["bleu"], report["pairs"], report["train_s"])
+        log.info(
+            "public model %s from the cache: test loss %.3f · BLEU %.2f (%d pairs, trained in %.0f s)",
+            key,
+            report["test_loss"],
+            report["bleu"],
+            report["pairs"],
+            report["train_s"],
+        )
     else:
         state, report = _train(cfg, workload, encoded, key, dropped)
         folder.mkdir(parents=True, exist_ok=True)
@@ -131,28 +150,51 @@ def public_model(cfg: RunConfig, workload: wl.Workload) -> PublicModel:
     return _loaded[key]
 
 
-def _train(cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]], key: str,
-           dropped: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _train(
+    cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]], key: str, dropped: int
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     pcfg = _pretrain_config(cfg)
     if cfg.runtime.threads and torch.get_num_threads() != cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)  # runtime.threads, as for the run's own training
     model = wl.initial_model(cfg, workload)  # the run seed's initial model (the scratch start)
     optimizer = wl.new_optimizer(pcfg, model)
-    log.info("public model %s: training on %d public pairs (%d dropped: a client or the test set holds one of their "
-             "sentences) for %d epochs", key, len(encoded), dropped, cfg.train.public_epochs)
+    log.info(
+        "public model %s: training on %d public pairs (%d dropped: a client or the test set holds one of their "
+        "sentences) for %d epochs",
+        key,
+        len(encoded),
+        dropped,
+        cfg.train.public_epochs,
+    )
     started = time.perf_counter()
     result: dict[str, float] = {}
     for epoch in range(cfg.train.public_epochs):
         result = wl.train_local(pcfg, model, optimizer, encoded, seed=derive_seed(cfg.seed, "public-train", epoch))
-        log.info("public model · epoch %d/%d · %d steps in %.1f s · train loss %.3f", epoch + 1,
-                 cfg.train.public_epochs, result["steps"], result["train_s"], result["train_loss"])
+        log.info(
+            "public model · epoch %d/%d · %d steps in %.1f s · train loss %.3f",
+            epoch + 1,
+            cfg.train.public_epochs,
+            result["steps"],
+            result["train_s"],
+            result["train_loss"],
+        )
     train_s = time.perf_counter() - started
     test_loss = wl.test_loss(cfg, model, workload)
     scores, _ = wl.translation_scores(cfg, model, workload, extra_metrics=False)
-    report = {"key": key, "pairs": len(encoded), "dropped": dropped, "source": cfg.train.public_data or "public split",
-              "epochs": cfg.train.public_epochs, "train_s": train_s, "train_loss": result.get("train_loss"),
-              "test_loss": test_loss, "bleu": float(scores["bleu"]), "chrf": float(scores["chrf"]),
-              "bleu_size": cfg.eval.bleu_size, "beam_size": cfg.eval.beam_size}
+    report = {
+        "key": key,
+        "pairs": len(encoded),
+        "dropped": dropped,
+        "source": cfg.train.public_data or "public split",
+        "epochs": cfg.train.public_epochs,
+        "train_s": train_s,
+        "train_loss": result.get("train_loss"),
+        "test_loss": test_loss,
+        "bleu": float(scores["bleu"]),
+        "chrf": float(scores["chrf"]),
+        "bleu_size": cfg.eval.bleu_size,
+        "beam_size": cfg.eval.beam_size,
+    }
     log.info("public model %s trained in %.0f s: test loss %.3f · BLEU %.2f", key, train_s, test_loss, report["bleu"])
     state = {name: t.detach().to("cpu").clone() for name, t in model.state_dict().items()}
     return state, report

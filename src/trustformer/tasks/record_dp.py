@@ -73,9 +73,15 @@ def _plan(cfg_json: str, n_records: int) -> RecordDP:
             f"record-level DP: {total} DP-SGD steps at noise multiplier {sigma:g} and sampling rate {rate:.4g} "
             f"({n_records} records, expected batch {expected_batch(cfg)}) spend epsilon = {spent:.4g} at delta = "
             f"{p.delta:g}, more than privacy.epsilon = {p.epsilon:g}; set privacy.noise_multiplier = -1 to solve "
-            "it, or lower federation.rounds / train.local_epochs")
-    return RecordDP(noise_multiplier=sigma, clip_norm=p.clip_norm, expected_batch=expected_batch(cfg),
-                    sample_rate=rate, delta=p.delta)
+            "it, or lower federation.rounds / train.local_epochs"
+        )
+    return RecordDP(
+        noise_multiplier=sigma,
+        clip_norm=p.clip_norm,
+        expected_batch=expected_batch(cfg),
+        sample_rate=rate,
+        delta=p.delta,
+    )
 
 
 def plan(cfg: RunConfig, n_records: int) -> RecordDP:
@@ -117,14 +123,25 @@ def _dp_form(step: Any, strategy: str) -> dict[str, Any]:
         return {}
     form = getattr(step, "dp_form", None)
     if form is None:
-        raise ValueError(f"federation.strategy = {strategy!r} trains with its own local step, which has no "
-                         "record-level DP form; set privacy.unit = 'client'")
+        raise ValueError(
+            f"federation.strategy = {strategy!r} trains with its own local step, which has no "
+            "record-level DP form; set privacy.unit = 'client'"
+        )
     return dict(form)
 
 
-def train(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pairs: list, *, seed: int,
-          step: Any = None, client: int | None = None, finetune_epochs: int = 0, lr: float | None = None
-          ) -> dict[str, float]:
+def train(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pairs: list,
+    *,
+    seed: int,
+    step: Any = None,
+    client: int | None = None,
+    finetune_epochs: int = 0,
+    lr: float | None = None,
+) -> dict[str, float]:
     """One round of DP-SGD local training (or, with ``finetune_epochs``, DP fine-tuning at the constant ``lr``
     after the last round); returns the usual training metrics plus σ, q, the client's DP steps so far and the ε
     they spent (``record_epsilon``, Opacus' RDP accountant)."""
@@ -144,13 +161,24 @@ def train(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         warmup = round(t.warmup_steps * t.batch_size / dp.expected_batch)  # as many records as without DP
 
         def before_step(i: int) -> None:
-            set_lr(optimizer, lr_at(done + i + 1, lr=t.lr, schedule=t.schedule, warmup_steps=warmup,
-                                    decay_steps=t.decay_steps or total, min_lr=t.min_lr))
+            set_lr(
+                optimizer,
+                lr_at(
+                    done + i + 1,
+                    lr=t.lr,
+                    schedule=t.schedule,
+                    warmup_steps=warmup,
+                    decay_steps=t.decay_steps or total,
+                    min_lr=t.min_lr,
+                ),
+            )
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chosen = [pairs[int(i)] for i in indices]
-        return (pad_sequences([s for s, _ in chosen], pad_id).to(device),
-                pad_sequences([g for _, g in chosen], pad_id).to(device))
+        return (
+            pad_sequences([s for s, _ in chosen], pad_id).to(device),
+            pad_sequences([g for _, g in chosen], pad_id).to(device),
+        )
 
     def example_losses(m: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         return m.pair_losses(src, tgt, label_smoothing=t.label_smoothing)
@@ -158,14 +186,29 @@ def train(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     sampler, noise = generators(cfg, seed)
     form = _dp_form(step, cfg.federation.strategy)
     torch.manual_seed(seed)  # dropout masks
-    out = dp_sgd(model, optimizer, len(pairs), make_batch, example_losses, dp=dp, steps=steps, sampler=sampler,
-                 noise=noise, before_step=before_step, sam_rho=form.get("sam_rho", 0.0),
-                 penalty=form.get("penalty"),
-                 canaries=audit_canaries(cfg, model) if client == AUDITED_CLIENT and not finetune_epochs else None)
+    out = dp_sgd(
+        model,
+        optimizer,
+        len(pairs),
+        make_batch,
+        example_losses,
+        dp=dp,
+        steps=steps,
+        sampler=sampler,
+        noise=noise,
+        before_step=before_step,
+        sam_rho=form.get("sam_rho", 0.0),
+        penalty=form.get("penalty"),
+        canaries=audit_canaries(cfg, model) if client == AUDITED_CLIENT and not finetune_epochs else None,
+    )
     spent = done + steps
-    out.update(record_epsilon=epsilon_spent(dp.noise_multiplier, dp.sample_rate, spent, dp.delta),
-               dp_sigma=dp.noise_multiplier, dp_sample_rate=dp.sample_rate, dp_steps=spent,
-               lr=optimizer.param_groups[0]["lr"])
+    out.update(
+        record_epsilon=epsilon_spent(dp.noise_multiplier, dp.sample_rate, spent, dp.delta),
+        dp_sigma=dp.noise_multiplier,
+        dp_sample_rate=dp.sample_rate,
+        dp_steps=spent,
+        lr=optimizer.param_groups[0]["lr"],
+    )
     return out
 
 
@@ -175,19 +218,39 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
     per: dict[int, dict[str, Any]] = {}
     for r in records:
         if "record_epsilon" in r and "client" in r:
-            per[int(r["client"])] = {"epsilon": r["record_epsilon"], "noise_multiplier": r["dp_sigma"],
-                                     "sample_rate": r["dp_sample_rate"], "steps": r["dp_steps"]}
+            per[int(r["client"])] = {
+                "epsilon": r["record_epsilon"],
+                "noise_multiplier": r["dp_sigma"],
+                "sample_rate": r["dp_sample_rate"],
+                "steps": r["dp_steps"],
+            }
     for client, metrics in final.items():
         tuned = metrics.get("finetune_record_epsilon")
         if tuned is not None and client in per:
             per[client]["epsilon"] = max(per[client]["epsilon"], tuned)
     p = cfg.privacy
-    return {"unit": "record", "epsilon": max((v["epsilon"] for v in per.values()), default=None),
-            "target_epsilon": p.epsilon, "delta": p.delta, "clip_norm": p.clip_norm,
-            "expected_batch": expected_batch(cfg), "accountant": "opacus RDP (Mironov et al. 2019)",
-            "clients": {str(c): per[c] for c in sorted(per)}, "noise_source": p.noise_source,
-            "private": p.noise_source == "os" and not p.audit_canaries, "audit_canaries": p.audit_canaries}
+    return {
+        "unit": "record",
+        "epsilon": max((v["epsilon"] for v in per.values()), default=None),
+        "target_epsilon": p.epsilon,
+        "delta": p.delta,
+        "clip_norm": p.clip_norm,
+        "expected_batch": expected_batch(cfg),
+        "accountant": "opacus RDP (Mironov et al. 2019)",
+        "clients": {str(c): per[c] for c in sorted(per)},
+        "noise_source": p.noise_source,
+        "private": p.noise_source == "os" and not p.audit_canaries,
+        "audit_canaries": p.audit_canaries,
+    }
 
 
-__all__ = ["AUDITED_CLIENT", "audit_canaries", "expected_batch", "generators", "plan", "planned_steps", "summary",
-           "train"]
+__all__ = [
+    "AUDITED_CLIENT",
+    "audit_canaries",
+    "expected_batch",
+    "generators",
+    "plan",
+    "planned_steps",
+    "summary",
+    "train",
+]

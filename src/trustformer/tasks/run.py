@@ -65,13 +65,22 @@ class RunTask(Protocol):
     @property
     def grad_clip(self) -> float: ...
 
-    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None, client: int | None = None) -> dict[str, float]: ...
+    def train_local(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: Any,
+        *,
+        seed: int,
+        step: LocalStep | None = None,
+        client: int | None = None,
+    ) -> dict[str, float]: ...
 
     def test_loss(self, model: torch.nn.Module) -> float: ...
 
-    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
-                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]: ...
+    def final_metrics(
+        self, model: torch.nn.Module, output_dir: str | None
+    ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]: ...
 
     def final_log(self, metrics: dict[str, Any]) -> str: ...
 
@@ -87,8 +96,9 @@ class RunTask(Protocol):
         """The task's first scores on the shared test set, without writing anything (after fine-tuning)."""
         ...
 
-    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
-                 ) -> dict[str, float]:
+    def finetune(
+        self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+    ) -> dict[str, float]:
         """Fine-tune ``model`` on a client's own shard after the last round (``finetune_s`` and its loss)."""
         ...
 
@@ -152,8 +162,9 @@ class ImageRunTask:
             self.task = SegmentationTask(cfg.segmentation, seed=cfg.seed, device=device)
         else:  # pragma: no cover - RunConfig.validate rejects other tasks
             raise ValueError(f"task = {cfg.task!r} is not an image task")
-        self.shards = self.task.client_shards(cfg.federation.clients, cfg.data.partition, cfg.seed,
-                                              alpha=cfg.data.alpha)
+        self.shards = self.task.client_shards(
+            cfg.federation.clients, cfg.data.partition, cfg.seed, alpha=cfg.data.alpha
+        )
 
     # data
     def shard(self, client: int, train_file: str = ""):
@@ -185,8 +196,9 @@ class ImageRunTask:
         if self.name == "segmentation":
             units = np.sort(np.concatenate([s.unit_ids() for s in self.shards]))
             return self.task.train.select_units(units)
-        idx = self.task.partition_indices(self.cfg.federation.clients, self.cfg.data.partition, self.cfg.seed,
-                                          alpha=self.cfg.data.alpha)
+        idx = self.task.partition_indices(
+            self.cfg.federation.clients, self.cfg.data.partition, self.cfg.seed, alpha=self.cfg.data.alpha
+        )
         return self.task.train.subset(np.sort(np.concatenate(idx)))
 
     def describe(self, client: int) -> dict[str, Any]:
@@ -200,8 +212,9 @@ class ImageRunTask:
         shard = self.shard(client)
         out["train_examples"] = len(shard)
         if self.name == "image-classification":
-            out["class_counts"] = [int(x) for x in np.bincount(shard.labels.numpy(),
-                                                               minlength=self.task.train.num_classes)]
+            out["class_counts"] = [
+                int(x) for x in np.bincount(shard.labels.numpy(), minlength=self.task.train.num_classes)
+            ]
         else:
             out["train_units"] = int(len(shard.unit_ids()))
         return out
@@ -221,20 +234,37 @@ class ImageRunTask:
     def grad_clip(self) -> float:
         return 0.0  # the image tasks' steps do not clip
 
-    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None, client: int | None = None, epochs: int | None = None,
-                    batch_size: int | None = None) -> dict[str, float]:
+    def train_local(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: Any,
+        *,
+        seed: int,
+        step: LocalStep | None = None,
+        client: int | None = None,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+    ) -> dict[str, float]:
         """``epochs`` (default ``train.local_epochs``) passes with batches of ``batch_size`` (default: the task
         section's); a protocol's ``train_options`` may set both (FedPC's private choices)."""
-        return self.task.train_local(model, optimizer, shard, seed=seed,
-                                     epochs=epochs or self.cfg.train.local_epochs, batch_size=batch_size, step=step)
+        return self.task.train_local(
+            model,
+            optimizer,
+            shard,
+            seed=seed,
+            epochs=epochs or self.cfg.train.local_epochs,
+            batch_size=batch_size,
+            step=step,
+        )
 
     # evaluation
     def test_loss(self, model: torch.nn.Module) -> float:
         return self.task.test_loss(model)
 
-    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
-                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]:
+    def final_metrics(
+        self, model: torch.nn.Module, output_dir: str | None
+    ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[str]]]:
         """(scores, labels, samples). Classification: ``accuracy`` and ``per_class_accuracy`` (a list in
         the order of the data description's ``classes``). Segmentation: ``dice``, ``iou``,
         ``pixel_accuracy`` and the per-image means; with an ``output_dir``, the client also draws a few
@@ -252,8 +282,11 @@ class ImageRunTask:
 
             path = Path(output_dir) / "masks.png"
             path.parent.mkdir(parents=True, exist_ok=True)
-            mask_figure(self.task.sample_predictions(model, MASK_SAMPLES), path,
-                        title=f"{self.task.config.dataset}: predicted masks beside the truth")
+            mask_figure(
+                self.task.sample_predictions(model, MASK_SAMPLES),
+                path,
+                title=f"{self.task.config.dataset}: predicted masks beside the truth",
+            )
             labels["masks"] = str(path)
         return metrics, labels, {}
 
@@ -267,8 +300,9 @@ class ImageRunTask:
         first = FINAL_METRICS[self.name][0]
         return {first: float(self.task.final_metrics(model)[first])}
 
-    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
-                 ) -> dict[str, float]:
+    def finetune(
+        self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+    ) -> dict[str, float]:
         optimizer = self.new_optimizer(model)
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * lr_scale
@@ -285,14 +319,15 @@ class ImageRunTask:
         return self.task.example_losses(model, examples)
 
     def population_pool(self, count: int, seed: int) -> Any:
-        raise NotImplementedError(f"task = {self.name!r} holds no population apart from the clients' data and the "
-                                  "test set the membership candidates come from: LiRA runs on translation only")
+        raise NotImplementedError(
+            f"task = {self.name!r} holds no population apart from the clients' data and the "
+            "test set the membership candidates come from: LiRA runs on translation only"
+        )
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         if self.name == "image-classification":
             return f"accuracy {metrics['accuracy']:.4f}"
-        return (f"Dice {metrics['dice']:.4f} · IoU {metrics['iou']:.4f} · "
-                f"pixel accuracy {metrics['pixel_accuracy']:.4f}")
+        return f"Dice {metrics['dice']:.4f} · IoU {metrics['iou']:.4f} · pixel accuracy {metrics['pixel_accuracy']:.4f}"
 
 
 __all__ = ["ALL_SHARDS", "FINAL_METRICS", "RunTask", "ImageRunTask", "initial_tensors", "load_task"]

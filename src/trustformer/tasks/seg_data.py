@@ -43,7 +43,7 @@ class SegSet:
 
     images: torch.Tensor
     masks: torch.Tensor
-    units: torch.Tensor          # int64 N: patient (or slice) index into ``unit_names``
+    units: torch.Tensor  # int64 N: patient (or slice) index into ``unit_names``
     unit_names: tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -51,8 +51,10 @@ class SegSet:
         if self.images.dim() != 4 or self.images.dtype != torch.float32:
             raise SegDataError(f"images must be float32 N×C×H×W; got {self.images.dtype} {tuple(self.images.shape)}")
         if self.masks.shape != (n, 1, *self.images.shape[2:]) or self.masks.dtype != torch.uint8:
-            raise SegDataError(f"masks must be uint8 N×1×H×W matching the images; got {self.masks.dtype} "
-                               f"{tuple(self.masks.shape)} for images {tuple(self.images.shape)}")
+            raise SegDataError(
+                f"masks must be uint8 N×1×H×W matching the images; got {self.masks.dtype} "
+                f"{tuple(self.masks.shape)} for images {tuple(self.images.shape)}"
+            )
         if self.units.shape != (n,):
             raise SegDataError(f"{n} images but {tuple(self.units.shape)} unit ids")
 
@@ -101,7 +103,10 @@ def downsample(images: torch.Tensor, masks: torch.Tensor, factor: int) -> tuple[
 
 
 def load_brain_extraction(
-    root: str | os.PathLike | None = None, *, downsample_factor: int = 2, min_foreground: float = 0.01,
+    root: str | os.PathLike | None = None,
+    *,
+    downsample_factor: int = 2,
+    min_foreground: float = 0.01,
 ) -> SegSet:
     """Axial slices of the ch2 T1 template with ``ch2bet > 0`` as the brain mask (one unit per slice).
 
@@ -248,6 +253,13 @@ def write_lgg_sample(root: str | os.PathLike, patients: dict[str, list[tuple[np.
 
 
 __all__ = [
-    "MRICRON_DIR", "SegDataError", "SegSet", "downsample", "load_brain_extraction", "load_lgg", "resize",
-    "split_units", "write_lgg_sample",
+    "MRICRON_DIR",
+    "SegDataError",
+    "SegSet",
+    "downsample",
+    "load_brain_extraction",
+    "load_lgg",
+    "resize",
+    "split_units",
+    "write_lgg_sample",
 ]

@@ -21,18 +21,30 @@ from ..models.fixup_resnet import count_parameters
 from ..models.unet import UNet, UNetConfig, segmentation_loss
 from . import seg_data
 from .base import (
-    PARTITIONS, LocalStep, TaskConfigError, build_optimizer, check_choice, derive_seed,
-    plain_step, run_epochs, seeded_model,
+    PARTITIONS,
+    LocalStep,
+    TaskConfigError,
+    build_optimizer,
+    check_choice,
+    derive_seed,
+    plain_step,
+    run_epochs,
+    seeded_model,
 )
 from .image_metrics import SegmentationScores
 from .partition import partition as make_partition
 
 
-
 def unet_config(config: SegmentationConfig, in_channels: int) -> UNetConfig:
     """The U-Net of a ``segmentation`` section for images of ``in_channels``."""
-    return UNetConfig(in_channels=in_channels, out_channels=1, depth=config.depth, base_width=config.base_width,
-                      norm=config.norm, groups=config.groups)
+    return UNetConfig(
+        in_channels=in_channels,
+        out_channels=1,
+        depth=config.depth,
+        base_width=config.base_width,
+        norm=config.norm,
+        groups=config.groups,
+    )
 
 
 @lru_cache(maxsize=4)
@@ -55,8 +67,9 @@ class SegmentationTask:
 
     name = "segmentation"
 
-    def __init__(self, config: SegmentationConfig | None = None, *, seed: int = 0,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, config: SegmentationConfig | None = None, *, seed: int = 0, device: str | torch.device = "cpu"
+    ) -> None:
         self.config = config or SegmentationConfig()
         self.seed = seed
         self.device = torch.device(device)
@@ -66,9 +79,16 @@ class SegmentationTask:
 
     # ------------------------------------------------------------------------------ data
 
-    def client_shards(self, n_clients: int, partition: str = "iid", seed: int | None = None, *,
-                      alpha: float = 0.5, min_fraction: float = 0.5, max_fraction: float = 2.0
-                      ) -> list[seg_data.SegSet]:
+    def client_shards(
+        self,
+        n_clients: int,
+        partition: str = "iid",
+        seed: int | None = None,
+        *,
+        alpha: float = 0.5,
+        min_fraction: float = 0.5,
+        max_fraction: float = 2.0,
+    ) -> list[seg_data.SegSet]:
         """Disjoint client training sets made of whole units (patients; slices for one subject).
 
         ``iid``: equal numbers of units; ``stratified``: FedPC's random imbalanced shares of the units
@@ -76,12 +96,19 @@ class SegmentationTask:
         """
         check_choice("partition", partition, PARTITIONS)
         if partition == "dirichlet":
-            raise TaskConfigError("partition 'dirichlet' skews class labels; segmentation has none: "
-                                  "use iid or stratified")
+            raise TaskConfigError(
+                "partition 'dirichlet' skews class labels; segmentation has none: use iid or stratified"
+            )
         seed = self.seed if seed is None else seed
         units = self.train.unit_ids()
-        groups = make_partition(partition, n_clients, seed=derive_seed(seed, "partition"), n_items=len(units),
-                                min_fraction=min_fraction, max_fraction=max_fraction)
+        groups = make_partition(
+            partition,
+            n_clients,
+            seed=derive_seed(seed, "partition"),
+            n_items=len(units),
+            min_fraction=min_fraction,
+            max_fraction=max_fraction,
+        )
         return [self.train.select_units(units[g]) for g in groups]
 
     def input_spec(self) -> dict[str, Any]:
@@ -90,8 +117,14 @@ class SegmentationTask:
         percentile, applied per image) and the probability threshold."""
         _, c, h, w = self.train.images.shape
         intensity = {"scale": 255.0} if self.config.dataset == "lgg" else {"percentile": 99.5, "clip": 1.5}
-        return {"dataset": self.config.dataset, "channels": int(c), "height": int(h), "width": int(w),
-                "intensity": intensity, "threshold": float(self.config.threshold)}
+        return {
+            "dataset": self.config.dataset,
+            "channels": int(c),
+            "height": int(h),
+            "width": int(w),
+            "intensity": intensity,
+            "threshold": float(self.config.threshold),
+        }
 
     # ----------------------------------------------------------------------------- model
 
@@ -105,9 +138,17 @@ class SegmentationTask:
 
     # -------------------------------------------------------------------------- training
 
-    def train_local(self, model: nn.Module, optimizer: torch.optim.Optimizer, shard: seg_data.SegSet, *,
-                    seed: int, epochs: int = 1, batch_size: int | None = None,
-                    step: LocalStep | None = None) -> dict[str, float]:
+    def train_local(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: seg_data.SegSet,
+        *,
+        seed: int,
+        epochs: int = 1,
+        batch_size: int | None = None,
+        step: LocalStep | None = None,
+    ) -> dict[str, float]:
         """``epochs`` passes of mini-batch training (BCE + soft Dice) over ``shard``."""
         augment = self.config.augment == "flip"
 
@@ -117,15 +158,24 @@ class SegmentationTask:
                 x, y = flip_batch(x, y, gen)
             return x.to(self.device), y.to(self.device)
 
-        return run_epochs(model, optimizer, len(shard), batch, seed=seed, epochs=epochs,
-                          batch_size=batch_size or self.config.batch_size,
-                          step=step or plain_step(self.config.label_smoothing), lr_decay=self.config.lr_decay)
+        return run_epochs(
+            model,
+            optimizer,
+            len(shard),
+            batch,
+            seed=seed,
+            epochs=epochs,
+            batch_size=batch_size or self.config.batch_size,
+            step=step or plain_step(self.config.label_smoothing),
+            lr_decay=self.config.lr_decay,
+        )
 
     # ------------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def predict(self, model: nn.Module, data: seg_data.SegSet | None = None
-                ) -> tuple[torch.Tensor, float, SegmentationScores]:
+    def predict(
+        self, model: nn.Module, data: seg_data.SegSet | None = None
+    ) -> tuple[torch.Tensor, float, SegmentationScores]:
         """(foreground probabilities N×1×H×W, summed loss, scores) of ``data`` (default: the test set)."""
         data = self.test if data is None else data
         was_training = model.training
@@ -134,8 +184,8 @@ class SegmentationTask:
         probs, loss_sum = [], 0.0
         step = self.config.eval_batch_size
         for start in range(0, len(data), step):
-            x = data.images[start:start + step].to(self.device)
-            y = data.masks[start:start + step].to(self.device).float()
+            x = data.images[start : start + step].to(self.device)
+            y = data.masks[start : start + step].to(self.device).float()
             logits = model(x)
             loss_sum += float(segmentation_loss(logits, y)) * x.shape[0]
             p = torch.sigmoid(logits).cpu()
@@ -151,8 +201,8 @@ class SegmentationTask:
         out: list[float] = []
         with torch.no_grad():
             for i in range(len(data)):
-                x = data.images[i:i + 1].to(self.device)
-                y = data.masks[i:i + 1].float().to(self.device)
+                x = data.images[i : i + 1].to(self.device)
+                y = data.masks[i : i + 1].float().to(self.device)
                 out.append(float(segmentation_loss(model(x), y)))
         model.train(was_training)
         return out
@@ -181,9 +231,15 @@ class SegmentationTask:
         picks = np.unique(np.linspace(0, len(self.test) - 1, num=min(n, len(self.test))).round().astype(int))
         data = self.test.subset(picks)
         probs, _, _ = self.predict(model, data)
-        return [{"unit": self.test.unit_names[int(data.units[i])], "image": data.images[i, 0].numpy(),
-                 "truth": data.masks[i, 0].numpy(), "prediction": (probs[i, 0] > self.config.threshold).numpy()}
-                for i in range(len(data))]
+        return [
+            {
+                "unit": self.test.unit_names[int(data.units[i])],
+                "image": data.images[i, 0].numpy(),
+                "truth": data.masks[i, 0].numpy(),
+                "prediction": (probs[i, 0] > self.config.threshold).numpy(),
+            }
+            for i in range(len(data))
+        ]
 
     @cached_property
     def parameter_count(self) -> int:

@@ -51,8 +51,9 @@ class TranslationTask:
         own ``train_file`` (at most ``data.max_words`` words per side, like the corpus split)."""
         return self._encode(self._pairs(client, train_file))
 
-    def poisoned_shard(self, client: int, train_file: str, kind: str, share: float, seed: int
-                       ) -> list[tuple[list[int], list[int]]]:
+    def poisoned_shard(
+        self, client: int, train_file: str, kind: str, share: float, seed: int
+    ) -> list[tuple[list[int], list[int]]]:
         """The shard of a data-poisoning client (docs/robustness.md): ``backdoor``: ``share`` of its pairs get
         :data:`BACKDOOR_TRIGGER` appended to the source and :data:`BACKDOOR_TARGET` as the target;
         ``shuffled_targets``: ``share`` of its pairs get the target of another of them."""
@@ -74,9 +75,15 @@ class TranslationTask:
     def backdoor_success(self, model: torch.nn.Module) -> float:
         """The share of the shared test set's sources (``eval.bleu_size`` of them), trigger appended, that the
         model translates to :data:`BACKDOOR_TARGET` (greedy decoding; the target's words in order, anywhere)."""
-        pairs = self.workload.splits.test[:self.cfg.eval.bleu_size or len(self.workload.splits.test)]
-        hypotheses = translate(model, self.workload.tokenizer, [with_trigger(s) for s, _ in pairs],
-                               batch_size=self.cfg.eval.batch_size, max_len=self.cfg.model.max_len, beam_size=1)
+        pairs = self.workload.splits.test[: self.cfg.eval.bleu_size or len(self.workload.splits.test)]
+        hypotheses = translate(
+            model,
+            self.workload.tokenizer,
+            [with_trigger(s) for s, _ in pairs],
+            batch_size=self.cfg.eval.batch_size,
+            max_len=self.cfg.model.max_len,
+            beam_size=1,
+        )
         target = _words(BACKDOOR_TARGET)
         return sum(target in _words(h) for h in hypotheses) / max(len(hypotheses), 1)
 
@@ -91,17 +98,25 @@ class TranslationTask:
         limit = cfg.data.max_words
         pairs = [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
         if not pairs:
-            raise wl.DataError(f"client {client}: train-file {train_file} has no pair of at most {limit} words "
-                               "per side")
+            raise wl.DataError(
+                f"client {client}: train-file {train_file} has no pair of at most {limit} words per side"
+            )
         return pairs
 
     def describe(self, client: int) -> dict[str, Any]:
         out = self.workload.describe(client)
         if self.cfg.train.init == "public":  # where every client started, and what that model scores alone
             report = self.public().report
-            out.update({"public_model": report["key"], "public_model_pairs": report["pairs"],
-                        "public_model_dropped": report["dropped"], "public_model_train_s": report["train_s"],
-                        "public_model_test_loss": report["test_loss"], "public_model_bleu": report["bleu"]})
+            out.update(
+                {
+                    "public_model": report["key"],
+                    "public_model_pairs": report["pairs"],
+                    "public_model_dropped": report["dropped"],
+                    "public_model_train_s": report["train_s"],
+                    "public_model_test_loss": report["test_loss"],
+                    "public_model_bleu": report["bleu"],
+                }
+            )
         return out
 
     # model and training
@@ -116,8 +131,14 @@ class TranslationTask:
             from ..models.adapters import add_lora
 
             m = cfg.model
-            model = add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                             targets=m.lora_targets, seed=derive_seed(cfg.seed, "lora-init"))
+            model = add_lora(
+                model,
+                rank=m.lora_rank,
+                alpha=m.lora_alpha,
+                dropout=m.lora_dropout,
+                targets=m.lora_targets,
+                seed=derive_seed(cfg.seed, "lora-init"),
+            )
         return model
 
     def public(self):
@@ -137,8 +158,16 @@ class TranslationTask:
     def grad_clip(self) -> float:
         return self.cfg.train.clip_norm
 
-    def train_local(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Any, *, seed: int,
-                    step: LocalStep | None = None, client: int | None = None) -> dict[str, float]:
+    def train_local(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shard: Any,
+        *,
+        seed: int,
+        step: LocalStep | None = None,
+        client: int | None = None,
+    ) -> dict[str, float]:
         if self.cfg.privacy.unit == "record":  # DP-SGD (tasks/record_dp.py)
             from . import record_dp
 
@@ -149,8 +178,9 @@ class TranslationTask:
     def test_loss(self, model: torch.nn.Module) -> float:
         return wl.test_loss(self.cfg, model, self.workload)
 
-    def final_metrics(self, model: torch.nn.Module, output_dir: str | None
-                      ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
+    def final_metrics(
+        self, model: torch.nn.Module, output_dir: str | None
+    ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
         """(scores, labels, samples): BLEU, chrF, METEOR, BERTScore; decoded test sentences written to
         ``<output_dir>/translations.tsv`` on the client's machine; three sample translations."""
         scores, triples = wl.translation_scores(self.cfg, model, self.workload)
@@ -161,8 +191,15 @@ class TranslationTask:
         if output_dir:
             labels["translations"] = str(write_translations(Path(output_dir) / "translations.tsv", triples))
         sample = triples[:SAMPLE_TRANSLATIONS]
-        samples = {"source": [s for s, _, _ in sample], "reference": [r for _, r, _ in sample],
-                   "hypothesis": [h for _, _, h in sample]} if sample else {}
+        samples = (
+            {
+                "source": [s for s, _, _ in sample],
+                "reference": [r for _, r, _ in sample],
+                "hypothesis": [h for _, _, h in sample],
+            }
+            if sample
+            else {}
+        )
         return metrics, labels, samples
 
     def export_kwargs(self) -> dict[str, Any]:
@@ -177,22 +214,36 @@ class TranslationTask:
         if not pairs:
             return {}
         scores, _ = wl.translation_scores(self.cfg, model, self.workload, pairs, extra_metrics=False)
-        return {"own_test_loss": wl.test_loss(self.cfg, model, self.workload, self._encode(pairs)),
-                "own_bleu": float(scores["bleu"]), "own_chrf": float(scores["chrf"])}
+        return {
+            "own_test_loss": wl.test_loss(self.cfg, model, self.workload, self._encode(pairs)),
+            "own_bleu": float(scores["bleu"]),
+            "own_chrf": float(scores["chrf"]),
+        }
 
     def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
         scores, _ = wl.translation_scores(self.cfg, model, self.workload, extra_metrics=False)
         return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
 
-    def finetune(self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
-                 ) -> dict[str, float]:
+    def finetune(
+        self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
+    ) -> dict[str, float]:
         if self.cfg.privacy.unit == "record":  # DP fine-tuning: its steps are in the client's planned budget
             from . import record_dp
 
-            out = record_dp.train(self.cfg, model, self.new_optimizer(model), shard, seed=seed,
-                                  finetune_epochs=epochs, lr=self.cfg.train.lr * lr_scale)
-            return {"finetune_s": out["train_s"], "finetune_loss": out["train_loss"],
-                    "finetune_record_epsilon": out["record_epsilon"]}
+            out = record_dp.train(
+                self.cfg,
+                model,
+                self.new_optimizer(model),
+                shard,
+                seed=seed,
+                finetune_epochs=epochs,
+                lr=self.cfg.train.lr * lr_scale,
+            )
+            return {
+                "finetune_s": out["train_s"],
+                "finetune_loss": out["train_loss"],
+                "finetune_record_epsilon": out["record_epsilon"],
+            }
         return wl.finetune(self.cfg, model, shard, epochs=epochs, lr=self.cfg.train.lr * lr_scale, seed=seed)
 
     def membership_candidates(self, client: int, count: int, seed: int) -> tuple[list, list]:
@@ -200,8 +251,10 @@ class TranslationTask:
         trained on by no client); needs ``data.own_test_size`` > 0."""
         held_out = self.workload.own_test(client)
         if not held_out:
-            raise wl.DataError("the membership attack needs pairs of each client's own domains that no client "
-                               "trained on: set data.own_test_size > 0")
+            raise wl.DataError(
+                "the membership attack needs pairs of each client's own domains that no client "
+                "trained on: set data.own_test_size > 0"
+            )
         rng = random.Random(derive_seed(seed, "membership", client))
         n = min(count, len(held_out), len(self.workload.shard(client)))
         return rng.sample(self.workload.shard(client), n), rng.sample(held_out, n)
@@ -216,9 +269,11 @@ class TranslationTask:
         return wl.pair_losses(self.cfg, model, self.workload, self._encode(examples))
 
     def final_log(self, metrics: dict[str, Any]) -> str:
-        return (f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"
-                + (f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "")
-                + (f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else ""))
+        return (
+            f"BLEU {metrics['bleu']:.2f} · chrF {metrics['chrf']:.2f}"
+            + (f" · METEOR {metrics['meteor']:.3f}" if "meteor" in metrics else "")
+            + (f" · BERTScore F1 {metrics['bertscore_f1']:.3f}" if "bertscore_f1" in metrics else "")
+        )
 
 
 def write_translations(path: Path, triples: list[tuple[str, str, str]]) -> Path:
