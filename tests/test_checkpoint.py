@@ -11,7 +11,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from trustformer.app import CONFIG_KEY, FederationError, client_app, server_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, build_config, load_config
-from trustformer.runtime.checkpoint import CheckpointError, read_checkpoint, resume_config, run_key
+from trustformer.protocols import make_protocol
+from trustformer.runtime.checkpoint import CheckpointError, read_checkpoint, read_server_state, resume_config, run_key
 from trustformer.engine.inprocess import InProcessGrid, node_configs, run_in_process
 from trustformer.runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
@@ -126,7 +127,9 @@ def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
         run_in_process(stopped, client_app=_crash_at("train.apply", 2, 1))
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1 and len(checkpoint.round_s) == 1
-    assert (checkpoint.protocol is not None) == (strategy != "trustformer")
+    state = read_server_state(stopped.out, checkpoint)
+    assert state["class"] == ("RobustAggregation" if strategy == "fedavg" else type(make_protocol(stopped)).__name__)
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("server-state-*")) == ["server-state-r00001.pt"]
     resumed = run_in_process(resume_config(stopped.out))
     assert resumed["test_loss"] == full["test_loss"]
     assert resumed["resumed_after_rounds"] == [1] and len(resumed["round_time_s"]) == 3

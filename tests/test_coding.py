@@ -10,8 +10,8 @@ from trustformer.config import ConfigError, load_config
 from trustformer.core.shared import trainable_tensors
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import ProtocolObserver, bare, make_protocol, observe
-from trustformer.protocols.base import ClientSession
-from trustformer.protocols.coding import CODES, GRID, CodedPayload
+from trustformer.protocols.interface.base import ClientSession
+from trustformer.protocols.wrappers.coding import CODES, GRID, CodedPayload
 from trustformer.tasks.run import load_task
 
 

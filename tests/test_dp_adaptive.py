@@ -14,7 +14,7 @@ from trustformer.config import ConfigError, load_config
 from trustformer.core.dp import geometric_clip_update, noise_generator, update_noise_multiplier
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import get_protocol
-from trustformer.runtime.checkpoint import read_checkpoint, resume_config
+from trustformer.runtime.checkpoint import read_checkpoint, read_server_state, resume_config
 from trustformer.workload import derive_seed
 
 ADAPTIVE = {"federation.strategy": "dp-fedavg", "privacy.clipping": "adaptive", "privacy.on_exceed": "continue"}
@@ -247,7 +247,8 @@ def test_a_resumed_run_continues_with_the_same_bound(tmp_path):
         run_in_process(stopped, client_app=crash_in_round_2)
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1
-    assert checkpoint.protocol["clip_norm"] == pytest.approx(_round_bounds(tmp_path / "full")[1][1])
+    state = read_server_state(stopped.out, checkpoint)
+    assert state["state"]["clip"] == pytest.approx(_round_bounds(tmp_path / "full")[1][1])
     resumed = run_in_process(resume_config(stopped.out))
     assert _round_bounds(tmp_path / "stopped") == _round_bounds(tmp_path / "full")
     assert resumed["privacy"]["clip_norm_per_round"] == full["privacy"]["clip_norm_per_round"]

@@ -5,7 +5,7 @@ import torch
 
 from trustformer.config import load_config
 from trustformer.core.dp import flatten
-from trustformer.protocols.base import ClientSession
+from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.fedavg_topk import FedAvgTopK
 from trustformer.engine.inprocess import run_in_process
 

@@ -10,7 +10,7 @@ import torch
 from trustformer.config import ConfigError, load_config
 from trustformer.core import ternary
 from trustformer.protocols import get_protocol
-from trustformer.protocols.base import ClientSession
+from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.fedpc import private_hyperparameters
 from trustformer.engine.inprocess import run_in_process
 

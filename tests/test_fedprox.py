@@ -9,7 +9,7 @@ import torch
 from trustformer.config import ConfigError, load_config
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import bare, make_protocol
-from trustformer.protocols.base import ClientSession
+from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.fedprox import FedProx, proximal_step, proximal_term
 
 

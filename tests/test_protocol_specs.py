@@ -1,4 +1,4 @@
-"""A protocol is one module: the narrow core interface, optional capabilities, generic wrappers, a complete spec
+"""A protocol is one module: the narrow core interface, hooks with defaults, plain wrappers, a complete spec
 per protocol, and no protocol named outside its own module, the registry and the experiment/report layers."""
 
 import ast
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trustformer.protocols.base import CORE, FederatedProtocol, ProtocolWrapper
-from trustformer.protocols.capabilities import CAPABILITIES, HOOK_CAPABILITY, Capability, capability
-from trustformer.protocols.spec import COMPOSITIONS, ProtocolSpec
+from trustformer.protocols.interface.base import REQUIRED, FederatedProtocol, hooks
+from trustformer.protocols.wrappers.base import ProtocolWrapper
+from trustformer.protocols.interface.spec import COMPOSITIONS, ProtocolSpec
 from trustformer.registry import PROTOCOLS, protocol_spec, protocol_specs
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
@@ -20,37 +20,105 @@ ESTIMATORS = ("model", "update", "centroids", "none", None)
 EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce.py", "registry.py", "cli.py")
 
 
-def test_the_core_interface_is_narrow():
-    """FederatedProtocol: 4 required members (its spec and the exchange: payload, aggregate, apply), 3 hooks with
-    defaults (expected_payload, payload_spec, run_round), and ``name``/``cfg`` that come with the object."""
-    methods = {n for n, v in vars(FederatedProtocol).items() if not n.startswith("__")}
-    assert methods == {"name", *CORE, "run_round"}, sorted(methods)
-    required = {"spec", "client_payload", "aggregate", "client_apply"}
-    assert len(required) <= 8 and len(methods | {"spec", "cfg"}) <= 9
-    bare = type("P", (), {"name": "p"})()
+def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
+    """FederatedProtocol: 4 required members (its spec and the exchange: payload, aggregate, apply); every other hook
+    is an ordinary method with a default on the base class."""
+    assert REQUIRED == ("spec", "client_payload", "aggregate", "client_apply")
+    bare_object = type("P", (), {"name": "p"})()
     for call in (
-        lambda: FederatedProtocol.client_payload(bare, None),  # overridden by whatever exchanges
-        lambda: FederatedProtocol.aggregate(bare, [], []),
-        lambda: FederatedProtocol.client_apply(bare, None, {}),
+        lambda: FederatedProtocol.client_payload(bare_object, None),  # overridden by whatever exchanges
+        lambda: FederatedProtocol.aggregate(bare_object, [], []),
+        lambda: FederatedProtocol.client_apply(bare_object, None, {}),
     ):
         with pytest.raises(NotImplementedError):
             call()
+    assert {"catch_up", "participants", "server_state", "coding_view", "check_payload"} <= set(hooks())
 
 
-def test_no_capability_hook_lives_on_the_core():
-    assert not set(HOOK_CAPABILITY) & set(vars(FederatedProtocol)), "a capability hook is back on the core"
+def test_the_wrapper_forwards_every_hook_in_plain_code():
+    """ProtocolWrapper writes out every hook (no class is built at run time): a wrapper's type is its source class."""
+    own = set(vars(ProtocolWrapper))
+    assert set(hooks()) <= own, sorted(set(hooks()) - own)
+
+    class Inner(FederatedProtocol):
+        spec = ProtocolSpec(name="inner", factory=lambda cfg: None, summary="x")
+
+        def catch_up(self):
+            return (7, {})
+
+    class Outer(ProtocolWrapper):
+        pass
+
+    class Cfg:
+        pass
+
+    outer = Outer(Inner(Cfg()))
+    assert type(outer) is Outer and outer.catch_up() == (7, {})
+    assert outer.server_state() == {"class": "Outer", "state": {}, "inner": {"class": "Inner", "state": {}}}
 
 
-def test_the_wrapper_delegates_generically():
-    """ProtocolWrapper defines no hook by hand: only construction and the round rule."""
-    own = {n for n in vars(ProtocolWrapper) if not n.startswith("__") and n != "_extended"}
-    assert own == {"run_round"}, own
-    assert not set(vars(ProtocolWrapper)) & (set(HOOK_CAPABILITY) | set(CORE))
+def test_no_protocol_class_is_built_at_run_time():
+    """No ``type(name, bases, members)`` call anywhere in the protocols or the runtime."""
+    for path in [*(SRC / "protocols").rglob("*.py"), *(SRC / "runtime").rglob("*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "type" and len(n.args) == 3
+        ]
+        assert not calls, f"{path.relative_to(SRC)}:{calls}"
 
 
-def test_a_hook_without_its_capability_is_refused_at_definition():
-    with pytest.raises(TypeError, match="CatchUp"):
-        type("Sloppy", (FederatedProtocol,), {"catch_up": lambda self: None})
+def test_undeclared_server_state_is_refused_at_definition():
+    from trustformer.protocols.interface.state import UndeclaredStateError
+
+    with pytest.raises(UndeclaredStateError, match=r"Sloppy.aggregate\(\) sets self.total"):
+
+        class Sloppy(FederatedProtocol):
+            def aggregate(self, payloads, num_examples):
+                self.total = len(payloads)
+                return {}, {}
+
+    class Declared(FederatedProtocol):  # declared: accepted
+        state_attrs = ("total",)
+
+        def aggregate(self, payloads, num_examples):
+            self.total = len(payloads)
+            return {}, {}
+
+
+def test_undeclared_state_changed_in_place_is_refused_at_the_next_checkpoint(tmp_path):
+    """The runtime check: an attribute set in __init__ and mutated in place (no assignment for the scan to see)."""
+    from trustformer.protocols.interface.state import UndeclaredStateError
+    from trustformer.runtime.checkpoint import Checkpointer
+
+    class Counting(FederatedProtocol):
+        spec = ProtocolSpec(name="counting", factory=lambda cfg: None, summary="x")
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.seen = []
+
+        def aggregate(self, payloads, num_examples):
+            self.seen.append(len(payloads))  # in place: the definition-time scan cannot see it
+            return {}, {}
+
+    from trustformer.config import load_config
+
+    cfg = load_config("tiny", None, {"out": str(tmp_path)})
+    protocol = Counting(cfg)
+
+    class Recorder:
+        metrics_path = tmp_path / "metrics.jsonl"
+        started = 0.0
+
+    Recorder.metrics_path.write_text("")
+    checkpoints = Checkpointer(cfg, Recorder(), protocol)
+    protocol.aggregate([{}], [1])
+    checkpoints.round_done(1, {})
+    protocol.aggregate([{}], [1])
+    with pytest.raises(UndeclaredStateError, match="Counting changed seen"):
+        checkpoints.round_done(2, {})
 
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
@@ -70,50 +138,18 @@ def test_every_registered_protocol_declares_a_complete_spec(name):
 
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
-def test_every_protocol_object_carries_its_spec_and_declared_capabilities(name, tmp_path):
+def test_every_protocol_object_carries_its_spec(name, tmp_path):
     from trustformer.config import load_config
     from trustformer.protocols import bare, make_protocol
 
-    task = (
-        "image-classification"
-        if protocol_spec(name).tasks and "translation" not in protocol_spec(name).tasks
-        else "translation"
-    )
+    tasks = protocol_spec(name).tasks
+    task = "image-classification" if tasks and "translation" not in tasks else "translation"
     overrides = {"federation.strategy": name, "out": str(tmp_path), "task": task}
     if task != "translation":
         overrides.update({"image.dataset": "digits"})
-    cfg = load_config("tiny", None, overrides)
-    protocol = make_protocol(cfg)
+    protocol = make_protocol(load_config("tiny", None, overrides))
     assert protocol.name == name and protocol.spec.name == name
-    inner = bare(protocol)
-    for kind in CAPABILITIES:
-        hooks = [h for h, k in HOOK_CAPABILITY.items() if k is kind]
-        classes = [c for c in type(inner).__mro__ if issubclass(c, FederatedProtocol)]
-        overridden = [h for h in hooks if any(h in vars(c) for c in classes)]
-        assert not overridden or isinstance(inner, kind), (name, kind.__name__, overridden)
-
-
-def test_wrappers_take_the_capabilities_of_what_they_wrap():
-    """A wrapper is an instance of every capability its inner protocol declares, and forwards to it."""
-    from trustformer.protocols.capabilities import CatchUp, ServerState
-
-    class Inner(FederatedProtocol, CatchUp):
-        spec = ProtocolSpec(name="inner", factory=lambda cfg: None, summary="x")
-
-        def catch_up(self):
-            return (7, {})
-
-    class Outer(ProtocolWrapper):
-        pass
-
-    class Cfg:
-        pass
-
-    outer = Outer(Inner(Cfg()))
-    assert isinstance(outer, CatchUp) and not isinstance(outer, ServerState)
-    assert capability(outer, CatchUp).catch_up() == (7, {})
-    assert capability(outer, ServerState).server_state() is None  # defaults when nobody declares it
-    assert issubclass(type(outer), Capability)
+    assert bare(protocol).spec.name in (name, bare(protocol).spec.name)
 
 
 def _named_protocols(path: Path, names: set[str]) -> list[tuple[int, str]]:

@@ -15,7 +15,7 @@ from trustformer.runtime.rounds import ReplyError
 from trustformer.runtime.server import final_metrics as _final_metrics
 from trustformer.cli import build_parser, resolve_config
 from trustformer.config import TASK_PRESETS, ConfigError, image_preset, load_config, seg_preset
-from trustformer.protocols.base import ClientSession
+from trustformer.protocols.interface.base import ClientSession
 from trustformer.engine.inprocess import run_in_process
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"

@@ -1,5 +1,5 @@
 """The protocol registry: every ``federation.strategy`` and the module that declares it (its ``SPEC``, a
-``protocols.spec.ProtocolSpec``). Adding a protocol is one module under ``protocols/`` and one line here.
+``protocols.interface.spec.ProtocolSpec``). Adding a protocol is one module under ``protocols/`` and one line here.
 
 Modules are imported when a spec is first asked for, so the configuration can list the strategies without
 importing the protocols (which import the configuration).

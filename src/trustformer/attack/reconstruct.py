@@ -116,7 +116,7 @@ from ..config import ConfigError, RunConfig, load_config
 from ..core.centroids import layer_matrix
 from ..core.dp import flatten, unflatten
 from ..protocols import ProtocolObserver, bare, make_protocol, observe
-from ..protocols.base import Tensors
+from ..protocols.interface.base import Tensors
 from ..registry import protocol_spec
 from ..protocols.trustformer import MODES as MEMBERSHIP_MODES
 
@@ -466,7 +466,7 @@ def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], prot
 
 
 def _initial(cfg: RunConfig) -> Tensors:
-    from ..protocols.base import trainable_tensors
+    from ..protocols.interface.base import trainable_tensors
     from ..tasks.run import load_task
 
     return trainable_tensors(load_task(cfg).initial_model())

@@ -1,5 +1,5 @@
 """Which protocols (``federation.strategy``) compose with which options: :func:`check_composition`, every check of
-a run configuration that depends on its strategy. It reads the protocol's spec (``protocols/spec.py``: what it
+a run configuration that depends on its strategy. It reads the protocol's spec (``protocols/interface/spec.py``: what it
 refuses and why, where its payload travels, its tasks, its own section and checks) and names no protocol."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class FederationConfig:
     finetune_epochs: int = 0
     finetune_lr_scale: float = 0.1  # fine-tuning's constant learning rate, as a fraction of train.lr
     # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
-    # quantized to this many bits with error feedback (protocols/coding.py); 32 = float32, no coding
+    # quantized to this many bits with error feedback (protocols/wrappers/coding.py); 32 = float32, no coding
     payload_bits: int = 32
     payload_scale: str = "row"  # coded payloads: one grid per row (of 16 values or more) | tensor (one per tensor)
     # client sampling: this many clients, drawn anew each round from the run seed, train and exchange; 0 = every

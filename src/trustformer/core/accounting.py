@@ -126,6 +126,14 @@ class PrivacyLedger:
         self.epsilons.append(eps)
         return eps
 
+    def state_dict(self) -> dict[str, object]:
+        """What a resumed server needs: the releases so far and ε after each (None: infinite)."""
+        return {"releases": self.releases, "epsilons": [_finite(e) for e in self.epsilons]}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.releases = int(state["releases"])  # type: ignore[call-overload]
+        self.epsilons = [math.inf if e is None else float(e) for e in state["epsilons"]]  # type: ignore[attr-defined]
+
     def summary(self) -> dict[str, object]:
         """The ``privacy`` object of summary.json (ε as null when infinite, i.e. without noise)."""
         return {

@@ -6,7 +6,7 @@ It runs the local protocol on a single node; the runtime gives that node every s
 from __future__ import annotations
 
 from .local import LocalOnly
-from .spec import ProtocolSpec
+from .interface.spec import ProtocolSpec
 
 ONE_CLIENT = "one client holds all the data"
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import blur_penalty
-from .base import ClientSession, FederatedProtocol, LocalStep, held_global
-from .dp import DifferentialPrivacy, dp_spec, record_level
+from .interface.base import ClientSession, FederatedProtocol, LocalStep, held_global
+from .wrappers.dp import DifferentialPrivacy, dp_spec, record_level
 from .fedavg_topk import GLOBAL, FedAvgTopK
 
 

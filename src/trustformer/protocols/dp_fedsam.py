@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import sam_step
-from .base import ClientSession, FederatedProtocol, LocalStep
-from .dp import DifferentialPrivacy, dp_spec, record_level
+from .interface.base import ClientSession, FederatedProtocol, LocalStep
+from .wrappers.dp import DifferentialPrivacy, dp_spec, record_level
 from .fedavg_updates import FedAvgUpdates
 
 

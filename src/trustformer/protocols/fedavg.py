@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
-
-import torch
-
 from ..core.aggregation import weighted_mean
-from .base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
-from .capabilities import CatchUp, RoundReport, ServerState
-from .spec import ProtocolSpec
+from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
+from .interface.spec import ProtocolSpec
 
 
-STATE_FILE = "fedavg-server.pt"  # client sampling: the last global model, beside checkpoint.json
-
-
-class FedAvg(FederatedProtocol, CatchUp, ServerState, RoundReport):
+class FedAvg(FederatedProtocol):
     """With client sampling, the server keeps the last global model: a client drawn after missing exchanges
     receives it with its ``train`` message and starts from it."""
 
@@ -28,7 +20,9 @@ class FedAvg(FederatedProtocol, CatchUp, ServerState, RoundReport):
         mean_weighting="examples",
         summary="clients send their model; the server returns the weighted mean",
     )
-    latest: tuple[int, Tensors] | None = None  # server, client sampling: (round, the last global model)
+    state_attrs = ("latest",)  # server, client sampling: (round, the last global model)
+    scratch_attrs = ("_mean",)  # the round's mean, kept from aggregate to exchange_done
+    latest: tuple[int, Tensors] | None = None
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
@@ -47,16 +41,6 @@ class FedAvg(FederatedProtocol, CatchUp, ServerState, RoundReport):
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         return self.latest
-
-    def server_state(self) -> dict[str, object] | None:
-        """With client sampling, the last global model (``fedavg-server.pt`` beside the checkpoint)."""
-        if self.latest is None:
-            return None
-        torch.save(self.latest[1], Path(self.cfg.out) / STATE_FILE)
-        return {"latest_round": self.latest[0]}
-
-    def load_server_state(self, state: dict[str, object]) -> None:
-        self.latest = (int(state["latest_round"]), torch.load(Path(self.cfg.out) / STATE_FILE, weights_only=True))
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()

@@ -20,9 +20,8 @@ import torch
 from ..config import RunConfig
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
-from .capabilities import CatchUp, CodingView, LocalTraining, PayloadCheck, RoundReport
-from .spec import ProtocolSpec
-from .base import (
+from .interface.spec import ProtocolSpec
+from .interface.base import (
     ClientSession,
     FederatedProtocol,
     LocalStep,
@@ -37,7 +36,7 @@ INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
 
 
-class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundReport, CodingView):
+class FedAvgTopK(FederatedProtocol):
     spec = ProtocolSpec(
         name="fedavg-topk",
         factory=lambda cfg: FedAvgTopK(cfg),
@@ -52,6 +51,9 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, CatchUp, PayloadCheck, RoundR
             "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"
         },
     )
+    # server, client sampling: the global model clients left out catch up to, and the round it is from
+    state_attrs = ("global_model", "latest_round")
+    scratch_attrs = ("dim",)  # the model's dimension, from expected_payload
 
     def __init__(
         self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None, local_step=None

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
-from .capabilities import LocalTraining
-from .spec import ProtocolSpec
-from .base import (
+from .interface.spec import ProtocolSpec
+from .interface.base import (
     ClientSession,
     FederatedProtocol,
     LocalStep,
@@ -28,7 +27,7 @@ from .base import (
 GLOBAL = "global/"  # protocol_state key prefix of the last global model
 
 
-class FedAvgUpdates(FederatedProtocol, LocalTraining):
+class FedAvgUpdates(FederatedProtocol):
     """A building block (the DP baselines'), not registered as a strategy."""
 
     spec = ProtocolSpec(

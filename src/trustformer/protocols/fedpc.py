@@ -41,7 +41,6 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,9 +50,8 @@ from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
-from .capabilities import LocalTraining, PayloadCheck, RoundReport, ServerState
-from .spec import ProtocolSpec
-from .base import (
+from .interface.spec import ProtocolSpec
+from .interface.base import (
     ClientSession,
     FederatedProtocol,
     RoundMessages,
@@ -70,7 +68,6 @@ LR = "fedpc/lr"  # worker state: its learning rate after its last training (α_k
 TERNARY = "ternary"  # the payload name of a packed ternary vector
 PAPER_BATCH_SIZES = {"image-classification": (128, 64, 32), "segmentation": (16, 8, 4)}  # Section 5.1
 PRIVATE_METRICS = ("lr", "steps", "examples", "examples_per_s", "tokens_per_s")  # what would reveal them
-STATE_FILE = "fedpc-server.pt"  # the master's global models, beside checkpoint.json (runtime.checkpoint)
 
 
 def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
@@ -87,7 +84,7 @@ def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
     }
 
 
-class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerState):
+class FedPC(FederatedProtocol):
     # train reports the cost only; the payloads come with train.payload
     spec = ProtocolSpec(
         name="fedpc",
@@ -109,6 +106,10 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
             "image-model choices",
         },
     )
+
+    # master: updates done, P^{t-1} and P^{t-2}, each worker's last cost, every epoch's pilot
+    state_attrs = ("epoch", "last", "before", "costs", "pilots")
+    scratch_attrs = ("dim", "model_spec", "total_examples")  # from expected_payload; the epoch's S
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -301,21 +302,6 @@ class FedPC(FederatedProtocol, LocalTraining, PayloadCheck, RoundReport, ServerS
                 "private_hyperparameters": "drawn by each worker, never sent (fedpc.* choices)",
             }
         }
-
-    def server_state(self) -> dict[str, Any]:
-        """Epoch, costs and pilots in the checkpoint; P^{t-1} and P^{t-2} in ``fedpc-server.pt`` beside it."""
-        if self.last is not None:
-            torch.save({"last": self.last, "before": self.before}, Path(self.cfg.out) / STATE_FILE)
-        return {"epoch": self.epoch, "costs": {str(c): v for c, v in self.costs.items()}, "pilots": self.pilots}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self.costs = {int(c): float(v) for c, v in dict(state["costs"]).items()}
-        self.pilots = list(state["pilots"])
-        path = Path(self.cfg.out) / STATE_FILE
-        if path.exists():
-            saved = torch.load(path, weights_only=True)
-            self.last, self.before = saved["last"], saved["before"]
 
 
 SPEC = FedPC.spec

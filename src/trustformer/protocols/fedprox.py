@@ -20,10 +20,9 @@ import torch
 
 from ..config import ConfigError, RunConfig
 from ..core.shared import LocalStep
-from .base import ClientSession
-from .capabilities import LocalTraining
+from .interface.base import ClientSession
 from .fedavg import FedAvg
-from .spec import ProtocolSpec
+from .interface.spec import ProtocolSpec
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ def proximal_step(session: ClientSession, mu: float) -> LocalStep:
     return step
 
 
-class FedProx(FedAvg, LocalTraining):
+class FedProx(FedAvg):
     spec = ProtocolSpec(
         name="fedprox",
         factory=lambda cfg: FedProx(cfg),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..wire import TensorSpec
-from .base import ClientSession, FederatedProtocol
-from .spec import ProtocolSpec
+from .interface.base import ClientSession, FederatedProtocol
+from .interface.spec import ProtocolSpec
 
 NOTHING_EXCHANGED = "nothing is exchanged"
 

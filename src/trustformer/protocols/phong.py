@@ -16,21 +16,24 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import torch
 
 from ..config import RunConfig
 from ..core.shared import derive_seed
-from .base import ClientSession, FederatedProtocol, Phases, RoundMessages, Tensors, assign_tensors, trainable_tensors
-from .capabilities import RoundReport, ServerState
-from .spec import ProtocolSpec
+from .interface.base import (
+    ClientSession,
+    FederatedProtocol,
+    Phases,
+    RoundMessages,
+    Tensors,
+    assign_tensors,
+    trainable_tensors,
+)
+from .interface.spec import ProtocolSpec
 
-STATE_FILE = "phong-server.pt"  # the model the master holds between epochs, beside checkpoint.json
 
-
-class Phong(FederatedProtocol, RoundReport, ServerState):
+class Phong(FederatedProtocol):
     # each worker's reply carries the test loss of the model it produced
     spec = ProtocolSpec(
         name="phong",
@@ -46,6 +49,8 @@ class Phong(FederatedProtocol, RoundReport, ServerState):
             "agg_every": "it exchanges every epoch",
         },
     )
+
+    state_attrs = ("model", "orders")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -94,17 +99,6 @@ class Phong(FederatedProtocol, RoundReport, ServerState):
 
     def server_summary(self) -> dict[str, Any]:
         return {"phong": {"order": self.cfg.phong.order, "orders": self.orders}}
-
-    def server_state(self) -> dict[str, Any]:
-        if self.model is not None:
-            torch.save(self.model, Path(self.cfg.out) / STATE_FILE)
-        return {"orders": self.orders}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        self.orders = [list(o) for o in state["orders"]]
-        path = Path(self.cfg.out) / STATE_FILE
-        if path.exists():
-            self.model = torch.load(path, weights_only=True)
 
 
 SPEC = Phong.spec

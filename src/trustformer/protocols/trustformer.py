@@ -75,9 +75,8 @@ from ..core.centroids import (
 from ..core.kmeans import choose_initial_rows, cluster_layers
 from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
-from .base import ClientSession, FederatedProtocol, Phases, Tensors
-from .capabilities import CodingView, RoundReport
-from .spec import ProtocolSpec
+from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors
+from .interface.spec import ProtocolSpec
 
 LABELS, LOCAL, GLOBAL, REFERENCE, MOVED = "labels/", "local/", "global/", "reference/", "moved/"
 PAYLOAD = "centroids"
@@ -105,7 +104,7 @@ def check_config(cfg: RunConfig) -> None:
         )
 
 
-class Trustformer(FederatedProtocol, RoundReport, CodingView):
+class Trustformer(FederatedProtocol):
     spec = ProtocolSpec(
         name="trustformer",
         factory=lambda cfg: Trustformer(cfg),
@@ -120,6 +119,10 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
         run_fields=lambda cfg: {"beta": cfg.federation.beta, "memberships": cfg.federation.memberships},
         summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid",
     )
+
+    # server, payload coding: the public reference model every party derives from the aggregates (advance_public)
+    state_attrs = ("public",)
+    scratch_attrs = ("_initial", "_last")  # the initial model (expected_payload); the round's aggregate
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -367,7 +370,7 @@ class Trustformer(FederatedProtocol, RoundReport, CodingView):
             self._last = None
         return {}
 
-    # ------------------------------------------------------------------ payload coding (protocols/coding.py)
+    # ------------------------------------------------------------------ payload coding (protocols/wrappers/coding.py)
     def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
         """The centroids as one k×f matrix per layer (one coding grid per centroid)."""
         return self.unpack_payload(payload, initial)

@@ -1,10 +1,13 @@
 """The server's round checkpoint, and resuming a stopped run from it.
 
-After every completed round the server replaces ``<out>/checkpoint.json`` (written to a temporary
-file, then renamed): the round number, the run's resolved configuration, every ``metrics.jsonl``
-line so far, the client → node map of that round, the server phase times, the protocol's server
-state (``server_state()`` of the protocols that keep one, e.g. the privacy accountant of the DP
-baselines) and the wall time of each round.
+After every completed round the server writes the protocol's server state (``server_state()``: the
+``state_attrs`` every protocol and wrapper declares, nested wrapper by wrapper, tensors included) to
+``<out>/server-state-r<round>.pt``, and then replaces the manifest ``<out>/checkpoint.json`` (each written
+to a temporary file, synced and renamed): the round number, the run's resolved configuration, every
+``metrics.jsonl`` line so far, the client → node map of that round, the round each client last applied
+an aggregate in (``synced``), the server phase times, the state file's name and SHA-256, and the wall
+time of each round. Only then are older state files removed. A kill at any point leaves a manifest that
+names a complete state file of its own round: the run resumes from that round, never from a mix.
 
 Resuming (``runtime.resume = true``, the CLI's ``--resume DIR``) restores all of it: ``metrics.jsonl``
 is rewritten up to the end of the checkpointed round (lines of an interrupted round are dropped) and
@@ -18,6 +21,7 @@ uninterrupted one with the same seed.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import time
@@ -27,12 +31,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig, build_config
-from ..protocols.capabilities import ServerState
+from ..protocols.interface.state import UndeclaredStateError, fingerprint, undeclared_changes
 
 CHECKPOINT_FILE = "checkpoint.json"
-FORMAT = 1
+STATE_PREFIX = "server-state-r"  # + the round, 5 digits, + ".pt": the protocol's server state of that round
+FORMAT = 2
 # settings that change how a run is carried out, not what it computes: a resumed run may differ in these
 OPERATIONAL = {"out", "runtime", "federation.round_timeout_s", "federation.node_wait_s"}
 
@@ -50,7 +57,9 @@ class Checkpoint:
     lines: list[dict[str, Any]]  # metrics.jsonl up to the end of that round, in order
     clients: dict[str, int] = field(default_factory=dict)  # client id -> node id in that round
     server_phases: dict[str, float] = field(default_factory=dict)
-    protocol: dict[str, Any] | None = None  # the protocol's server_state(), if it keeps one
+    state_file: str = ""  # the protocol's server_state() of that round, beside the manifest
+    state_sha256: str = ""
+    synced: dict[str, int] = field(default_factory=dict)  # client id -> round of the last aggregate it applied
     elapsed_s: float = 0.0  # wall time of the run up to the end of that round
     round_s: list[float] = field(default_factory=list)  # wall time of each completed round
     resumed: list[int] = field(default_factory=list)  # rounds after which the run was resumed
@@ -75,16 +84,52 @@ def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT_FILE
 
 
-def write_checkpoint(run_dir: str | Path, checkpoint: Checkpoint) -> Path:
-    """Replace ``<run_dir>/checkpoint.json`` atomically."""
-    path = checkpoint_path(run_dir)
-    tmp = path.with_suffix(".json.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(asdict(checkpoint), fh, sort_keys=True, ensure_ascii=False)
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_checkpoint(run_dir: str | Path, checkpoint: Checkpoint, state: dict[str, Any] | None = None) -> Path:
+    """Write the round's server ``state`` to its own file, then replace the manifest ``checkpoint.json`` that names
+    it, then remove older state files: each step atomic, so a kill leaves the last complete pair."""
+    run_dir = Path(run_dir)
+    if state is not None:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        checkpoint.state_file = f"{STATE_PREFIX}{checkpoint.round:05d}.pt"
+        checkpoint.state_sha256 = hashlib.sha256(data).hexdigest()
+        _write_atomically(run_dir / checkpoint.state_file, data)
+    path = checkpoint_path(run_dir)
+    _write_atomically(path, json.dumps(asdict(checkpoint), sort_keys=True, ensure_ascii=False).encode("utf-8"))
+    for old in run_dir.glob(f"{STATE_PREFIX}*.pt"):
+        if old.name != checkpoint.state_file:
+            old.unlink(missing_ok=True)
     return path
+
+
+def read_server_state(run_dir: str | Path, checkpoint: Checkpoint) -> dict[str, Any] | None:
+    """The protocol's server state that ``checkpoint`` names (CheckpointError when missing or altered)."""
+    if not checkpoint.state_file:
+        return None
+    path = Path(run_dir) / checkpoint.state_file
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(
+            f"{checkpoint_path(run_dir)} names the server state {path.name}, which cannot be read ({exc}): "
+            "the run cannot be resumed; start it again"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != checkpoint.state_sha256:
+        raise CheckpointError(
+            f"{path} does not match the SHA-256 that {CHECKPOINT_FILE} records: it was altered or is incomplete; "
+            "the run cannot be resumed; start it again"
+        )
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def read_checkpoint(run_dir: str | Path) -> Checkpoint:
@@ -99,7 +144,11 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise CheckpointError(
+            f"{path}: not a checkpoint of format {FORMAT}"
+            + (f" (format {found}, written by an older version: start the run again)" if found else "")
+        )
     try:
         return Checkpoint(**raw)
     except TypeError as exc:
@@ -160,6 +209,7 @@ class Checkpointer:
     """The server loop's side of checkpoints: restores a resumed run, writes one after every round."""
 
     def __init__(self, cfg: RunConfig, recorder: Any, protocol: Any) -> None:
+        """On resume, call after the protocol's ``server_begin``: its state is loaded here."""
         self.cfg = cfg
         self._config = cfg.to_dict()  # what every checkpoint records of the run
         self.recorder = recorder
@@ -169,6 +219,8 @@ class Checkpointer:
         self.server_phases: Counter[str] = Counter()
         self.round_s: list[float] = []
         self.resumed: list[int] = []
+        self.synced: dict[int, int] = {}  # the server's: client -> round of the last aggregate it applied
+        self._fingerprints: list[dict[str, str]] | None = None  # undeclared attributes at the last checkpoint
         if cfg.runtime.resume:
             self._restore(read_checkpoint(cfg.out))
         self._round_started = time.perf_counter()
@@ -187,12 +239,14 @@ class Checkpointer:
         self.server_phases.update(checkpoint.server_phases)
         self.round_s = list(checkpoint.round_s)
         self.resumed = [*checkpoint.resumed, checkpoint.round]
-        if checkpoint.protocol is not None:
-            if not isinstance(self.protocol, ServerState):
-                raise CheckpointError(
-                    f"the checkpoint holds server state of {self.protocol.name}, which cannot load it"
-                )
-            self.protocol.load_server_state(checkpoint.protocol)
+        self.synced.update({int(c): int(r) for c, r in checkpoint.synced.items()})
+        state = read_server_state(self.cfg.out, checkpoint)
+        if state is None:
+            raise CheckpointError(f"{checkpoint_path(self.cfg.out)} names no server state: start the run again")
+        try:
+            self.protocol.load_server_state(state)
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"{checkpoint.state_file}: cannot restore {self.protocol.name}: {exc}") from None
         rec.event(
             event="resumed",
             round=checkpoint.round,
@@ -207,7 +261,7 @@ class Checkpointer:
         self.completed = rnd
         if not self.enabled:
             return
-        state = self.protocol.server_state if isinstance(self.protocol, ServerState) else None
+        self._check_declared_state()
         lines = [
             json.loads(line)
             for line in self.recorder.metrics_path.read_text(encoding="utf-8").splitlines()
@@ -221,12 +275,36 @@ class Checkpointer:
                 lines=lines,
                 clients={str(c): n for n, c in sorted(clients.items(), key=lambda kv: kv[1])},
                 server_phases=dict(self.server_phases),
-                protocol=state() if state is not None else None,
+                synced={str(c): r for c, r in sorted(self.synced.items())},
                 elapsed_s=now - self.recorder.started,
                 round_s=self.round_s,
                 resumed=self.resumed,
             ),
+            self.protocol.server_state(),
         )
+
+    def _chain(self) -> list[Any]:
+        """The protocol and every protocol it wraps, outermost first."""
+        chain, current = [], self.protocol
+        while current is not None:
+            chain.append(current)
+            current = getattr(current, "inner", None)
+        return chain
+
+    def _check_declared_state(self) -> None:
+        """Refuse a protocol whose undeclared attributes changed since the last checkpoint: state the checkpoint
+        would not hold, so a resumed run would silently differ (``protocols/interface/state.py``)."""
+        now = [fingerprint(p) for p in self._chain()]
+        if self._fingerprints is not None:
+            for protocol, before in zip(self._chain(), self._fingerprints):
+                changed = undeclared_changes(before, protocol)
+                if changed:
+                    raise UndeclaredStateError(
+                        f"{type(protocol).__name__} changed {', '.join(changed)} between two rounds without "
+                        "declaring it in state_attrs (saved in every checkpoint) or scratch_attrs (recomputed): "
+                        "a resumed run would differ from an uninterrupted one"
+                    )
+        self._fingerprints = now
 
 
 __all__ = [
@@ -237,6 +315,7 @@ __all__ = [
     "check_same_run",
     "checkpoint_path",
     "read_checkpoint",
+    "read_server_state",
     "resume_config",
     "run_key",
     "write_checkpoint",

@@ -32,8 +32,7 @@ from ..core.poisoning import poisoned_model
 from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
 from ..protocols import get_protocol
-from ..protocols.base import ClientSession, FederatedProtocol
-from ..protocols.capabilities import CatchUp, LocalTraining, capability
+from ..protocols.interface.base import ClientSession, FederatedProtocol
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, from_array_record, payload_bytes, spec_of, to_array_record
@@ -309,9 +308,7 @@ def open_session(
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = capability(env.protocol, LocalTraining).client_optimizer(
-            model, env.client
-        ) or env.task.new_optimizer(model)
+        optimizer = env.protocol.client_optimizer(model, env.client) or env.task.new_optimizer(model)
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -373,12 +370,12 @@ def train(msg: Message, context: Context) -> Message:
         **env.timings(msg),
     }
     protocol = env.protocol
-    training = capability(protocol, LocalTraining)
+    training = protocol
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
         incoming = from_array_record(
             msg.content["model"], spec_of(trainable_tensors(session.model)), what="model from the server"
         )
-        metrics.update(capability(protocol, CatchUp).client_start_from(session, incoming))
+        metrics.update(protocol.client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)
     metrics.update(
         env.task.train_local(

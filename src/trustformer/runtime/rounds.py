@@ -1,6 +1,6 @@
 """One round's validated, measured messages: the send/receive helper every protocol's round runs over.
 
-A protocol's ``run_round`` (``protocols/base.py``; the default is the standard round: train, aggregate,
+A protocol's ``run_round`` (``protocols/interface/base.py``; the default is the standard round: train, aggregate,
 apply) only says which messages go to which clients and what the server computes from the replies;
 :class:`RoundIO` does the rest for every protocol alike:
 
@@ -37,8 +37,7 @@ from ..errors import TrustformerError
 from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
 from ..metrics import RunRecorder
-from ..protocols.base import FederatedProtocol
-from ..protocols.capabilities import PayloadCheck, RoundReport, capability
+from ..protocols.interface.base import FederatedProtocol
 from ..wire import (
     APPLY,
     PAYLOAD,
@@ -263,7 +262,7 @@ class Server:
 
 class RoundIO:
     """One round's validated, measured messages (see the module's docstring); implements
-    ``protocols.base.RoundMessages``.
+    ``protocols.interface.base.RoundMessages``.
 
     ``rows`` holds each client's line of the round (node id -> metrics), merged over every message the
     client answered; a client dropped from the round loses its line. ``fields`` are added to every line.
@@ -272,8 +271,8 @@ class RoundIO:
     def __init__(self, server: Server, rnd: int, nodes: list[int], exchange: bool) -> None:
         self.server, self.rnd, self.nodes, self.exchange = server, rnd, list(nodes), exchange
         self.cfg, self.protocol, self.clients, self.link = server.cfg, server.protocol, server.clients, server.link
-        self.report = capability(self.protocol, RoundReport)
-        self.check_payload = capability(self.protocol, PayloadCheck).check_payload
+        self.report = self.protocol
+        self.check_payload = self.protocol.check_payload
         self.synced = server.synced
         self.needed = server.min_valid
         self.rows: dict[int, dict[str, Any]] = {}

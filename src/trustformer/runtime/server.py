@@ -22,7 +22,6 @@ from ..config import RunConfig
 from ..metrics import RunRecorder
 from ..protocols import get_protocol
 from ..registry import protocol_spec
-from ..protocols.capabilities import ClientSelection, RoundReport, capability
 from ..secure.channel import secure_link
 from ..tasks.results import FINAL_METRICS, task_summary, under
 from ..tasks.run import initial_tensors
@@ -49,7 +48,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     protocol, fed = get_protocol(cfg), cfg.federation
     nodes = Nodes(grid, cfg, node_wait_s)
     try:
-        capability(protocol, ClientSelection).server_begin(nodes.expected)
+        protocol.server_begin(nodes.expected)
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
@@ -74,6 +73,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         payload_spec=payload_spec,
         initial=lambda: initial_tensors(cfg.json),
         server_phases=checkpoints.server_phases,
+        synced=checkpoints.synced,
     )
     log.info(
         "strategy %s · %d client(s) · %d round(s) · output %s%s",
@@ -104,7 +104,7 @@ def finish_run(
     recorder, protocol = server.recorder, server.protocol
     per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
     order = sorted(per_client)
-    extra: dict[str, Any] = {**capability(protocol, RoundReport).server_summary(), "round_time_s": checkpoints.round_s}
+    extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
     if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)

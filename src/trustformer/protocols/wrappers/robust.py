@@ -22,12 +22,11 @@ import logging
 import time
 from functools import lru_cache
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..core.robust import (
+from ...core.robust import (
     clip_to_bound,
     coordinate_median,
     cosines_to_median,
@@ -36,16 +35,19 @@ from ..core.robust import (
     multikrum_mean,
     trimmed_mean,
 )
-from .base import FederatedProtocol, Phases, ProtocolWrapper, Tensors
-from .capabilities import RoundReport, ServerState, capability
+from ..interface.base import FederatedProtocol, Phases, Tensors
+from .base import ProtocolWrapper
 
 log = logging.getLogger(__name__)
 
-START_FILE = "robust-start.pt"  # whole-model payloads: the last aggregate, beside checkpoint.json
 
-
-class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
+class RobustAggregation(ProtocolWrapper):
     """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
+
+    # whole-model payloads: the model the round's clients started from (the last aggregate; before it, the initial
+    # model), so a resumed run checks directions as the uninterrupted one
+    state_attrs = ("_start",)
+    scratch_attrs = ("_events", "_positions")  # what the round's aggregation did to single payloads
 
     def __init__(self, inner: FederatedProtocol, bound: str, aggregator: str) -> None:
         super().__init__(inner)
@@ -54,7 +56,6 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         self._events: list[dict[str, Any]] = []
         self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
-        self._holds_models = False  # the payloads are whole models, and _start the last aggregate
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
@@ -68,11 +69,10 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
         if self._start is not None and set(aggregate) == set(self._start):  # whole models: the next round's start
             self._start = {n: t.detach().clone() for n, t in aggregate.items()}
-            self._holds_models = True
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
     def aggregate_events(self) -> list[dict[str, Any]]:
-        return [*self._events, *capability(self.inner, RoundReport).aggregate_events()]
+        return [*self._events, *self.inner.aggregate_events()]
 
     def _bounded(self, payloads: list[Tensors]) -> tuple[list[Tensors], list[int]]:
         """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
@@ -158,23 +158,6 @@ class RobustAggregation(ProtocolWrapper, RoundReport, ServerState):
         return cosines_to_median(
             [{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start} for p in payloads]
         )
-
-    def server_state(self) -> dict[str, Any] | None:
-        """The protocol's own state, and (whole-model payloads) the model the next round starts from, saved as
-        ``robust-start.pt`` beside the checkpoint so a resumed run checks directions as the uninterrupted one."""
-        state = capability(self.inner, ServerState).server_state()
-        if not self._holds_models:
-            return state
-        torch.save(self._start, Path(self.cfg.out) / START_FILE)
-        return {**(state or {}), "robust_start": True}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        if state.pop("robust_start", False):
-            self._start = torch.load(Path(self.cfg.out) / START_FILE, weights_only=True)
-            self._holds_models = True
-        if state:
-            capability(self.inner, ServerState).load_server_state(state)
 
     def expected_payload(self, initial: Tensors):
         if self._start is None:  # the model every client starts round 1 from

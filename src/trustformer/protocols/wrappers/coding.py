@@ -34,23 +34,26 @@ from collections.abc import Sequence
 
 import torch
 
-from ..core import quantize as q
-from ..core.shared import Tensors, derive_seed
-from ..wire import PayloadError, TensorSpec
-from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper
-from .capabilities import CatchUp, ClientSelection, CodingView, PayloadCheck, capability
+from ...core import quantize as q
+from ...core.shared import Tensors, derive_seed
+from ...wire import PayloadError, TensorSpec
+from ..interface.base import ClientSession, FederatedProtocol, Phases
+from .base import ProtocolWrapper
 
 CODES, GRID = "codes", "grid"  # the coded payload's arrays: packed codes (uint8), each grid's offset and step
 MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor (8 bytes of grid per row)
 RESIDUAL, REFERENCE = "coded/residual/", "coded/reference/"  # client state: error feedback, the last aggregate
 
 
-class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
+class CodedPayload(ProtocolWrapper):
     """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
+
+    state_attrs = ("reference",)  # server: the last aggregate, what the next round's payloads are decoded against
+    # server: the layout (from expected_payload), the round, and its reference computed once per round
+    scratch_attrs = ("initial", "view_spec", "rest_spec", "round", "_reference_round", "_round_reference")
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
         super().__init__(inner)
-        self.view = capability(inner, CodingView)  # how the coding sees the payload
         self.bits, self.scale = bits, scale
         self.view_spec: dict[str, tuple[int, ...]] = {}  # server: the coded tensors' shapes, from the configuration
         self.rest_spec: TensorSpec = {}  # server: payload arrays that travel uncoded
@@ -63,15 +66,15 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         return self.scale == "row" and len(shape) >= 2 and int(torch.tensor(shape[1:]).prod()) >= MIN_ROW
 
     def _split(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
-        view = self.view.coding_view(payload, initial)
-        return view, {n: t for n, t in payload.items() if n not in self.view.coded_names(payload)}
+        view = self.inner.coding_view(payload, initial)
+        return view, {n: t for n, t in payload.items() if n not in self.inner.coded_names(payload)}
 
     def _default_reference(self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]]) -> Tensors:
         """The last aggregate (or the initial model), viewed like the payload, when it has the payload's layout."""
         if held is None:
             return {}
         try:
-            view = self.view.coding_view(held, self.initial or held)
+            view = self.inner.coding_view(held, self.initial or held)
         except (KeyError, ValueError, RuntimeError):
             return {}
         same = set(view) == set(view_shapes) and all(tuple(view[n].shape) == view_shapes[n] for n in view)
@@ -84,11 +87,11 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         initial = session.initial_tensors()
         view, rest = self._split(payload, initial)
         shapes = {n: tuple(t.shape) for n, t in view.items()}
-        reference = self.view.payload_reference(session)
+        reference = self.inner.payload_reference(session)
         if reference is None:
             held = {n[len(REFERENCE) :]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
             reference = self._default_reference(held or initial, shapes)
-        state, feedback = session.protocol_state, self.view.stable_payload_layout()
+        state, feedback = session.protocol_state, self.inner.stable_payload_layout()
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "coding", session.client, session.round))
         codes, grid = [], []
         for name, tensor in view.items():
@@ -110,7 +113,7 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
         return phases
 
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
-        phases = capability(self.inner, CatchUp).client_start_from(session, model)
+        phases = self.inner.client_start_from(session, model)
         self._hold(session, model)
         return phases
 
@@ -138,12 +141,12 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
 
     def participants(self, rnd, clients, exchange):
         self.round = rnd
-        return capability(self.inner, ClientSelection).participants(rnd, clients, exchange)
+        return self.inner.participants(rnd, clients, exchange)
 
     def _server_reference(self) -> Tensors:
         """The reference of this round's payloads (computed once per round)."""
         if getattr(self, "_reference_round", None) != self.round:
-            reference = self.view.server_payload_reference(self.round)
+            reference = self.inner.server_payload_reference(self.round)
             if reference is None:
                 reference = self._default_reference(self.reference or self.initial, self.view_spec)
             self._reference_round, self._round_reference = self.round, reference
@@ -177,10 +180,10 @@ class CodedPayload(ProtocolWrapper, ClientSelection, CatchUp, PayloadCheck):
             raise PayloadError("coded payload: more codes or grids than the configuration gives")
         if not bool(torch.isfinite(grid).all()):
             raise PayloadError("coded payload: a grid holds NaN or Inf")
-        return self.view.coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
+        return self.inner.coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
 
     def check_payload(self, payload: Tensors) -> None:
-        capability(self.inner, PayloadCheck).check_payload(self.decode(payload))
+        self.inner.check_payload(self.decode(payload))
 
     def aggregate(self, payloads, num_examples):
         aggregate, phases = self.inner.aggregate([self.decode(p) for p in payloads], num_examples)

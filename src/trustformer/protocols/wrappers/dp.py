@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..config import ConfigError, PrivacyConfig
-from ..core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_multiplier
-from ..core.dp import (
+from ...config import ConfigError, PrivacyConfig
+from ...core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_multiplier
+from ...core.dp import (
     clip_by_global_norm,
     default_count_stddev,
     gaussian_noise,
@@ -51,11 +51,11 @@ from ..core.dp import (
     unclipped_count,
     update_noise_multiplier,
 )
-from ..core.shared import derive_seed
-from ..wire import PayloadError, TensorSpec
-from .base import ClientSession, FederatedProtocol, Phases, ProtocolWrapper, Tensors
-from .capabilities import CatchUp, ClientSelection, RoundReport, ServerState
-from .spec import ProtocolSpec
+from ...core.shared import derive_seed
+from ...wire import PayloadError, TensorSpec
+from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors
+from .base import ProtocolWrapper
+from ..interface.spec import ProtocolSpec
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,13 @@ def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str
     )
 
 
-class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport, ServerState):
+class DifferentialPrivacy(ProtocolWrapper):
     """``inner`` under user-level DP; ``spec`` is the composed baseline's (e.g. ``dp-fedavg``)."""
+
+    # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
+    state_attrs = ("ledger", "clip", "clip_history")
+    # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); the round and its fields
+    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "_round_fields")
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -332,31 +337,6 @@ class DifferentialPrivacy(ProtocolWrapper, ClientSelection, CatchUp, RoundReport
                 clip_lr=p.clip_lr,
             )
         return {"privacy": privacy}
-
-    def server_state(self) -> dict[str, Any]:
-        """What a resumed server needs: the accountant's releases, ε after each, the population N; with adaptive
-        clipping the next round's bound C_t and the bounds so far."""
-        assert self.ledger is not None, "server_begin was not called"
-        state: dict[str, Any] = {
-            "releases": self.ledger.releases,
-            "population": self.population,
-            "epsilons": [e if math.isfinite(e) else None for e in self.ledger.epsilons],
-        }
-        if self.adaptive:
-            state.update(clip_norm=self.clip, clip_history=list(self.clip_history))
-        return state
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`server_state` (after ``server_begin``, which fixes σ from the configuration)."""
-        assert self.ledger is not None, "server_begin was not called"
-        self.ledger.releases = int(state["releases"])
-        self.ledger.epsilons = [math.inf if e is None else float(e) for e in state["epsilons"]]
-        self.population = int(state["population"])
-        if self.adaptive:
-            if "clip_norm" not in state:
-                raise ValueError("privacy.clipping = 'adaptive', but the checkpoint holds no clip bound C_t")
-            self.clip = float(state["clip_norm"])
-            self.clip_history = [float(c) for c in state.get("clip_history", [])]
 
 
 def record_level(inner: FederatedProtocol, spec: ProtocolSpec) -> FederatedProtocol:

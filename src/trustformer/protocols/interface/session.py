@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import RunConfig
-from ..core.shared import Tensors
+from ...config import RunConfig
+from ...core.shared import Tensors
 
 Phases = dict[str, float]
 """Seconds of each phase a hook ran (``*_s``), and other numbers it reports on the client's line."""

@@ -12,10 +12,10 @@ from typing import Any
 
 # The compositions a protocol may refuse (keys of ProtocolSpec.refuses), with the option each one is set by.
 COMPOSITIONS: dict[str, str] = {
-    "coding": "federation.payload_bits",  # coded uploads (protocols/coding.py)
+    "coding": "federation.payload_bits",  # coded uploads (protocols/wrappers/coding.py)
     "client_sampling": "federation.clients_per_round",
     "secure_aggregation": "secure.mode",  # pairwise-masked sums (secure/secagg.py)
-    "defences": "robust.bound / robust.aggregator",  # a bound on each update, a robust rule (protocols/robust.py)
+    "defences": "robust.bound / robust.aggregator",  # an update bound, a robust rule (wrappers/robust.py)
     "robust_rule": "robust.aggregator",  # a robust rule only (the bound may still apply)
     "model_poisoning": "federation.faults",  # a client poisoning what it sends (scale, sign_flip, noise)
     "agg_every": "federation.agg_every",  # exchanging every k-th round only

@@ -1,0 +1,174 @@
+"""What a protocol holds on the server across rounds, declared by its class, saved and restored generically.
+
+A protocol (or wrapper) class lists its attributes in two tuples:
+
+- ``state_attrs``: what a resumed server needs (FedAvg's last global model under client sampling, the coding
+  layer's last aggregate, a DP accountant). They are saved in every round's checkpoint and restored on resume.
+  A value is a tensor, a number, a string, ``None``, or a dict / list / tuple of those; an object with
+  ``state_dict()`` and ``load_state_dict()`` (the PyTorch convention) is saved through them.
+- ``scratch_attrs``: what is set and used within one round, or derived again from the configuration and the
+  identical initial model (``expected_payload``) at every start. Never saved.
+
+Two checks keep a new attribute from becoming a silent resume bug:
+
+- at class definition (:func:`check_declared`): every ``self.X = ...`` (also ``+=``, ``self.X[k] = ...``) in a
+  method other than ``__init__`` must name a declared attribute;
+- at every checkpoint (:func:`undeclared_changes`): an attribute declared in neither tuple that changed since the
+  previous checkpoint (an in-place mutation that the first check cannot see) is an error.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+from typing import Any
+
+import torch
+
+from ...errors import TrustformerError
+
+STATE, SCRATCH = "state_attrs", "scratch_attrs"
+ALWAYS_FIXED = frozenset({"cfg", "spec", "inner"})  # the configuration, the spec, a wrapper's inner protocol
+
+
+class UndeclaredStateError(TrustformerError, TypeError):
+    """A protocol keeps server state across rounds that its class does not declare."""
+
+
+def declared(cls: type, which: str) -> tuple[str, ...]:
+    """The attributes ``cls`` and its bases declare in ``which`` (``state_attrs`` or ``scratch_attrs``)."""
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name in vars(klass).get(which, ()):
+            if name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def _self_targets(node: ast.AST) -> list[str]:
+    """The ``X`` of every ``self.X`` that ``node`` assigns to (directly, augmented, or by subscript)."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    out = []
+    while targets:
+        target = targets.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            targets.extend(target.elts)
+            continue
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            out.append(target.attr)
+    return out
+
+
+def check_declared(cls: type) -> None:
+    """Raise :class:`UndeclaredStateError` when a method of ``cls`` other than ``__init__`` sets an attribute of
+    ``self`` that ``cls`` declares neither in ``state_attrs`` nor in ``scratch_attrs``."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # defined where there is no source (an interactive session): nothing to scan
+        return
+    allowed = set(declared(cls, STATE)) | set(declared(cls, SCRATCH)) | ALWAYS_FIXED
+    tree = ast.parse(source)
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for method in body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "__init__":
+            continue
+        for node in ast.walk(method):
+            for name in _self_targets(node):
+                if name not in allowed:
+                    raise UndeclaredStateError(
+                        f"{cls.__qualname__}.{method.name}() sets self.{name}, which {cls.__qualname__} declares "
+                        f"neither in {STATE} (kept across rounds: saved in every checkpoint, restored on resume) "
+                        f"nor in {SCRATCH} (used within one round, or derived again at start)"
+                    )
+
+
+def own_state(protocol: Any) -> dict[str, Any]:
+    """The declared ``state_attrs`` of ``protocol`` as checkpointable values."""
+    out: dict[str, Any] = {}
+    for name in declared(type(protocol), STATE):
+        value = getattr(protocol, name)
+        out[name] = {"state_dict": value.state_dict()} if hasattr(value, "load_state_dict") else value
+    return out
+
+
+def load_own_state(protocol: Any, state: dict[str, Any]) -> None:
+    """Restore :func:`own_state` onto ``protocol`` (ValueError naming a missing or unexpected attribute)."""
+    names = declared(type(protocol), STATE)
+    missing, extra = [n for n in names if n not in state], sorted(set(state) - set(names))
+    if missing or extra:
+        raise ValueError(
+            f"the checkpoint's state of {type(protocol).__name__} "
+            + (f"lacks {', '.join(missing)}" if missing else f"holds unknown {', '.join(extra)}")
+        )
+    for name in names:
+        current, saved = getattr(protocol, name), state[name]
+        if hasattr(current, "load_state_dict") and isinstance(saved, dict) and "state_dict" in saved:
+            current.load_state_dict(saved["state_dict"])
+        else:
+            setattr(protocol, name, saved)
+
+
+def _digest(value: Any, hasher: Any, depth: int = 0) -> None:
+    """Feed ``value``'s content to ``hasher`` (tensors by their bytes; objects by their attributes, 4 levels)."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        hasher.update(f"T{tuple(tensor.shape)}{tensor.dtype}".encode())
+        hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, dict):
+        hasher.update(b"{")
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            _digest(value[key], hasher, depth)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        hasher.update(f"[{type(value).__name__}{len(value)}".encode())
+        for item in sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value:
+            _digest(item, hasher, depth)
+    elif isinstance(value, (int, float, str, bytes, bool, type(None))):
+        hasher.update(repr(value).encode())
+    elif depth < 4 and hasattr(value, "__dict__") and not callable(value):
+        hasher.update(type(value).__name__.encode())
+        for key, item in sorted(vars(value).items()):
+            hasher.update(key.encode())
+            _digest(item, hasher, depth + 1)
+    else:
+        hasher.update(type(value).__name__.encode())
+
+
+def fingerprint(protocol: Any) -> dict[str, str]:
+    """A digest of every attribute of ``protocol`` that its class declares neither as state nor as scratch."""
+    skip = set(declared(type(protocol), STATE)) | set(declared(type(protocol), SCRATCH)) | ALWAYS_FIXED
+    out = {}
+    for name, value in vars(protocol).items():
+        if name in skip:
+            continue
+        hasher = hashlib.sha1()
+        _digest(value, hasher)
+        out[name] = hasher.hexdigest()
+    return out
+
+
+def undeclared_changes(before: dict[str, str], protocol: Any) -> list[str]:
+    """The undeclared attributes of ``protocol`` whose content differs from the fingerprint ``before``."""
+    now = fingerprint(protocol)
+    return sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
+
+
+__all__ = [
+    "SCRATCH",
+    "STATE",
+    "UndeclaredStateError",
+    "check_declared",
+    "declared",
+    "fingerprint",
+    "load_own_state",
+    "own_state",
+    "undeclared_changes",
+]
