@@ -52,6 +52,7 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
         "adaptive": {"privacy.clipping": "adaptive", "privacy.sampling_rate": 0.7, "privacy.clip_count_stddev": 4.0}
     },
     "start": {"public+lora": {"train.init": "public", "model.adapters": "lora", "train.public_epochs": 1}},
+    "faults": {"sign-flip": {"federation.faults": ["client=1,round=*,kind=sign_flip"]}},
     "memberships": {m: {"federation.memberships": m} for m in ("shared", "tracked", "focused", "local")},
 }
 

@@ -128,7 +128,9 @@ def test_resumed_run_ends_as_the_uninterrupted_one(tmp_path, strategy, extra):
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1 and len(checkpoint.round_s) == 1
     state = read_server_state(stopped.out, checkpoint)
-    assert state["class"] == ("RobustAggregation" if strategy == "fedavg" else type(make_protocol(stopped)).__name__)
+    assert state["protocol"]["class"] == (
+        "RobustAggregation" if strategy == "fedavg" else type(make_protocol(stopped)).__name__
+    )
     assert sorted(p.name for p in (tmp_path / "stopped").glob("server-state-*")) == ["server-state-r00001.pt"]
     resumed = run_in_process(resume_config(stopped.out))
     assert resumed["test_loss"] == full["test_loss"]
@@ -222,3 +224,54 @@ def test_too_few_nodes_at_the_start_is_a_clear_error_not_a_hang(tmp_path):
             server_app(grid, context)
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+
+
+def test_a_kill_between_the_state_file_and_the_manifest_resumes_from_the_last_complete_pair(tmp_path, monkeypatch):
+    """The server dies after writing round 2's state file, before replacing the manifest: the run resumes from round
+    1's manifest and state (never round 2's tensors with round 1's manifest) and ends as the uninterrupted run."""
+    from trustformer.runtime import checkpoint as module
+
+    values = {
+        "federation.rounds": 3,
+        "federation.payload_bits": 4,  # the coding layer's reference: state that changes every round
+        "runtime.store": "disk",
+        "runtime.progress": False,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
+    full = run_in_process(load_config("tiny", None, {**values, "out": str(tmp_path / "full")}))
+    stopped = load_config("tiny", None, {**values, "out": str(tmp_path / "stopped")})
+    write = module._write_atomically
+
+    def killed_before_round_2s_manifest(path, data):
+        if path.name == module.CHECKPOINT_FILE and (path.parent / "server-state-r00002.pt").exists():
+            raise Crash()
+        write(path, data)
+
+    monkeypatch.setattr(module, "_write_atomically", killed_before_round_2s_manifest)
+    with pytest.raises(Crash):
+        run_in_process(stopped)
+    monkeypatch.setattr(module, "_write_atomically", write)
+    checkpoint = read_checkpoint(stopped.out)
+    assert checkpoint.round == 1 and checkpoint.state_file == "server-state-r00001.pt"
+    assert (tmp_path / "stopped" / "server-state-r00002.pt").exists()  # the orphan the manifest does not name
+    resumed = run_in_process(resume_config(stopped.out))
+    assert resumed["test_loss"] == full["test_loss"]
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("server-state-*")) == ["server-state-r00003.pt"]
+
+
+def test_an_altered_or_missing_state_file_is_refused_with_a_clear_message(tmp_path):
+    values = {"federation.rounds": 1, "runtime.store": "disk", "runtime.progress": False}
+    values.update({"eval.meteor": False, "eval.bertscore": False, "out": str(tmp_path / "run")})
+    cfg = load_config("tiny", None, values)
+    run_in_process(cfg)
+    (tmp_path / "run" / "summary.json").unlink()
+    state = tmp_path / "run" / read_checkpoint(cfg.out).state_file
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte altered
+    state.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
+        run_in_process(resume_config(cfg.out))
+    state.unlink()
+    with pytest.raises(CheckpointError, match="names the server state server-state-r00001.pt, which cannot be read"):
+        run_in_process(resume_config(cfg.out))

@@ -248,7 +248,7 @@ def test_a_resumed_run_continues_with_the_same_bound(tmp_path):
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1
     state = read_server_state(stopped.out, checkpoint)
-    assert state["state"]["clip"] == pytest.approx(_round_bounds(tmp_path / "full")[1][1])
+    assert state["protocol"]["state"]["clip"] == pytest.approx(_round_bounds(tmp_path / "full")[1][1])
     resumed = run_in_process(resume_config(stopped.out))
     assert _round_bounds(tmp_path / "stopped") == _round_bounds(tmp_path / "full")
     assert resumed["privacy"]["clip_norm_per_round"] == full["privacy"]["clip_norm_per_round"]

@@ -35,8 +35,9 @@ class FedAvg(FederatedProtocol):
         return mean, {"aggregate_s": time.perf_counter() - started}
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        if self.cfg.federation.clients_per_round:
-            self.latest = (rnd, self._mean)
+        mean, self._mean = getattr(self, "_mean", None), None
+        if self.cfg.federation.clients_per_round and mean is not None:  # None: a robust rule made the aggregate
+            self.latest = (rnd, mean)
         return {}
 
     def catch_up(self) -> tuple[int, Tensors] | None:

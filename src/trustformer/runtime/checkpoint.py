@@ -221,6 +221,8 @@ class Checkpointer:
         self.resumed: list[int] = []
         self.synced: dict[int, int] = {}  # the server's: client -> round of the last aggregate it applied
         self._fingerprints: list[dict[str, str]] | None = None  # undeclared attributes at the last checkpoint
+        self.link: Any = None  # the secure link, whose run totals the checkpoint keeps too (attach_link)
+        self._saved_link: dict[str, Any] | None = None
         if cfg.runtime.resume:
             self._restore(read_checkpoint(cfg.out))
         self._round_started = time.perf_counter()
@@ -243,8 +245,9 @@ class Checkpointer:
         state = read_server_state(self.cfg.out, checkpoint)
         if state is None:
             raise CheckpointError(f"{checkpoint_path(self.cfg.out)} names no server state: start the run again")
+        self._saved_link = state.get("link")
         try:
-            self.protocol.load_server_state(state)
+            self.protocol.load_server_state(state["protocol"])
         except (KeyError, ValueError) as exc:
             raise CheckpointError(f"{checkpoint.state_file}: cannot restore {self.protocol.name}: {exc}") from None
         rec.event(
@@ -280,8 +283,18 @@ class Checkpointer:
                 round_s=self.round_s,
                 resumed=self.resumed,
             ),
-            self.protocol.server_state(),
+            {
+                "protocol": self.protocol.server_state(),
+                "link": self.link.state_dict() if hasattr(self.link, "state_dict") else None,
+            },
         )
+
+    def attach_link(self, link: Any) -> None:
+        """The round loop's link: a secure link's run totals (what summary.json["secure"] counts) are checkpointed
+        with the protocol's state and restored on resume."""
+        self.link = link
+        if self._saved_link is not None and hasattr(link, "load_state_dict"):
+            link.load_state_dict(self._saved_link)
 
     def _chain(self) -> list[Any]:
         """The protocol and every protocol it wraps, outermost first."""

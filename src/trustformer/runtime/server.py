@@ -63,6 +63,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         clients=nodes.clients,
         payload_spec=payload_spec,
     )
+    checkpoints.attach_link(link)
     server = Server(
         cfg=cfg,
         link=link,

@@ -31,6 +31,8 @@ the aggregate costs beyond their plain ArrayRecords); the extra messages are cou
 
 from __future__ import annotations
 
+import copy
+
 import json
 import logging
 import time
@@ -609,6 +611,19 @@ class SecureLink:
             value = extra.get(key, 0)
             row[key] = int(value) if key.endswith("_bytes") else round(float(value), 6)
         self.link.finish_row(rnd, node, row)
+
+    # what the summary counts over the whole run: kept in every checkpoint, so a resumed run reports the whole run
+    COUNTED = ("counts", "rejected", "server_round_s", "secagg_rounds", "bounds", "measured_errors")
+    COUNTED += ("float64_rounding", "dropped_after_setup")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What :meth:`summary` has counted so far (the checkpoint's part of the secure link)."""
+        return {name: copy.copy(getattr(self, name)) for name in self.COUNTED}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.COUNTED:
+            current = getattr(self, name)
+            setattr(self, name, type(current)(state[name]) if isinstance(current, Counter) else state[name])
 
     def summary(self) -> dict[str, Any] | None:
         """``summary.json["secure"]``: mode, backend, counts, overhead (bytes, seconds), quantisation error."""

@@ -46,15 +46,21 @@ class RobustAggregation(ProtocolWrapper):
 
     # whole-model payloads: the model the round's clients started from (the last aggregate; before it, the initial
     # model), so a resumed run checks directions as the uninterrupted one
-    state_attrs = ("_start",)
-    scratch_attrs = ("_events", "_positions")  # what the round's aggregation did to single payloads
+    state_attrs = ("_start", "_start_round")
+    scratch_attrs = (
+        "_events",
+        "_positions",
+        "_holds_last_aggregate",
+    )  # what the round's aggregation did to single payloads
 
     def __init__(self, inner: FederatedProtocol, bound: str, aggregator: str) -> None:
         super().__init__(inner)
         self.bound, self.aggregator = bound, aggregator
         self.settings = inner.cfg.robust
         self._events: list[dict[str, Any]] = []
+        self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
         self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
+        self._start_round = 0  # the round whose aggregate _start is (0: the initial model)
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
@@ -67,9 +73,23 @@ class RobustAggregation(ProtocolWrapper):
             aggregate, phases = self.inner.aggregate(payloads, num_examples)
         else:
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
-        if self._start is not None and set(aggregate) == set(self._start):  # whole models: the next round's start
+        self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
+        if self._holds_last_aggregate:  # whole models: the next round's start
             self._start = {n: t.detach().clone() for n, t in aggregate.items()}
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
+
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        if self._start is not None and self._holds_last_aggregate:
+            self._start_round = rnd
+        return self.inner.exchange_done(rnd)
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        """Client sampling under a robust rule: the protocol's own mean did not make the global model, this wrapper
+        did; a client left out catches up to the last aggregate (whole-model payloads)."""
+        if self.aggregator != "mean" and self.cfg.federation.clients_per_round and self._start_round:
+            assert self._start is not None
+            return self._start_round, self._start
+        return self.inner.catch_up()
 
     def aggregate_events(self) -> list[dict[str, Any]]:
         return [*self._events, *self.inner.aggregate_events()]
