@@ -1,3 +1,4 @@
+import json
 import tomllib
 
 from trustformer.cli import main
@@ -87,3 +88,23 @@ def test_own_corpus_with_domains_partitions_by_them(tmp_path):
     held = [set(c["domains"]) for c in clients.values()]
     assert sorted(map(sorted, held)) == [["a"], ["b"], ["c"]]
     assert all(set(c["test_domains"]) == {"a", "b", "c"} for c in clients.values())
+
+
+def test_a_second_run_into_a_finished_runs_folder_is_refused_and_the_first_is_kept(tmp_path, capsys):
+    from trustformer.cli import main
+
+    out = tmp_path / "run"
+    quick = ["--preset", "tiny", "--out", str(out), "--quiet", "--set", "eval.meteor=false"]
+    quick += ["--set", "eval.bertscore=false"]
+    assert main(["run", "--rounds", "1", *quick]) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(["run", "--rounds", "2", *quick]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run" in err and "--out DIR" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == first  # nothing replaced
+    (out / "summary.json").unlink()  # as if interrupted after its checkpoint
+    assert main(["run", "--rounds", "2", *quick]) == 2
+    assert "holds an interrupted run" in capsys.readouterr().err
+    assert main(["run", "--rounds", "2", "--overwrite", *quick]) == 0
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2

@@ -29,12 +29,56 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="continue the run checkpointed in DIR after its last completed round (needs "
         "runtime.store = disk; the run's own configuration is used)",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in the output folder (a finished or interrupted run there is otherwise refused)",
+    )
     p.set_defaults(func=_cmd_run)
+
+
+def refuse_existing_run(out: str) -> None:
+    """A new run into a folder that holds a run (finished, or checkpointed and interrupted) would replace its
+    summary, metrics and model without a word: refuse, naming the options that say what to do."""
+    folder = Path(out)
+    summary, checkpoint = folder / "summary.json", folder / "checkpoint.json"
+    if summary.exists():
+        raise ConfigError(
+            f"{folder} holds a finished run ({summary.name}, its metrics and model): choose another folder with "
+            "--out DIR, or pass --overwrite to replace it"
+        )
+    if checkpoint.exists():
+        raise ConfigError(
+            f"{folder} holds an interrupted run ({checkpoint.name}): continue it with 'trustformer run --resume "
+            f"{folder}', choose another folder with --out DIR, or pass --overwrite to replace it"
+        )
+
+
+def _interrupted(cfg: Any) -> str:
+    """What to do after Ctrl-C: resume, or why the run cannot be resumed."""
+    from .runtime.checkpoint import CheckpointError, read_checkpoint
+    from .runtime.client import keeps_state_on_disk
+
+    if not cfg.runtime.checkpoint:
+        return "it cannot be resumed: runtime.checkpoint = false"
+    if not keeps_state_on_disk(cfg):
+        return (
+            "it cannot be resumed: its clients kept their state in memory (runtime.store = memory), which ended "
+            "with it; --set runtime.store=disk makes a run resumable"
+        )
+    try:
+        done = read_checkpoint(cfg.out).round
+    except CheckpointError:
+        return "it completed no round, so there is nothing to resume: start it again"
+    return f"it completed {done} round(s); continue it with: trustformer run --resume {cfg.out}"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
     from .runtime.client import keeps_state_on_disk
+
+    if not cfg.runtime.resume and not args.overwrite:
+        refuse_existing_run(cfg.out)
 
     if cfg.runtime.resume and not keeps_state_on_disk(cfg):
         raise ConfigError(
@@ -47,7 +91,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .engine import run
 
     check_metrics(cfg)  # before any training, not after it
-    summary = run(cfg)
+    try:
+        summary = run(cfg)
+    except KeyboardInterrupt:
+        print(f"trustformer: the run in {cfg.out} was interrupted; {_interrupted(cfg)}", file=sys.stderr)
+        raise
     from .tasks.results import FINAL_METRICS
 
     if cfg.task != "translation":
