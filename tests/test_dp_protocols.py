@@ -18,6 +18,7 @@ def tiny(tmp_path, name, **overrides):
     # one torch thread: on a busy 2-core machine, spinning worker threads make tiny runs several times slower
     values = {
         "out": str(tmp_path / name),
+        "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
         "runtime.progress": False,
         "runtime.threads": 1,
         "federation.rounds": 1,

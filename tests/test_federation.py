@@ -13,7 +13,7 @@ from trustformer.engine.inprocess import run_in_process
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False}
+    values = {"out": str(tmp_path / name), "runtime.progress": False, "eval.diagnostics": True}
     values.update(overrides)
     return load_config("tiny", None, values)
 

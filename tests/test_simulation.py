@@ -12,6 +12,7 @@ from trustformer.engine.simulation import backend_config
 def tiny(tmp_path, name, **overrides):
     values = {
         "out": str(tmp_path / name),
+        "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
         "runtime.progress": False,
         "runtime.threads": 1,
         "eval.bleu_size": 4,

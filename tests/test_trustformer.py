@@ -18,7 +18,12 @@ ALIGNED = ("shared", "tracked", "rotating", "focused")
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.strategy": "trustformer"}
+    values = {
+        "out": str(tmp_path / name),
+        "runtime.progress": False,
+        "federation.strategy": "trustformer",
+        "eval.diagnostics": True,
+    }
     values.update(overrides)
     return load_config("tiny", None, values)
 

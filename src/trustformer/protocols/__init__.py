@@ -46,10 +46,15 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
 
 def get_protocol(cfg: RunConfig) -> FederatedProtocol:
     """The protocol object named by ``federation.strategy`` (observed while an :func:`observe` is active)."""
-    return make_protocol(cfg, _observers[-1] if _observers else None)
+    return make_protocol(cfg, active_observer())
 
 
 _observers: list[ProtocolObserver] = []
+
+
+def active_observer() -> ProtocolObserver | None:
+    """The observer :func:`get_protocol` wraps protocols with now (the innermost :func:`observe`), if any."""
+    return _observers[-1] if _observers else None
 
 
 @contextlib.contextmanager
@@ -69,6 +74,7 @@ __all__ = [
     "FederatedProtocol",
     "ObservedProtocol",
     "ProtocolObserver",
+    "active_observer",
     "bare",
     "get_protocol",
     "make_protocol",

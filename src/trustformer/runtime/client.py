@@ -31,7 +31,7 @@ from ..config import CONFIG_KEY, DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfi
 from ..core.poisoning import poisoned_model
 from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
-from ..protocols import get_protocol
+from ..protocols import ProtocolObserver, active_observer, make_protocol
 from ..protocols.interface.base import ClientSession, FederatedProtocol
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
@@ -162,6 +162,22 @@ def node_setting(cfg: RunConfig, context: Context, key: str) -> str | None:
     return str(value) if value else None
 
 
+_node_protocols: dict[str, tuple[ProtocolObserver | None, FederatedProtocol]] = {}
+
+
+def node_protocol(cfg: RunConfig) -> FederatedProtocol:
+    """The protocol object of this node's run, built once per run (and active observer), not once per message.
+    Client hooks keep a client's state in its session (``protocol_state``), never on the object, so the clients
+    one process hosts share it."""
+    observer = active_observer()
+    held = _node_protocols.get(cfg.json)
+    if held is None or held[0] is not observer:
+        if len(_node_protocols) >= 8:  # a long-lived SuperNode process serving many runs
+            _node_protocols.clear()
+        held = _node_protocols[cfg.json] = (observer, make_protocol(cfg, observer))
+    return held[1]
+
+
 def client_env(context: Context) -> ClientEnv:
     """The client's view of the run. Node config: ``partition-id``; optional ``state-dir`` (state on
     disk, under ``<state-dir>/<run key>/``), ``train-file`` (a TSV of the client's own training pairs
@@ -176,7 +192,7 @@ def client_env(context: Context) -> ClientEnv:
         cfg=cfg,
         client=client,
         task=task,
-        protocol=get_protocol(cfg),
+        protocol=node_protocol(cfg),
         store=client_store(cfg, context),
         shard=shard,
         diagnostics=bool(context.node_config.get("diagnostics", False)),
@@ -201,7 +217,7 @@ def secure_view(context: Context) -> SecureClient:
         store.save(key, ClientState(model={}, optimizer={}, protocol=state, rounds_done=0))
 
     def layout():
-        protocol = get_protocol(cfg)
+        protocol = node_protocol(cfg)
         return protocol.expected_payload(initial_tensors(cfg.json)), protocol.spec.mean_weighting
 
     return SecureClient(
