@@ -53,7 +53,7 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "start": {"public+lora": {"train.init": "public", "model.adapters": "lora", "train.public_epochs": 1}},
     "faults": {"sign-flip": {"federation.faults": ["client=1,round=*,kind=sign_flip"]}},
-    "memberships": {m: {"federation.memberships": m} for m in ("shared", "tracked", "focused", "local")},
+    "memberships": {m: {"trustformer.memberships": m} for m in ("shared", "tracked", "focused", "local")},
 }
 
 

@@ -16,8 +16,8 @@ def test_config_command_prints_a_loadable_config(tmp_path, capsys):
 
 
 def test_bad_config_value_exits_2_naming_it(capsys):
-    assert main(["run", "--preset", "tiny", "--set", "federation.beta=2"]) == 2
-    assert "federation.beta = 2" in capsys.readouterr().err
+    assert main(["run", "--preset", "tiny", "--set", "trustformer.beta=2"]) == 2
+    assert "trustformer.beta = 2" in capsys.readouterr().err
 
 
 def test_malformed_tsv_exits_1_naming_the_line(tmp_path, capsys):

@@ -1,3 +1,4 @@
+import re
 import pytest
 
 from trustformer.cli import build_parser, resolve_config
@@ -34,8 +35,8 @@ def test_unknown_key_is_named(tmp_path):
     "overrides, pattern",
     [
         ({"federation.rounds": 0}, r"federation\.rounds = 0"),
-        ({"federation.beta": 1.5}, r"federation\.beta = 1\.5"),
-        ({"federation.beta": 0.0}, r"federation\.beta = 0\.0"),
+        ({"trustformer.beta": 1.5}, r"trustformer\.beta = 1\.5"),
+        ({"trustformer.beta": 0.0}, r"trustformer\.beta = 0\.0"),
         ({"federation.strategy": "fedsgd"}, r"federation\.strategy = 'fedsgd'"),
         ({"train.lr": "fast"}, r"train\.lr = 'fast' must be a number"),
         ({"train.batch_size": 2.5}, r"train\.batch_size = 2\.5 must be an integer"),
@@ -60,7 +61,7 @@ def test_invalid_toml_and_missing_file(tmp_path):
 
 
 def test_json_round_trip():
-    cfg = load_config("tiny", None, {"federation.beta": 0.25, "train.betas": [0.8, 0.9]})
+    cfg = load_config("tiny", None, {"trustformer.beta": 0.25, "train.betas": [0.8, 0.9]})
     assert RunConfig.from_json(cfg.to_json()) == cfg
 
 
@@ -99,7 +100,23 @@ def test_cli_options_map_to_config(tmp_path):
     )
     cfg = resolve_config(args)
     f = cfg.federation
-    assert (f.strategy, f.rounds, f.clients, f.beta, f.agg_every) == ("local", 4, 2, 0.3, 2)
+    assert (f.strategy, f.rounds, f.clients, cfg.section("trustformer").beta, f.agg_every) == ("local", 4, 2, 0.3, 2)
     assert cfg.seed == 3 and cfg.train.lr == 0.01
     assert cfg.data.source == "tsv" and cfg.data.path == str(tsv)
     assert cfg.out.endswith("local-tiny-seed3")
+
+
+def test_protocol_options_live_in_their_own_sections_and_old_keys_still_work_with_a_warning():
+    from trustformer.config.run import DEPRECATED_KEYS
+
+    cfg = load_config("tiny", None, {"trustformer.beta": 0.25, "fedavg-topk.keep": 0.2, "fedpc.beta": 0.3})
+    assert cfg.section("trustformer").beta == 0.25 and cfg.section("fedavg-topk").keep == 0.2
+    assert cfg.section("fedpc").beta == 0.3 and cfg.section("phong").order == "fixed"  # defaults when not set
+    assert not hasattr(cfg.federation, "beta") and not hasattr(cfg, "fedpc")
+    for old, (section, key) in DEPRECATED_KEYS.items():
+        value = getattr(load_config("tiny", None, {}).section(section), key)
+        with pytest.warns(FutureWarning, match=rf"{re.escape(old)} is deprecated .* use {re.escape(section)}\.{key}"):
+            moved = load_config("tiny", None, {old: value})
+        assert moved.section(section) == load_config("tiny", None, {f"{section}.{key}": value}).section(section)
+    with pytest.raises(ConfigError, match=r"federation.beta and trustformer.beta are both set"):
+        load_config("tiny", None, {"federation.beta": 0.25, "trustformer.beta": 0.5})

@@ -24,13 +24,13 @@ def tiny(tmp_path, name, **overrides):
 
 def test_keeping_every_coordinate_is_fedavg(tmp_path):
     fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.strategy": "fedavg"}))
-    full = run_in_process(tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "federation.topk_keep": 1.0}))
+    full = run_in_process(tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 1.0}))
     assert full["test_loss"] == pytest.approx(fedavg["test_loss"], abs=1e-4)
 
 
 def test_sparse_exchange_syncs_clients_and_costs_indices_and_values(tmp_path):
     summary = run_in_process(
-        tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.1})
+        tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 0.1})
     )
     local = run_in_process(tiny(tmp_path, "local", **{"federation.strategy": "local"}))
     assert len(set(summary["test_loss"])) == 1  # every client adopted the same global model
@@ -40,7 +40,7 @@ def test_sparse_exchange_syncs_clients_and_costs_indices_and_values(tmp_path):
 
 
 def test_aggregate_is_weighted_mean_of_sparse_updates_and_error_feedback_keeps_the_rest():
-    cfg = load_config("tiny", None, {"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.5})
+    cfg = load_config("tiny", None, {"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 0.5})
     protocol = FedAvgTopK(cfg)
     payloads = [
         {"indices": torch.tensor([0, 2], dtype=torch.int32), "values": torch.tensor([1.0, 2.0])},

@@ -243,8 +243,8 @@ def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [
-        {"federation.strategy": "trustformer", "federation.beta": 0.5},
-        {"federation.strategy": "fedavg-topk", "federation.topk_keep": 0.25},
+        {"federation.strategy": "trustformer", "trustformer.beta": 0.5},
+        {"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 0.25},
         {"federation.strategy": "fedavg", "secure.mode": "secagg"},
         {"federation.strategy": "fedavg", "federation.clients_per_round": 2},
     ],

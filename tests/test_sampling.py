@@ -87,7 +87,7 @@ def test_trustformer_and_topk_clients_left_out_keep_their_state(tmp_path):
     [
         ({"federation.strategy": "dp-fedavg"}, "privacy.sampling_rate"),
         ({"federation.strategy": "local"}, "nothing is exchanged"),
-        ({"federation.strategy": "trustformer", "federation.memberships": "tracked"}, "every aggregate"),
+        ({"federation.strategy": "trustformer", "trustformer.memberships": "tracked"}, "every aggregate"),
         ({"federation.clients_per_round": 7}, "federation.clients_per_round = 7"),
         ({"federation.min_clients": 3}, "exceeds federation.clients_per_round"),
     ],

@@ -62,10 +62,10 @@ def test_measurement_covers_code_and_protocol_config_only(cfg):
     assert measurement(cfg) == measurement(tiny())
     assert len(measurement(cfg)) == 64
     for key, value in [
-        ("federation.beta", 0.25),
+        ("trustformer.beta", 0.25),
         ("federation.rounds", 3),
         ("secure.mode", "tee+secagg"),
-        ("federation.weighting", "data_size"),
+        ("trustformer.weighting", "data_size"),
         ("federation.agg_every", 2),
     ]:
         assert measurement(tiny(**{key: value})) != measurement(cfg), key
@@ -89,7 +89,7 @@ def test_valid_quote_verifies(setting, cfg):
 
 
 def test_wrong_measurement_names_attestation_and_both_measurements(setting, cfg):
-    other = tiny(**{"federation.beta": 0.25})
+    other = tiny(**{"trustformer.beta": 0.25})
     with pytest.raises(AttestationError) as info:
         verify(setting, cfg, expected_measurement=measurement(other))
     text = str(info.value)
@@ -152,8 +152,8 @@ def test_attest_command_prints_the_measurement_first(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == measurement(tiny()) and "emulation" in out[1]
-    assert main([*args, "--set", "federation.beta=0.25"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == measurement(tiny(**{"federation.beta": 0.25}))
+    assert main([*args, "--set", "trustformer.beta=0.25"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == measurement(tiny(**{"trustformer.beta": 0.25}))
     assert main([*args, "--keygen", str(tmp_path / "agg")]) == 0
     assert (tmp_path / "agg.key").exists() and (tmp_path / "agg.pub").exists()
     assert main([*args, "--keygen", str(tmp_path / "agg")]) == 2  # never overwrites a key

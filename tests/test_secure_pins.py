@@ -53,19 +53,19 @@ def test_a_server_submitting_its_own_key_is_refused(tmp_path):
 
 def test_a_server_submitting_its_own_measurement_is_refused(tmp_path):
     key, pub = write_key_pair(tmp_path / "aggregator")
-    agreed = tiny(tmp_path, "agreed", **{"federation.strategy": "trustformer", "federation.beta": 0.5})
+    agreed = tiny(tmp_path, "agreed", **{"federation.strategy": "trustformer", "trustformer.beta": 0.5})
     # the server runs another protocol configuration and submits the measurement that matches it
     other = tiny(
         tmp_path,
         "other",
-        **{"federation.strategy": "trustformer", "federation.beta": 0.25, "secure.signing_key": str(key)},
+        **{"federation.strategy": "trustformer", "trustformer.beta": 0.25, "secure.signing_key": str(key)},
     )
     served = tiny(
         tmp_path,
         "served",
         **{
             "federation.strategy": "trustformer",
-            "federation.beta": 0.25,
+            "trustformer.beta": 0.25,
             "secure.signing_key": str(key),
             "secure.expected_measurement": measurement(other),
         },
@@ -81,7 +81,7 @@ def test_a_server_submitting_its_own_measurement_is_refused(tmp_path):
     honest = tiny(
         tmp_path,
         "honest",
-        **{"federation.strategy": "trustformer", "federation.beta": 0.5, "secure.signing_key": str(key)},
+        **{"federation.strategy": "trustformer", "trustformer.beta": 0.5, "secure.signing_key": str(key)},
     )
     summary = run_in_process(honest, node_config=pins)
     assert summary["secure"]["counts"]["attestations"] == 3

@@ -45,7 +45,7 @@ PINNED_TRANSLATION = {
 }
 # Trustformer's numbers: the rotating memberships under the privacy floor (min_cluster_rows = 2), measured
 # on the round loop before it became protocol-declared (bytes up: + the 33-byte tensors_kept_local metric added since).
-TRUSTFORMER_PINNED_OPTIONS = {"federation.memberships": "rotating"}
+TRUSTFORMER_PINNED_OPTIONS = {"trustformer.memberships": "rotating"}
 
 
 @pytest.mark.parametrize("strategy", sorted(PINNED_TRANSLATION))
@@ -306,7 +306,7 @@ def image_runs(tmp_path_factory):
                 task=task,
                 **{
                     "federation.strategy": strategy,
-                    "federation.beta": 0.5,
+                    "trustformer.beta": 0.5,
                     # the tiny runs are far too short for ε = 1: what they test is that the protocol runs
                     "privacy.on_exceed": "continue",
                 },

@@ -80,7 +80,7 @@ def test_exchange_moves_every_client_towards_the_fedavg_of_the_local_models(tmp_
     """At β < 1 every client ends the exchange closer to the FedAvg of the round's locally trained
     models, and its cluster means equal the FedAvg model's exactly (a no-op apply fails both)."""
     spy = Spy(monkeypatch)
-    cfg = tiny(tmp_path, mode, **{"federation.beta": 0.25, "federation.memberships": mode})
+    cfg = tiny(tmp_path, mode, **{"trustformer.beta": 0.25, "trustformer.memberships": mode})
     run_in_process(cfg)
     layout = Trustformer(cfg).clusters(initial(cfg))
     for rnd in (1, 2):
@@ -102,7 +102,7 @@ def test_memberships_agree_across_clients_and_the_server_can_derive_them(tmp_pat
         cfg = tiny(
             tmp_path,
             f"agree-{mode}",
-            **{"federation.beta": 0.25, "federation.memberships": mode, "federation.rounds": 3},
+            **{"trustformer.beta": 0.25, "trustformer.memberships": mode, "federation.rounds": 3},
         )
         run_in_process(cfg)
         protocol, init = Trustformer(cfg), initial(cfg)
@@ -117,7 +117,7 @@ def test_memberships_agree_across_clients_and_the_server_can_derive_them(tmp_pat
         if mode in ("rotating", "focused"):
             name = next(iter(layout := protocol.clusters(init)))
             assert not torch.equal(spy.labels[(1, 0)][name], spy.labels[(2, 0)][name]), layout
-    assert Trustformer(tiny(tmp_path, "l", **{"federation.memberships": "local"})).server_labels(init, [], 1) is None
+    assert Trustformer(tiny(tmp_path, "l", **{"trustformer.memberships": "local"})).server_labels(init, [], 1) is None
 
 
 def _capture_replies(store):
@@ -140,7 +140,7 @@ def test_floor_holds_on_the_wire_and_framing_is_one_header(tmp_path, monkeypatch
     cfg = tiny(
         tmp_path,
         f"wire-{mode}",
-        **{"federation.beta": beta, "federation.memberships": mode, "federation.min_cluster_rows": 2},
+        **{"trustformer.beta": beta, "trustformer.memberships": mode, "trustformer.min_cluster_rows": 2},
     )
     run_in_process(cfg, client_app=_capture_replies(replies))
     protocol, init = Trustformer(cfg), initial(cfg)
@@ -168,7 +168,7 @@ def test_floor_holds_on_the_wire_and_framing_is_one_header(tmp_path, monkeypatch
 
 def test_a_client_refuses_to_send_centroids_below_the_floor(tmp_path, monkeypatch):
     monkeypatch.setattr(trustformer_module, "enforce_min_rows", lambda x, labels, k, m: labels)  # repair disabled
-    cfg = tiny(tmp_path, "refuse", **{"federation.beta": 0.5, "federation.memberships": "local"})
+    cfg = tiny(tmp_path, "refuse", **{"trustformer.beta": 0.5, "trustformer.memberships": "local"})
     replies = []
     with pytest.raises(FederationError):
         run_in_process(cfg, client_app=_capture_replies(replies))
@@ -180,14 +180,14 @@ def test_a_client_refuses_to_send_centroids_below_the_floor(tmp_path, monkeypatc
 
 def test_beta_above_the_floor_is_refused_and_beta_one_without_floor_is_fedavg(tmp_path):
     with pytest.raises(ConfigError, match="min_cluster_rows"):
-        tiny(tmp_path, "x", **{"federation.beta": 0.6, "federation.min_cluster_rows": 2})
+        tiny(tmp_path, "x", **{"trustformer.beta": 0.6, "trustformer.min_cluster_rows": 2})
     fedavg = run_in_process(tiny(tmp_path, "fedavg", **{"federation.strategy": "fedavg"}))
     for mode in ("shared", "rotating"):
         tf = run_in_process(
             tiny(
                 tmp_path,
                 f"tf-{mode}",
-                **{"federation.beta": 1.0, "federation.min_cluster_rows": 1, "federation.memberships": mode},
+                **{"trustformer.beta": 1.0, "trustformer.min_cluster_rows": 1, "trustformer.memberships": mode},
             )
         )
         assert tf["test_loss"] == pytest.approx(fedavg["test_loss"], rel=1e-6, abs=1e-6)
@@ -198,7 +198,7 @@ def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
     cfg = tiny(
         tmp_path,
         "phases",
-        **{"federation.beta": 0.5, "federation.memberships": "local", "federation.weighting": "data_size"},
+        **{"trustformer.beta": 0.5, "trustformer.memberships": "local", "trustformer.weighting": "data_size"},
     )
     run_in_process(cfg)
     rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"round"' in x]
@@ -207,7 +207,7 @@ def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
     for row in rows:
         assert {"cluster_s", "memberships_s", "aggregate_s", "estimate_s", "fedavg_distance"} <= set(row)
         assert row["kmeans_iterations"] >= 1  # the paper's mode runs k-means on trained weights every exchange
-    shared = tiny(tmp_path, "phases-shared", **{"federation.beta": 0.5, "federation.memberships": "shared"})
+    shared = tiny(tmp_path, "phases-shared", **{"trustformer.beta": 0.5, "trustformer.memberships": "shared"})
     run_in_process(shared)
     rows = [json.loads(x) for x in open(f"{shared.out}/metrics.jsonl", encoding="utf-8") if '"cluster_s"' in x]
     assert [r["kmeans_iterations"] >= 1 for r in rows] == [True] * 3 + [False] * 3  # k-means once, on round 1

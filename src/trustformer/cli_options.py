@@ -78,7 +78,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "federation.strategy": args.strategy,
         "federation.rounds": args.rounds,
         "federation.clients": args.clients,
-        "federation.beta": args.beta,
+        "trustformer.beta": args.beta,
         "federation.agg_every": args.agg_every,
         "secure.mode": getattr(args, "secure", None),
         "runtime.engine": getattr(args, "engine", None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,9 +21,7 @@ from .sections import (
     DataConfig,
     EvalConfig,
     FederationConfig,
-    FedPCConfig,
     ModelConfig,
-    PhongConfig,
     PrivacyConfig,
     RobustConfig,
     RuntimeConfig,
@@ -54,8 +53,6 @@ class RunConfig:
     robust: RobustConfig = field(default_factory=RobustConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
-    fedpc: FedPCConfig = field(default_factory=FedPCConfig)
-    phong: PhongConfig = field(default_factory=PhongConfig)
     # the sections a protocol declares in its own module (its spec's ``section``: ``[fedprox]``), as (name, section)
     # pairs, each set in the configuration; read them with :meth:`section`
     sections: tuple[tuple[str, Any], ...] = ()
@@ -91,8 +88,6 @@ class RunConfig:
             self.eval,
             self.runtime,
             self.privacy,
-            self.fedpc,
-            self.phong,
             *(value for _name, value in self.sections),
         ):
             section.validate()
@@ -198,11 +193,48 @@ class RunConfig:
         return build_run(json.loads(text)).validate()
 
 
+# keys that moved to a protocol's own section: still read for one release, with a message naming the new key
+DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
+    **{
+        f"federation.{key}": ("trustformer", key)
+        for key in ("beta", "weighting", "memberships", "min_cluster_rows", "kmeans_max_iter")
+    },
+    "federation.kmeans_warm_max_iter": ("trustformer", "kmeans_warm_max_iter"),
+    "federation.kmeans_tol": ("trustformer", "kmeans_tol"),
+    "federation.topk_keep": ("fedavg-topk", "keep"),
+    "federation.topk_error_feedback": ("fedavg-topk", "error_feedback"),
+}
+
+
+def _moved_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every deprecated key moved to its new place (FutureWarning naming it; ConfigError when the
+    old and the new key are both set)."""
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in values.items()}
+    for old, (section, key) in DEPRECATED_KEYS.items():
+        table, name = old.split(".")
+        if not isinstance(out.get(table), dict) or name not in out[table]:
+            continue
+        value = out[table].pop(name)
+        target = out.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{section} must be a table")
+        if key in target:
+            raise ConfigError(f"{old} and {section}.{key} are both set: keep {section}.{key} ({old} is deprecated)")
+        warnings.warn(
+            f"{old} is deprecated and will be removed in the next release: use {section}.{key}",
+            FutureWarning,
+            stacklevel=4,
+        )
+        target[key] = value
+    return out
+
+
 def build_run(values: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from plain (TOML/JSON) values, unvalidated: the top-level tables named after a registered
     protocol are that protocol's own section (its spec's ``section``); every other key is a RunConfig field."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"config must be a table, got {values!r}")
+    values = _moved_keys(values)
     if "sections" in values:
         raise ConfigError("unknown config key sections (a protocol's section is a table named after it: [fedprox])")
     own = set(values) & set(PROTOCOLS) - {f.name for f in dataclasses.fields(RunConfig)}

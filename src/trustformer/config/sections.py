@@ -162,17 +162,6 @@ class FederationConfig:
     rounds: int = 12  # rounds of local training (the paper's epochs)
     clients: int = 3  # data owners
     agg_every: int = 1  # exchange every N rounds (the paper's Agg_fr)
-    beta: float = 0.5  # trustformer: clusters per layer = clamp(floor(rows * beta), 1, floor(rows / min_cluster_rows))
-    weighting: str = "uniform"  # trustformer centroid mean: uniform (paper Eq. 2) | data_size
-    # trustformer cluster memberships (docs/protocols.md "Trustformer": the measured comparison):
-    # "rotating" (default) = a random balanced partition per round, the same on every client; "focused" =
-    # as rotating, the rows that moved most in the smallest groups; "tracked" = k-means of how far each
-    # row of a reference every client derives has moved; "shared" = k-means once on the initial model;
-    # "local" = k-means of each client's own weights at every exchange (the paper's Algorithm 2)
-    memberships: str = "rotating"
-    # trustformer privacy floor: no centroid leaving a client is the mean of fewer rows than this
-    # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
-    min_cluster_rows: int = 2
     min_clients: int = 0  # rounds need at least this many valid replies; 0 = all clients
     # after the last round every client fine-tunes a copy of its final model on its own data for this many epochs
     # (constant learning rate train.lr x finetune_lr_scale) and is scored again (ft_* fields); 0 = no fine-tuning
@@ -187,15 +176,6 @@ class FederationConfig:
     clients_per_round: int = 0
     round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
     node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
-    kmeans_max_iter: int = 50  # Lloyd iterations at most per layer (cold: round 1, or memberships=shared)
-    # memberships=local, exchanges after the first (warm from the previous global centroids): at most
-    # this many Lloyd iterations (≤ kmeans_max_iter; why 3: docs/benchmarks.md "Clustering: design measurements")
-    kmeans_warm_max_iter: int = 3
-    kmeans_tol: float = 1e-4  # Lloyd stops when the centroids move less than this (relative to the data's variance)
-    # fedavg-topk: fraction of the update's coordinates each client sends (largest magnitude), and
-    # whether what it did not send is carried into its next update (error feedback)
-    topk_keep: float = 0.1
-    topk_error_feedback: bool = True  # fedavg-topk: what a client does not send is added to its next update
     # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
     # count drops that client from the round: one client must not take over a data-weighted mean
     max_examples: int = 1_000_000
@@ -211,19 +191,11 @@ class FederationConfig:
         _at_least("federation.rounds", self.rounds, 1)
         _at_least("federation.clients", self.clients, 1)
         _at_least("federation.agg_every", self.agg_every, 1)
-        _in_range("federation.beta", self.beta, 0.0, 1.0, lo_open=True)
-        _choice("federation.weighting", self.weighting, ("uniform", "data_size"))
-        _choice("federation.memberships", self.memberships, ("shared", "tracked", "rotating", "focused", "local"))
-        _at_least("federation.min_cluster_rows", self.min_cluster_rows, 1)
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
         _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
         _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
         _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
         _positive("federation.node_wait_s", self.node_wait_s)
-        _at_least("federation.kmeans_max_iter", self.kmeans_max_iter, 1)
-        _at_least("federation.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
-        _at_least("federation.kmeans_tol", self.kmeans_tol, 0.0)
-        _in_range("federation.topk_keep", self.topk_keep, 0.0, 1.0, lo_open=True)
         _at_least("federation.max_examples", self.max_examples, 1)
         self._check_coding_and_sampling()
         self._check_faults()
@@ -423,49 +395,6 @@ class RuntimeConfig:
                 "runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
                 f"runtime.ray_address = {self.ray_address!r}"
             )
-
-
-@dataclass(frozen=True)
-class FedPCConfig:
-    """FedPC (protocols/fedpc.py): the master's settings, and the choices each worker draws its private
-    hyper-parameters from (seeded per worker, never sent). An empty choice list means the paper's (batch
-    sizes: 128/64/32 for image classification, 16/8/4 for segmentation) or the task's own (learning rate,
-    optimizer: the task section's ``lr`` and ``optimizer``)."""
-
-    sign: str = "paper"  # Eq. 3 as printed ("paper": Q* − Σ…) | "flipped" (Q* + Σ…)
-    master_lr: float = 0.01  # α_0 of Eq. 3 at t = 1
-    beta: float = 0.2  # β_k of Eq. 5 and 3, which the master sets (the same for every worker)
-    batch_sizes: tuple[int, ...] = ()  # () = the paper's choices for the task
-    lrs: tuple[float, ...] = ()  # () = the task's learning rate (the paper: 0.01 for all, decayed by steps)
-    local_epochs: tuple[int, ...] = (1,)  # choices of a worker's local epochs per round
-    optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
-
-    def validate(self) -> None:
-        _choice("fedpc.sign", self.sign, ("paper", "flipped"))
-        _at_least("fedpc.master_lr", self.master_lr, 0.0)
-        _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
-        for name, values, low in (
-            ("fedpc.batch_sizes", self.batch_sizes, 1),
-            ("fedpc.local_epochs", self.local_epochs, 1),
-        ):
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
-                raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
-        if not self.local_epochs:
-            raise ConfigError("fedpc.local_epochs must name at least one choice")
-        if any(not v > 0 for v in self.lrs):
-            raise ConfigError(f"fedpc.lrs = {list(self.lrs)!r} must be learning rates > 0")
-        for value in self.optimizers:
-            _choice("fedpc.optimizers", value, ("sgd", "adam"))
-
-
-@dataclass(frozen=True)
-class PhongConfig:
-    """Phong & Phuong (2019) sequential weight transmission (protocols/phong.py)."""
-
-    order: str = "fixed"  # the order the model visits the workers each epoch: fixed (client order) | shuffled
-
-    def validate(self) -> None:
-        _choice("phong.order", self.order, ("fixed", "shuffled"))
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,12 @@ def check_floor(counts: torch.Tensor, min_rows: int, name: str) -> None:
     if smallest < min_rows:
         raise FloorError(
             f"layer {name!r}: a centroid is the mean of {smallest} row(s), below "
-            f"federation.min_cluster_rows = {min_rows}; the payload is not sent"
+            f"trustformer.min_cluster_rows = {min_rows}; the payload is not sent"
         )
 
 
 class FloorError(TrustformerError, RuntimeError):
-    """A client was about to send a centroid of fewer rows than ``federation.min_cluster_rows``."""
+    """A client was about to send a centroid of fewer rows than ``trustformer.min_cluster_rows``."""
 
 
 def _principal_order(x: torch.Tensor, iterations: int = 8) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """FedAvg of top-k sparsified updates: the cheap compression baseline a centroid exchange must beat.
 
 Client: Δ = W_local − W_global (+ the residual it did not send before, with error feedback, Stich et al.
-2018), keeps the ceil(keep·d) coordinates of largest magnitude (``federation.topk_keep``) and sends them
+2018), keeps the ceil(keep·d) coordinates of largest magnitude (``fedavg-topk.keep``) and sends them
 as (int32 ``indices``, float32 ``values``): the bytes counted include the indices. Server: the
 data-size-weighted mean of the sparse updates (zeros where a client sent nothing), returned sparse on
 the union of the kept coordinates. Every client adopts W_global + mean update, as in FedAvg.
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..config import RunConfig
+from ..config.checks import _in_range
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
 from .interface.spec import ProtocolSpec
@@ -36,6 +38,17 @@ INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
 
 
+@dataclass(frozen=True)
+class TopKConfig:
+    """FedAvg of top-k updates (protocols/fedavg_topk.py): ``[fedavg-topk]``, ``--set fedavg-topk.keep=0.1``."""
+
+    keep: float = 0.1  # fraction of the update's coordinates each client sends (largest magnitude)
+    error_feedback: bool = True  # what a client does not send is added to its next update
+
+    def validate(self) -> None:
+        _in_range("fedavg-topk.keep", self.keep, 0.0, 1.0, lo_open=True)
+
+
 class FedAvgTopK(FederatedProtocol):
     spec = ProtocolSpec(
         name="fedavg-topk",
@@ -43,9 +56,10 @@ class FedAvgTopK(FederatedProtocol):
         payload_is_update=True,
         estimator="update",
         variants=lambda cfg, levels, _memberships: (
-            [(f"fedavg-topk keep={b:g}", {"federation.topk_keep": b}) for b in levels] if levels else None
+            [(f"fedavg-topk keep={b:g}", {"fedavg-topk.keep": b}) for b in levels] if levels else None
         ),
         summary="clients send the largest coordinates of their update (with error feedback)",
+        section=TopKConfig,
         refuses={
             "robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
             "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"
@@ -59,8 +73,9 @@ class FedAvgTopK(FederatedProtocol):
         self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None, local_step=None
     ) -> None:
         super().__init__(cfg)
-        self.keep = cfg.federation.topk_keep if keep is None else keep
-        self.error_feedback = cfg.federation.topk_error_feedback if error_feedback is None else error_feedback
+        settings = cfg.section("fedavg-topk")
+        self.keep = settings.keep if keep is None else keep
+        self.error_feedback = settings.error_feedback if error_feedback is None else error_feedback
         self._local_step = local_step  # (session) -> LocalStep | None
         self.dim = 2**31 - 1  # server: the model's dimension, from expected_payload
         # server, client sampling: the global model (the initial one plus every aggregate) and its round

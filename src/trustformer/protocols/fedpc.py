@@ -41,11 +41,13 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
+from ..config.checks import _at_least, _choice, _in_range
 from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
@@ -70,11 +72,44 @@ PAPER_BATCH_SIZES = {"image-classification": (128, 64, 32), "segmentation": (16,
 PRIVATE_METRICS = ("lr", "steps", "examples", "examples_per_s", "tokens_per_s")  # what would reveal them
 
 
+@dataclass(frozen=True)
+class FedPCConfig:
+    """FedPC (protocols/fedpc.py): the master's settings, and the choices each worker draws its private
+    hyper-parameters from (seeded per worker, never sent). An empty choice list means the paper's (batch
+    sizes: 128/64/32 for image classification, 16/8/4 for segmentation) or the task's own (learning rate,
+    optimizer: the task section's ``lr`` and ``optimizer``)."""
+
+    sign: str = "paper"  # Eq. 3 as printed ("paper": Q* − Σ…) | "flipped" (Q* + Σ…)
+    master_lr: float = 0.01  # α_0 of Eq. 3 at t = 1
+    beta: float = 0.2  # β_k of Eq. 5 and 3, which the master sets (the same for every worker)
+    batch_sizes: tuple[int, ...] = ()  # () = the paper's choices for the task
+    lrs: tuple[float, ...] = ()  # () = the task's learning rate (the paper: 0.01 for all, decayed by steps)
+    local_epochs: tuple[int, ...] = (1,)  # choices of a worker's local epochs per round
+    optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
+
+    def validate(self) -> None:
+        _choice("fedpc.sign", self.sign, ("paper", "flipped"))
+        _at_least("fedpc.master_lr", self.master_lr, 0.0)
+        _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
+        for name, values, low in (
+            ("fedpc.batch_sizes", self.batch_sizes, 1),
+            ("fedpc.local_epochs", self.local_epochs, 1),
+        ):
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+                raise ConfigError(f"{name} = {list(values)!r} must be integers >= {low}")
+        if not self.local_epochs:
+            raise ConfigError("fedpc.local_epochs must name at least one choice")
+        if any(not v > 0 for v in self.lrs):
+            raise ConfigError(f"fedpc.lrs = {list(self.lrs)!r} must be learning rates > 0")
+        for value in self.optimizers:
+            _choice("fedpc.optimizers", value, ("sgd", "adam"))
+
+
 def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
     """Worker ``client``'s private choices, from the ``fedpc`` choice lists (empty: the paper's batch sizes,
     the task's learning rate and optimizer), drawn with the worker's own seed."""
     task = cfg.image if cfg.task == "image-classification" else cfg.segmentation
-    p = cfg.fedpc
+    p = cfg.section("fedpc")
     rng = random.Random(derive_seed(cfg.seed, "fedpc-private", client))
     return {
         "lr": rng.choice(p.lrs or (task.lr,)),
@@ -92,6 +127,7 @@ class FedPC(FederatedProtocol):
         payload_message="train.payload",
         estimator=None,
         tasks=("image-classification", "segmentation"),
+        section=FedPCConfig,
         summary="a pilot worker's model and the others' 2-bit ternary vectors (Eq. 3)",
         refuses={
             "coding": "its ternary vectors are 2 bits already and the pilot's model is the master's next model",
@@ -113,7 +149,7 @@ class FedPC(FederatedProtocol):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
-        self.p = cfg.fedpc
+        self.p = cfg.section("fedpc")
         self.sign = 1.0 if self.p.sign == "paper" else -1.0
         # master
         self.dim = 0  # M: the model's parameter count

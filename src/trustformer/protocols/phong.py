@@ -16,10 +16,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
 from ..config import RunConfig
+from ..config.checks import _choice
 from ..core.shared import derive_seed
 from .interface.base import (
     ClientSession,
@@ -33,6 +35,16 @@ from .interface.base import (
 from .interface.spec import ProtocolSpec
 
 
+@dataclass(frozen=True)
+class PhongConfig:
+    """Phong & Phuong (2019) sequential weight transmission (protocols/phong.py)."""
+
+    order: str = "fixed"  # the order the model visits the workers each epoch: fixed (client order) | shuffled
+
+    def validate(self) -> None:
+        _choice("phong.order", self.order, ("fixed", "shuffled"))
+
+
 class Phong(FederatedProtocol):
     # each worker's reply carries the test loss of the model it produced
     spec = ProtocolSpec(
@@ -41,6 +53,7 @@ class Phong(FederatedProtocol):
         evaluates_after_train=True,
         estimator=None,
         summary="the model visits the workers one after another (Phong & Phuong 2019)",
+        section=PhongConfig,
         refuses={
             "coding": "the model it passes on is the next worker's starting point, not a difference both ends hold",
             "client_sampling": "the model visits every worker in turn; a worker left out would be skipped, not sampled",
@@ -76,7 +89,7 @@ class Phong(FederatedProtocol):
     def order(self, rnd: int, clients: list[int]) -> list[int]:
         """The visiting order of epoch ``rnd``: client order, or a seeded permutation per epoch."""
         clients = sorted(clients)
-        if self.cfg.phong.order == "shuffled":
+        if self.cfg.section("phong").order == "shuffled":
             random.Random(derive_seed(self.cfg.seed, "phong-order", rnd)).shuffle(clients)
         return clients
 
@@ -98,7 +111,7 @@ class Phong(FederatedProtocol):
             io.apply(order, self.model)
 
     def server_summary(self) -> dict[str, Any]:
-        return {"phong": {"order": self.cfg.phong.order, "orders": self.orders}}
+        return {"phong": {"order": self.cfg.section("phong").order, "orders": self.orders}}
 
 
 SPEC = Phong.spec

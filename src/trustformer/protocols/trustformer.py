@@ -6,7 +6,7 @@ cluster means; keep the memberships. Server (Algorithm 3): element-wise mean of 
 l over the round's clients (uniform as in Eq. 2, or data-size weighted). Client (Algorithms 4–5):
 ``W[i] += G[c(i)] − L[c(i)]``.
 
-Privacy floor (``federation.min_cluster_rows`` = m, default 2): no centroid that leaves a client is
+Privacy floor (``trustformer.min_cluster_rows`` = m, default 2): no centroid that leaves a client is
 the mean of fewer than m rows of its layer, in every membership mode, 1-D tensors included:
 k = clamp(floor(r·β), 1, floor(r/m)), memberships that break the floor are repaired
 (:func:`~trustformer.core.centroids.enforce_min_rows`), a tensor with fewer than m rows is never
@@ -14,7 +14,7 @@ sent (it stays local), and the client checks the floor on the centroids it is ab
 refuses to send otherwise. β above 1/m is refused at config load. With m = 1 and β = 1 every row is
 its own cluster and the protocol is exactly FedAvg.
 
-Cluster correspondence (``federation.memberships``): averaging centroid j across clients only
+Cluster correspondence (``trustformer.memberships``): averaging centroid j across clients only
 means something if cluster j is the same rows on every client.
 
 - ``"shared"``: k-means once on the identical initial model, from the same seeded rows on every
@@ -23,7 +23,7 @@ means something if cluster j is the same rows on every client.
 - ``"tracked"``: every client keeps a reference model it derives identically with no extra
   communication: the initial model, shifted at every exchange so that each cluster's mean is the
   global centroid received (``R[i] += G[c(i)] − mean_c(R)``). At every exchange after the first
-  (``rotating``'s), memberships are k-means (≤ ``federation.kmeans_warm_max_iter`` Lloyd iterations,
+  (``rotating``'s), memberships are k-means (≤ ``trustformer.kmeans_warm_max_iter`` Lloyd iterations,
   from rows seeded per round) of how far each row of R has moved from the initial model, so rows that
   moved alike are averaged together. (k-means of R itself, warm from the previous memberships, kept the
   previous memberships: R moves by one shift per cluster, which leaves them a fixed point.) A client
@@ -56,12 +56,13 @@ What the server can learn is measured by ``trustformer attack reconstruct`` and 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from collections.abc import Sequence
 
 import torch
 
 from ..config import ConfigError, RunConfig
+from ..config.checks import _at_least, _choice, _in_range
 from ..core.aggregation import weighted_mean
 from ..core.centroids import (
     check_floor,
@@ -84,21 +85,52 @@ MODES = ("shared", "tracked", "rotating", "focused", "local")
 MOVED_DECAY = 0.5  # focused: weight of the older shifts in the per-row running mean
 
 
+@dataclass(frozen=True)
+class TrustformerConfig:
+    """Trustformer (protocols/trustformer.py): ``[trustformer]``, ``--set trustformer.beta=0.5``."""
+
+    beta: float = 0.5  # clusters per layer = clamp(floor(rows * beta), 1, floor(rows / min_cluster_rows))
+    weighting: str = "uniform"  # centroid mean: uniform (paper Eq. 2) | data_size
+    # cluster memberships (docs/protocols.md "Trustformer": the measured comparison):
+    # "rotating" (default) = a random balanced partition per round, the same on every client; "focused" =
+    # as rotating, the rows that moved most in the smallest groups; "tracked" = k-means of how far each
+    # row of a reference every client derives has moved; "shared" = k-means once on the initial model;
+    # "local" = k-means of each client's own weights at every exchange (the paper's Algorithm 2)
+    memberships: str = "rotating"
+    # privacy floor: no centroid leaving a client is the mean of fewer rows than this
+    # (1 = the paper, where singleton clusters send rows verbatim); caps beta at 1 / min_cluster_rows
+    min_cluster_rows: int = 2
+    kmeans_max_iter: int = 50  # Lloyd iterations at most per layer (cold: round 1, or memberships=shared)
+    # memberships=local, exchanges after the first (warm from the previous global centroids): at most
+    # this many Lloyd iterations (≤ kmeans_max_iter; why 3: docs/benchmarks.md "Clustering: design measurements")
+    kmeans_warm_max_iter: int = 3
+    kmeans_tol: float = 1e-4  # Lloyd stops when the centroids move less than this (relative to the data's variance)
+
+    def validate(self) -> None:
+        _in_range("trustformer.beta", self.beta, 0.0, 1.0, lo_open=True)
+        _choice("trustformer.weighting", self.weighting, ("uniform", "data_size"))
+        _choice("trustformer.memberships", self.memberships, MODES)
+        _at_least("trustformer.min_cluster_rows", self.min_cluster_rows, 1)
+        _at_least("trustformer.kmeans_max_iter", self.kmeans_max_iter, 1)
+        _at_least("trustformer.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
+        _at_least("trustformer.kmeans_tol", self.kmeans_tol, 0.0)
+
+
 def check_config(cfg: RunConfig) -> None:
     """β against the privacy floor, and client sampling against memberships a left-out client cannot follow."""
-    fed = cfg.federation
-    if fed.beta * fed.min_cluster_rows > 1.0 + 1e-9:
+    tf = cfg.section("trustformer")
+    if tf.beta * tf.min_cluster_rows > 1.0 + 1e-9:
         raise ConfigError(
-            f"federation.beta = {fed.beta} asks for more clusters than federation.min_cluster_rows = "
-            f"{fed.min_cluster_rows} allows: every centroid must be the mean of at least "
-            f"{fed.min_cluster_rows} rows, so beta ≤ 1/{fed.min_cluster_rows} = {1 / fed.min_cluster_rows:.3g}; "
-            f"lower federation.beta, or set federation.min_cluster_rows = 1 to let rows leave verbatim "
+            f"trustformer.beta = {tf.beta} asks for more clusters than trustformer.min_cluster_rows = "
+            f"{tf.min_cluster_rows} allows: every centroid must be the mean of at least "
+            f"{tf.min_cluster_rows} rows, so beta ≤ 1/{tf.min_cluster_rows} = {1 / tf.min_cluster_rows:.3g}; "
+            f"lower trustformer.beta, or set trustformer.min_cluster_rows = 1 to let rows leave verbatim "
             f"(beta = 1 is then exactly FedAvg)"
         )
-    if fed.clients_per_round and fed.memberships in ("tracked", "focused"):
+    if cfg.federation.clients_per_round and tf.memberships in ("tracked", "focused"):
         raise ConfigError(
             f"federation.clients_per_round needs memberships every client can compute from the "
-            f"seed alone: federation.memberships = {fed.memberships!r} follows a reference model "
+            f"seed alone: trustformer.memberships = {tf.memberships!r} follows a reference model "
             "built from every aggregate, which a client left out of a round never receives; use "
             "'rotating', 'shared' or 'local'"
         )
@@ -112,11 +144,15 @@ class Trustformer(FederatedProtocol):
         mean_weighting="examples",
         estimator="centroids",
         variants=lambda cfg, betas, memberships: [
-            (f"trustformer β={b:g} {m}", {"federation.beta": b, "federation.memberships": m})
-            for b in (betas or [cfg.federation.beta])
-            for m in (memberships or [cfg.federation.memberships])
+            (f"trustformer β={b:g} {m}", {"trustformer.beta": b, "trustformer.memberships": m})
+            for b in (betas or [cfg.section("trustformer").beta])
+            for m in (memberships or [cfg.section("trustformer").memberships])
         ],
-        run_fields=lambda cfg: {"beta": cfg.federation.beta, "memberships": cfg.federation.memberships},
+        run_fields=lambda cfg: {
+            "beta": cfg.section("trustformer").beta,
+            "memberships": cfg.section("trustformer").memberships,
+        },
+        section=TrustformerConfig,
         summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid",
     )
 
@@ -126,17 +162,18 @@ class Trustformer(FederatedProtocol):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
-        fed = cfg.federation
-        self.beta = fed.beta
-        self.min_rows = fed.min_cluster_rows
-        self.weighting = fed.weighting
-        self.memberships = fed.memberships
+        fed, tf = cfg.federation, cfg.section("trustformer")
+        self.settings = tf
+        self.beta = tf.beta
+        self.min_rows = tf.min_cluster_rows
+        self.weighting = tf.weighting
+        self.memberships = tf.memberships
         self.spec = replace(
             self.spec,
-            mean_weighting="examples" if fed.weighting == "data_size" else "uniform",
+            mean_weighting="examples" if tf.weighting == "data_size" else "uniform",
         )
         # payload coding: every party keeps the consensus reference model its reference centroids come from
-        self.keeps_reference = fed.payload_bits != 32 and fed.memberships != "local"
+        self.keeps_reference = fed.payload_bits != 32 and tf.memberships != "local"
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
         self._initial: Tensors = {}
         self._last: Tensors | None = None
@@ -176,7 +213,7 @@ class Trustformer(FederatedProtocol):
     # ------------------------------------------------------------------ memberships
     def _kmeans(self, matrices: dict[str, torch.Tensor], inits, max_iter: int, seed: int, init_labels=None):
         results = cluster_layers(
-            matrices, inits, max_iter=max_iter, tol=self.cfg.federation.kmeans_tol, seed=seed, init_labels=init_labels
+            matrices, inits, max_iter=max_iter, tol=self.settings.kmeans_tol, seed=seed, init_labels=init_labels
         )
         labels = {
             n: enforce_min_rows(matrices[n], r.labels, inits[n].shape[0], self.min_rows) for n, r in results.items()
@@ -195,9 +232,7 @@ class Trustformer(FederatedProtocol):
         layout = self.clusters(initial)
         mats = {n: layer_matrix(initial[n]).detach() for n in layout}
         inits = self._seeded_rows(mats, {n: k for n, (k, _) in layout.items()})
-        return self._kmeans(
-            mats, inits, self.cfg.federation.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared")
-        )
+        return self._kmeans(mats, inits, self.settings.kmeans_max_iter, derive_seed(self.cfg.seed, "kmeans-shared"))
 
     def rotating_labels(
         self, layout: dict[str, tuple[int, int]], rows: dict[str, int], rnd: int
@@ -219,7 +254,7 @@ class Trustformer(FederatedProtocol):
             )
             for n, x in movement.items()
         }
-        fed = self.cfg.federation
+        fed = self.settings
         return self._kmeans(
             movement,
             inits,
@@ -296,7 +331,7 @@ class Trustformer(FederatedProtocol):
             return self.public_labels(session.initial_tensors(), state, session.round)
         # local: the paper's Algorithm 2 on the client's own trained weights
         layout = self.clusters(session.initial_tensors())
-        fed = self.cfg.federation
+        fed = self.settings
         warm = all(GLOBAL + n in state for n in matrices)
         if warm:
             inits = {n: state[GLOBAL + n].to(matrices[n].dtype) for n in matrices}

@@ -74,8 +74,8 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
         "rounds": fed.rounds,
         "clients": fed.clients,
         "agg_every": fed.agg_every,
-        "beta": fed.beta,
-        "weighting": fed.weighting,
+        "beta": cfg.section("trustformer").beta,
+        "weighting": cfg.section("trustformer").weighting,
         "min_clients": fed.min_clients,
         "secure": {
             "mode": sec.mode,
