@@ -35,6 +35,8 @@ class _Federation(Protocol):
     @property
     def payload_bits(self) -> int: ...
     @property
+    def download_bits(self) -> int: ...
+    @property
     def clients_per_round(self) -> int: ...
     def fault_plan(self) -> list[Fault]: ...
 
@@ -103,6 +105,19 @@ def _check_coding_and_sampling(fed: _Federation) -> None:
             f"federation.payload_bits = {fed.payload_bits} does not apply to federation.strategy "
             f"= {fed.strategy!r}: {_refusal(fed.strategy, 'coding')}; set 32"
         )
+    if fed.download_bits != 32:
+        spec = protocol_spec(fed.strategy)
+        why = _refusal(fed.strategy, "coding") or (
+            "what it sends down is an update on coordinates that change every round, not a global state every "
+            "client holds"
+            if spec.payload_is_update
+            else None
+        )
+        if why or not spec.exchanges:
+            raise ConfigError(
+                f"federation.download_bits = {fed.download_bits} does not apply to federation.strategy = "
+                f"{fed.strategy!r}: {why or 'it sends nothing down'}; set 32"
+            )
     if fed.clients_per_round and _refusal(fed.strategy, "client_sampling"):
         raise ConfigError(
             f"federation.clients_per_round does not apply to federation.strategy = "

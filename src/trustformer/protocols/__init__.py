@@ -26,8 +26,8 @@ from .wrappers.robust import with_defences
 
 def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
     """The protocol object named by ``federation.strategy``, with the server's defences (``robust.*``) around it,
-    and payload coding around that when ``federation.payload_bits`` < 32; ``observer`` watches the defended
-    protocol, inside the coding layer."""
+    payload coding around that when ``federation.payload_bits`` < 32, and download coding outermost when
+    ``federation.download_bits`` < 32; ``observer`` watches the defended protocol, inside the coding layers."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
         raise ConfigError(
@@ -41,6 +41,10 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
         from .wrappers.coding import CodedPayload
 
         protocol = CodedPayload(protocol, cfg.federation.payload_bits, cfg.federation.payload_scale)
+    if cfg.federation.download_bits != 32:
+        from .wrappers.download import CodedDownload
+
+        protocol = CodedDownload(protocol, cfg.federation.download_bits, cfg.federation.payload_scale)
     return protocol
 
 

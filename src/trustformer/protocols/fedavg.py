@@ -34,6 +34,10 @@ class FedAvg(FederatedProtocol):
             self._mean = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
 
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        if self.cfg.federation.clients_per_round:
+            self._mean = delivered  # what a client left out must catch up to: the state the others hold
+
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
         mean, self._mean = getattr(self, "_mean", None), None
         if self.cfg.federation.clients_per_round and mean is not None:  # None: a robust rule made the aggregate

@@ -173,7 +173,8 @@ class Trustformer(FederatedProtocol):
             mean_weighting="examples" if tf.weighting == "data_size" else "uniform",
         )
         # payload coding: every party keeps the consensus reference model its reference centroids come from
-        self.keeps_reference = fed.payload_bits != 32 and tf.memberships != "local"
+        coded = fed.payload_bits != 32 or fed.download_bits != 32
+        self.keeps_reference = coded and tf.memberships != "local"
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
         self._initial: Tensors = {}
         self._last: Tensors | None = None
@@ -395,6 +396,10 @@ class Trustformer(FederatedProtocol):
         if self.keeps_reference:
             self._last = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
+
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        if self.keeps_reference:
+            self._last = delivered  # the public reference follows the centroids the clients received
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
         """Payload coding: the server advances the public reference with the aggregate it sent, as every client

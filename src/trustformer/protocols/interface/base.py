@@ -180,6 +180,11 @@ class FederatedProtocol:
             raise ValueError(f"the checkpoint holds the state of {state.get('class')}, not of {type(self).__name__}")
         load_own_state(self, state["state"])
 
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        """What the clients received instead of what ``aggregate`` returned, when a layer around the protocol
+        changed it (download coding sends a coded approximation): keep this, not the exact aggregate, where the
+        protocol keeps the aggregate for later rounds."""
+
     # ------------------------------------------------------------------ round reports (server)
     def aggregate_events(self) -> list[dict[str, Any]]:
         """What the last ``aggregate`` did to single payloads (robust aggregation: an update clipped or left out),

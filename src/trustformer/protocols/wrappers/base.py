@@ -97,6 +97,9 @@ class ProtocolWrapper(FederatedProtocol):
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
         return self.inner.client_start_from(session, model)
 
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        self.inner.aggregate_delivered(delivered)
+
     def aggregate_events(self) -> list[dict[str, Any]]:
         return self.inner.aggregate_events()
 

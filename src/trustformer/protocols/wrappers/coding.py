@@ -185,10 +185,15 @@ class CodedPayload(ProtocolWrapper):
     def check_payload(self, payload: Tensors) -> None:
         self.inner.check_payload(self.decode(payload))
 
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        self.reference = {n: t.detach().clone() for n, t in delivered.items()}  # what the clients hold
+        self._reference_round = -1
+        self.inner.aggregate_delivered(delivered)
+
     def aggregate(self, payloads, num_examples):
         aggregate, phases = self.inner.aggregate([self.decode(p) for p in payloads], num_examples)
         self.reference = {n: t.detach().clone() for n, t in aggregate.items()}
-        self._reference_round = None  # the next round's reference follows this aggregate
+        self._reference_round = -1  # the next round's reference follows this aggregate
         return aggregate, phases
 
 

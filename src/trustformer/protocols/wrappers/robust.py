@@ -78,6 +78,11 @@ class RobustAggregation(ProtocolWrapper):
             self._start = {n: t.detach().clone() for n, t in aggregate.items()}
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        if self._holds_last_aggregate:  # the clients start the next round from what they received
+            self._start = {n: t.detach().clone() for n, t in delivered.items()}
+        self.inner.aggregate_delivered(delivered)
+
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
         if self._start is not None and self._holds_last_aggregate:
             self._start_round = rnd

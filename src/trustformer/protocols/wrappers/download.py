@@ -1,0 +1,207 @@
+"""Download coding (``federation.download_bits`` < 32): the global state each client receives after an exchange,
+coded as a b-bit difference from what every client already holds, with the server's own error feedback.
+
+The server keeps ``delivered``, the decoded global state every synced client holds (before the first exchange: the
+identical initial model, where it has the aggregate's layout). After aggregating it sends
+``c_t = Q(w_{t+1} − R_t)`` and both ends set ``delivered = R_t + deq(c_t)`` with the same arithmetic, so every client
+holds exactly the server's copy. ``R_t`` is the protocol's shared reference where it has one (Trustformer's
+reference centroids, which follow the delivered centroids), else ``delivered`` itself: the coding error of one round
+stays in ``w − delivered`` and goes into the next round's difference, so it never accumulates (EF21-P,
+Gruntkowska et al. 2023; DoubleSqueeze, Tang et al. 2019). The codec is the upload's (``core/quantize.py``, per-row
+grids, stochastic rounding seeded from the run seed and the round).
+
+Layers inside see the decoded state as the round's aggregate (``aggregate_delivered``): the upload coding's
+reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
+clients hold. A client that missed an exchange (client sampling, a dropout) is caught up with the full delivered
+state in float32 with its next ``train`` message: exact, and counted in its bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ...core import quantize as q
+from ...core.shared import Tensors, derive_seed
+from ...wire import PayloadError, TensorSpec
+from ..interface.base import ClientSession, FederatedProtocol, Phases
+from .base import ProtocolWrapper
+
+CODES, GRID = "download/codes", "download/grid"  # the coded state's arrays: packed codes (uint8), grids (float32)
+MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor
+HELD = "download/held/"  # client state: the decoded global state it holds
+REFRESH = "download/refresh/"  # catch-up tensors that only refresh the held state (the protocol does not catch up)
+
+
+def per_row(shape: Sequence[int], scale: str) -> bool:
+    """One grid per row where rows hold at least :data:`MIN_ROW` values (``payload_scale = "row"``)."""
+    return scale == "row" and len(shape) >= 2 and int(torch.tensor(shape[1:]).prod()) >= MIN_ROW
+
+
+def coded_spec(shapes: dict[str, tuple[int, ...]], bits: int, scale: str) -> TensorSpec:
+    """The names/shapes/dtypes of the coded arrays for views of ``shapes``."""
+    nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, bits) for s in shapes.values())
+    rows = sum(q.num_rows(s, per_row(s, scale)) for s in shapes.values())
+    return {CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
+
+
+def decode(
+    codes: torch.Tensor,
+    grid: torch.Tensor,
+    shapes: dict[str, tuple[int, ...]],
+    reference: Tensors,
+    bits: int,
+    scale: str,
+) -> Tensors:
+    """``reference + deq(codes)`` per view tensor, computed the same way on the server and on every client."""
+    out, at_byte, at_row = {}, 0, 0
+    grid = grid.double()
+    try:
+        for name, shape in shapes.items():
+            rows_per, count = per_row(shape, scale), int(torch.tensor(shape).prod()) if shape else 1
+            nbytes, rows = q.packed_nbytes(count, bits), q.num_rows(shape, rows_per)
+            pairs = grid[2 * at_row : 2 * (at_row + rows)].reshape(rows, 2)
+            coded = q.Quantized(
+                codes[at_byte : at_byte + nbytes], pairs[:, 1].float(), pairs[:, 0].float(), shape, bits, rows_per
+            )
+            base = reference[name].double() if name in reference else 0.0
+            out[name] = (base + q.dequantize(coded).double()).float()
+            at_byte, at_row = at_byte + nbytes, at_row + rows
+    except ValueError as exc:
+        raise PayloadError(f"coded download: {exc}") from None
+    if at_byte != codes.numel() or 2 * at_row != grid.numel():
+        raise PayloadError("coded download: more codes or grids than the configuration gives")
+    if not bool(torch.isfinite(grid).all()):
+        raise PayloadError("coded download: a grid holds NaN or Inf")
+    return out
+
+
+class CodedDownload(ProtocolWrapper):
+    """``inner`` with what it sends down after an exchange coded to ``bits`` bits (see the module docstring)."""
+
+    # server: the decoded global state every synced client holds, and the round it is from
+    state_attrs = ("delivered", "delivered_round")
+    scratch_attrs = ("initial", "round")  # the identical initial model (expected_payload); the round
+
+    def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
+        super().__init__(inner)
+        self.bits, self.scale = bits, scale
+        self.delivered: Tensors | None = None
+        self.delivered_round = 0
+        self.initial: Tensors = {}
+        self.round = 0
+
+    # ------------------------------------------------------------------ layout and reference (both ends)
+    def _view(self, state: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
+        view = self.inner.coding_view(state, initial)
+        return view, {n: t for n, t in state.items() if n not in self.inner.coded_names(state)}
+
+    def _shapes(self, spec: TensorSpec, initial: Tensors) -> tuple[dict[str, tuple[int, ...]], Tensors]:
+        zeros = {n: torch.zeros(shape, dtype=getattr(torch, dtype)) for n, (shape, dtype) in spec.items()}
+        view, rest = self._view(zeros, initial)
+        return {n: tuple(t.shape) for n, t in view.items()}, rest
+
+    def _reference(self, shared: Tensors | None, held: Tensors | None, initial: Tensors, shapes) -> Tensors:
+        """The protocol's shared reference, else the held state, else the initial model (each viewed like the state,
+        where it has its layout), else nothing (the state is coded as it is)."""
+        if shared is not None:
+            return shared
+        for candidate in (held, initial):
+            if not candidate:
+                continue
+            try:
+                view = self.inner.coding_view(candidate, initial)
+            except (KeyError, ValueError, RuntimeError):
+                continue
+            if set(view) == set(shapes) and all(tuple(view[n].shape) == shapes[n] for n in view):
+                return view
+        return {}
+
+    # ------------------------------------------------------------------ server
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        self.initial = {n: t.detach().clone() for n, t in initial.items()}
+        return self.inner.expected_payload(initial)
+
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
+        self.round = rnd
+        return self.inner.participants(rnd, clients, exchange)
+
+    def server_reference(self, view: Tensors) -> Tensors:
+        """What this round's coded difference is taken from (the error-feedback point: the delivered state)."""
+        shapes = {n: tuple(t.shape) for n, t in view.items()}
+        return self._reference(self.inner.server_payload_reference(self.round), self.delivered, self.initial, shapes)
+
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+        aggregate, phases = self.inner.aggregate(payloads, num_examples)
+        started = time.perf_counter()
+        view, rest = self._view(aggregate, self.initial)
+        reference = self.server_reference(view)
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "download", self.round))
+        codes, grid = [], []
+        for name, tensor in view.items():
+            target = tensor.detach().double() - (reference[name].double() if name in reference else 0.0)
+            coded = q.quantize(
+                target.float(), self.bits, per_row=per_row(tensor.shape, self.scale), generator=generator
+            )
+            codes.append(coded.codes)
+            grid.append(torch.stack([coded.offset, coded.scale], 1).reshape(-1))
+        message = {**rest, CODES: torch.cat(codes), GRID: torch.cat(grid).to(torch.float32)}
+        shapes = {n: tuple(t.shape) for n, t in view.items()}
+        decoded = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
+        self.delivered = self.inner.coding_unview(decoded, rest, self.initial)
+        self.delivered_round = self.round
+        self.inner.aggregate_delivered(self.delivered)
+        return message, {**phases, "download_code_s": time.perf_counter() - started}
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        """The delivered state, in float32: as the model to adopt where the protocol catches clients up, else only
+        to refresh the state a client holds (the protocol's own state then stays the client's)."""
+        inner = self.inner.catch_up()
+        if self.delivered is None:
+            return inner
+        if inner is not None:
+            return self.delivered_round, {n: t.clone() for n, t in self.delivered.items()}
+        return self.delivered_round, {REFRESH + n: t.clone() for n, t in self.delivered.items()}
+
+    # ------------------------------------------------------------------ client
+    def payload_spec(self, session: ClientSession) -> TensorSpec | None:
+        spec = self.inner.payload_spec(session)
+        if spec is None:
+            return None
+        shapes, rest = self._shapes(spec, session.initial_tensors())
+        return {**{n: spec[n] for n in rest}, **coded_spec(shapes, self.bits, self.scale)}
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        started = time.perf_counter()
+        spec = self.inner.payload_spec(session)
+        if spec is None:
+            raise PayloadError("coded download: the protocol gives no layout of what it receives")
+        initial = session.initial_tensors()
+        shapes, rest_spec = self._shapes(spec, initial)
+        state = session.protocol_state
+        held = {n[len(HELD) :]: t for n, t in state.items() if n.startswith(HELD)}
+        reference = self._reference(self.inner.payload_reference(session), held or None, initial, shapes)
+        view = decode(aggregate[CODES], aggregate[GRID], shapes, reference, self.bits, self.scale)
+        decoded = self.inner.coding_unview(view, {n: aggregate[n] for n in rest_spec}, initial)
+        self._hold(session, decoded)
+        decode_s = time.perf_counter() - started
+        return {**self.inner.client_apply(session, decoded), "download_decode_s": decode_s}
+
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        if model and all(n.startswith(REFRESH) for n in model):
+            self._hold(session, {n[len(REFRESH) :]: t for n, t in model.items()})
+            return {}
+        self._hold(session, model)
+        return self.inner.client_start_from(session, model)
+
+    @staticmethod
+    def _hold(session: ClientSession, state: Tensors) -> None:
+        for name in [n for n in session.protocol_state if n.startswith(HELD)]:
+            del session.protocol_state[name]
+        for name, tensor in state.items():
+            session.protocol_state[HELD + name] = tensor.detach().clone()
+
+
+__all__ = ["CODES", "GRID", "CodedDownload", "decode"]
