@@ -67,6 +67,7 @@ ALLOWED = {
         "evaluation",
     },
     "reproduce": {"config", "engine", "metrics", "report", "tasks", "core"},
+    "reproduce_fedpc": {"config", "reproduce", "report"},  # FedPC's grid, run by reproduce's grid runner
     "cli": {"*"},
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trustformer.data import corpus
+from trustformer.data import debian_build
 from trustformer.data.corpus import (
     CorpusUnavailableError,
     default_cache_dir,
@@ -154,7 +154,7 @@ def test_extract_help_paragraphs_visible_text() -> None:
 
 
 def test_missing_apt_names_alternatives(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(corpus.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(debian_build.shutil, "which", lambda tool: None)
     with pytest.raises(CorpusUnavailableError) as info:
         load_libreoffice_corpus(tmp_path)
     message = str(info.value)
@@ -167,8 +167,8 @@ def test_package_not_found_suggests_apt_update(monkeypatch: pytest.MonkeyPatch, 
             cmd, 100, stdout="", stderr="Reading package lists...\nE: Unable to locate package libreoffice-help-ru\n"
         )
 
-    monkeypatch.setattr(corpus.shutil, "which", lambda tool: f"/bin/{tool}")
-    monkeypatch.setattr(corpus.subprocess, "run", fake_run)
+    monkeypatch.setattr(debian_build.shutil, "which", lambda tool: f"/bin/{tool}")
+    monkeypatch.setattr(debian_build.subprocess, "run", fake_run)
     with pytest.raises(CorpusUnavailableError) as info:
         load_libreoffice_corpus(tmp_path)
     message = str(info.value)
@@ -231,7 +231,7 @@ def test_libreoffice_second_call_uses_cache(libreoffice_build, monkeypatch: pyte
     def no_subprocess(*args, **kwargs):
         raise AssertionError(f"apt must not be called when the corpus is cached: {args}")
 
-    monkeypatch.setattr(corpus.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(debian_build.subprocess, "run", no_subprocess)
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     messages: list[str] = []
     assert load_libreoffice_corpus(cache, progress=messages.append) == pairs

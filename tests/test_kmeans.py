@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trustformer.core import kmeans as km
+from trustformer.core import kmeans_lloyd
 from trustformer.core.kmeans import (
     KMeansResult,
     block_shape,
@@ -230,8 +231,8 @@ def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randn(257, 6, generator=g, dtype=torch.float64)
     c = torch.randn(23, 6, generator=g, dtype=torch.float64)
     whole_labels, whole_partial = lloyd_assign(x, c, block_bytes=1 << 30, workers=1)
-    monkeypatch.setattr(km, "UNTILED_MAX_K", 4)
-    monkeypatch.setattr(km, "TILE", 5)  # 5 centroid tiles, the last one short
+    monkeypatch.setattr(kmeans_lloyd, "UNTILED_MAX_K", 4)
+    monkeypatch.setattr(kmeans_lloyd, "TILE", 5)  # 5 centroid tiles, the last one short
     rows, tile = block_shape(257, 23, 8, 8 * 5 * 10)
     assert (rows, tile) == (10, 5)  # 26 row chunks
     for workers in (1, 3):

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 ESTIMATORS = ("model", "update", "centroids", "none", None)
 # Layers that compose experiments out of named protocols (the papers' grids, their tables and figures): they may
 # name protocols. Everything else (config, attack, runtime, engine, deploy, secure, tasks, core, ...) may not.
-EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce.py", "registry.py", "cli.py")
+EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce.py", "reproduce_fedpc.py", "registry.py", "cli.py")
 
 
 def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from trustformer import reproduce as rep
+from trustformer import reproduce_fedpc as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.report import paper_fedpc

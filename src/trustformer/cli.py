@@ -193,7 +193,8 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
         "FedAvg, Phong and FedPC for N workers on image classification and segmentation, class-stratified "
         "imbalanced and Dirichlet splits, FedPC's Tables 2–4 and Figure 6 (bytes per epoch against Eq. 8).",
     )
-    from .reproduce import FEDPC_PARTITIONS, FEDPC_TASKS, PAPERS
+    from .reproduce import PAPERS
+    from .reproduce_fedpc import FEDPC_PARTITIONS, FEDPC_TASKS
 
     p.add_argument(
         "--paper", choices=PAPERS, default="trustformer", help="which paper's grid and report (default: trustformer)"
@@ -334,20 +335,21 @@ def _reproduce_fedpc(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from . import reproduce as rep
+    from . import reproduce_fedpc as fedpc
 
     for option in ("betas", "agg_every", "agg_betas", "agg_strategies", "epochs"):
         if getattr(args, option) is not None:
             raise ConfigError(
                 f"--{option.replace('_', '-')} applies to the Trustformer paper only, not to --paper fedpc"
             )
-    grid = rep.default_fedpc_grid(args.preset)
+    grid = fedpc.default_fedpc_grid(args.preset)
     changes = {
         name: getattr(args, name)
         for name in ("strategies", "clients", "tasks", "partitions", "rounds")
         if getattr(args, name) is not None
     }
     grid = replace(grid, **changes)
-    rep.check_fedpc_grid(grid)
+    fedpc.check_fedpc_grid(grid)
     overrides = _reproduce_overrides(args)
     for key in ("task", "federation.strategy", "federation.clients", "data.partition"):
         if key in overrides:
@@ -356,13 +358,13 @@ def _reproduce_fedpc(args: argparse.Namespace) -> int:
             )
     results = args.out or os.path.join("results", f"fedpc-{args.preset}")
     if args.dry_run:
-        planned = rep.plan_fedpc(args.preset, grid, results, config_file=args.config, overrides=overrides)
+        planned = fedpc.plan_fedpc(args.preset, grid, results, config_file=args.config, overrides=overrides)
         for i, run in enumerate(planned, 1):
             state = "cached" if rep.is_cached(run) else "to run"
             print(f"{i:3d}/{len(planned)}  {state:7s}  {run.label:52s}  {run.folder}")
         return 0
     command = "trustformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "trustformer reproduce"
-    outcome = rep.reproduce_fedpc(
+    outcome = fedpc.reproduce_fedpc(
         args.preset, results, grid=grid, config_file=args.config, overrides=overrides, force=args.force, command=command
     )
     return _reproduce_outcome(outcome)

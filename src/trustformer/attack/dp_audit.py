@@ -24,7 +24,8 @@ from ..config import RunConfig
 from ..tasks.record_dp import AUDITED_CLIENT, audit_canaries
 from ..tasks.run import load_task
 from .audit import one_run_epsilon_lower_bound
-from .reconstruct import observed_run, server_estimates
+from .harness import observed_run
+from .scoring import server_estimates
 
 
 def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[np.ndarray, np.ndarray]:

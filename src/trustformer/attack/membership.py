@@ -53,7 +53,8 @@ from ..core.shared import Tensors, assign_tensors, derive_seed
 from ..tasks.run import load_task
 from .audit import epsilon_lower_bound
 from .lira import REFERENCE_MODELS, offline_scores, reference_models, statistic
-from .reconstruct import ObservedRun, observed_run, server_estimates
+from .harness import ObservedRun, observed_run
+from .scoring import server_estimates
 
 CANDIDATES = 300  # members (and as many non-members) per client
 FPRS = (0.01, 0.001)

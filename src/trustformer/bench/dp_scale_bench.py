@@ -139,7 +139,7 @@ def _folder(label: str) -> str:
 
 def add_gains(rows: list[dict[str, Any]]) -> None:
     """Gain retained (bench federation's ``gain_retained``): alone = 0, FedAvg with the same m = 1."""
-    from .federation_bench import gain_retained
+    from .federation_table import gain_retained
 
     alone = next(r["test_loss"] for r in rows if r["label"] == "alone")
     fedavg = {r["per_round"]: r["test_loss"] for r in rows if r["strategy"] == "fedavg"}

@@ -1,15 +1,8 @@
 """Data layer: parallel corpora, deterministic splits, tokenizers and batching."""
 
 from trustformer.data.batching import encode_pairs, make_batches, pad_sequences
-from trustformer.data.corpus import (
-    CorpusUnavailableError,
-    Pair,
-    default_cache_dir,
-    load_libreoffice_corpus,
-    load_tsv,
-    load_wmt19,
-    write_tsv,
-)
+from trustformer.data.corpus import default_cache_dir, load_libreoffice_corpus
+from trustformer.data.corpus_errors import CorpusUnavailableError
 from trustformer.data.split import Splits, split_corpus
 from trustformer.data.tokenizer import (
     Tokenizer,
@@ -17,6 +10,8 @@ from trustformer.data.tokenizer import (
     load_hf_tokenizer,
     train_sentencepiece,
 )
+from trustformer.data.tsv import Pair, load_tsv, write_tsv
+from trustformer.data.wmt import load_wmt19
 
 __all__ = [
     "CorpusUnavailableError",

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from trustformer.data.corpus import Pair
+from trustformer.data.tsv import Pair
 
 __all__ = ["PARTITIONS", "Splits", "split_corpus"]
 

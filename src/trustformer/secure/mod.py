@@ -39,6 +39,7 @@ from ..config import CONFIG_KEY, RunConfig, parse_run_config, run_config_of
 from ..wire import APPLY, PAYLOAD, TRAIN, TensorSpec, from_array_record, spec_of, to_array_record
 from . import codec, records
 from .attestation import AttestationError, load_trusted_key, trusted_key_from_hex, verify_quote
+from .masking import SecAggError
 from .provision import (
     MEASUREMENT_NODE_CONFIG,
     PUBLIC_KEY_NODE_CONFIG,
@@ -49,7 +50,8 @@ from .provision import (
 )
 from .records import ATTEST, CLEAR_METRICS, MODEL_KIND, SEALED_METRICS, SECAGG, SECURE
 from .sealing import Channel, SealError, derive_session_keys
-from .secagg import SecAggClient, SecAggError, SecAggParams
+from .secagg_client import SecAggClient
+from .secagg_common import SecAggParams
 from .tee import NONCE_BYTES
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from .. import workload as wl
 from ..config import RunConfig
 from ..core.shared import derive_seed
 from ..data.batching import encode_pairs
-from ..data.corpus import load_tsv
+from ..data.tsv import load_tsv
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from .. import workload as wl
 from ..config import RunConfig
 from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs
-from ..data.corpus import load_tsv
+from ..data.tsv import load_tsv
 from ..evaluation.translation import translate
 from .results import SAMPLE_TRANSLATIONS
 

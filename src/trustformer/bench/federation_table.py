@@ -1,0 +1,200 @@
+"""The table of ``trustformer bench federation``: one row per label (seeds averaged), the gain retained over training
+alone, the Pareto front of (gain, upload, membership advantage) and the printed table."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from .federation_plan import BenchRun
+
+
+def gain_retained(value: float, local: float, fedavg: float, *, higher_is_better: bool = False) -> float:
+    """(L_local − L) / (L_local − L_fedavg) for a loss, (B − B_local) / (B_fedavg − B_local) for a score; NaN when
+    FedAvg is no better than training alone."""
+    gap = (fedavg - local) if higher_is_better else (local - fedavg)
+    gain = (value - local) if higher_is_better else (local - value)
+    return gain / gap if gap > 0 else math.nan
+
+
+METRICS = (
+    ("loss", "test_loss", False),
+    ("bleu", "bleu", True),
+    ("own_loss", "own_test_loss", False),
+    ("own_bleu", "own_bleu", True),
+)
+
+
+def _mean(values: list[float | None]) -> float:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return statistics.fmean(values) if values else math.nan
+
+
+def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per label (seeds averaged, their spread kept), plus a ``+ fine-tuning`` row per label."""
+    by_label: dict[str, list[tuple[BenchRun, dict[str, Any]]]] = {}
+    for run, result in zip(runs, results):
+        by_label.setdefault(run.label, []).append((run, result))
+    rows = []
+    for label, group in by_label.items():
+        for tuned in (False, True):
+            if tuned and label in ("local", "public model"):  # nothing to fine-tune after / scored untrained
+                continue
+            rows.append(_row(label + (" + fine-tuning" if tuned else ""), group, tuned))
+    local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
+    up, down = fedavg["up_bytes"], fedavg["down_bytes"]
+    for row in rows:
+        for name, _key, higher in METRICS:  # per seed against local and FedAvg of the same seed, then averaged
+            row[f"gain_{name}_per_seed"] = [
+                gain_retained(v, lv, fv, higher_is_better=higher)
+                for v, lv, fv in zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"], fedavg[f"{name}_per_seed"])
+            ]
+            spread = row[f"gain_{name}_per_seed"]
+            row[f"gain_{name}"] = _mean(spread)
+            row[f"gain_{name}_spread"] = (max(spread) - min(spread)) / 2 if len(spread) > 1 else math.nan
+        row["upload_vs_fedavg"] = row["up_bytes"] / up if up else math.nan
+        row["download_vs_fedavg"] = row["down_bytes"] / down if down else math.nan
+    public_refs = [next((r for r in rows if r["run"] == name), None) for name in ("public + local", "public + fedavg")]
+    if all(public_refs):  # the public-start references: public + training alone = 0, public + FedAvg = 1
+        p_local, p_fedavg = public_refs
+        for row in rows:
+            for name, _key, higher in METRICS:
+                per_seed = [
+                    gain_retained(v, lv, fv, higher_is_better=higher)
+                    for v, lv, fv in zip(
+                        row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"]
+                    )
+                ]
+                row[f"pgain_{name}_per_seed"] = per_seed
+                row[f"pgain_{name}"] = _mean(per_seed)
+    mark_pareto(rows, "gain_loss", "pareto")
+    mark_pareto(rows, "gain_own_loss", "pareto_own")
+    return rows
+
+
+def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) -> dict[str, Any]:
+    run0, first = group[0]
+    row: dict[str, Any] = {
+        "run": label,
+        "strategy": first["config"]["federation"]["strategy"],
+        "beta": run0.beta,
+        "overrides": run0.overrides,
+        "seeds": [r.seed for r, _ in group],
+        "wall_s": _mean([res["wall_s"] for _, res in group]),
+    }
+    prefix = "ft_" if tuned else ""
+    for name, key, _higher in METRICS:
+        per_seed = [_mean(res["summary"].get(prefix + key) or [math.nan]) for _, res in group]
+        row[f"{name}_per_seed"] = per_seed
+        row[name] = _mean(per_seed)
+        row[f"{name}_spread"] = (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan
+    bytes_ = first["summary"]["bytes"]
+    row["up_bytes"], row["down_bytes"] = bytes_["up_per_client_per_round"], bytes_["down_per_client_per_round"]
+    mia = [res["membership"].get("advantage") or {} for _, res in group]
+    row["mia_advantage"] = _mean([m.get("auc_minus_half") for m in mia])
+    row["mia_advantage_per_seed"] = [m.get("auc_minus_half") for m in mia]
+    row["mia_tpr_1pct"] = _mean([m.get("tpr_at_1pct_fpr") for m in mia])
+    row["mia_score"] = mia[0].get("score")
+    row["mia_ci95"] = mia[0].get("auc_ci95")
+    row["true_local_auc"] = _mean([_best(res["membership"].get("true-local", {})) for _, res in group])
+    row["epsilon"] = _mean([(res["summary"].get("privacy") or {}).get("epsilon") for _, res in group])
+    row["epsilon_lb"] = _mean([(res["membership"].get("audit") or {}).get("epsilon_lb") for _, res in group])
+    row["recovered"] = _mean([res["attack"]["recovered_fraction_mean"] for _, res in group])
+    row["relative_error"] = _mean([res["attack"]["relative_error_mean"] for _, res in group])
+    row["samples"] = (first["summary"].get("samples") or {}).get("0", [])[:2]
+    return row
+
+
+def _best(view: dict[str, Any]) -> float:
+    return max((s["auc_mean"] for s in view.values()), default=math.nan)
+
+
+def _tolerance(rows: list[dict[str, Any]], key: str) -> float:
+    """The typical seed-to-seed spread of ``key`` (median over the rows run with several seeds)."""
+    spreads = [r[f"{key}_spread"] for r in rows if not math.isnan(r.get(f"{key}_spread", math.nan))]
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
+    """``row[flag]``: no other row is at least as good on gain (↑), upload (↓) and membership advantage (↓) and
+    better on one, beyond the seed-to-seed spread (a smaller difference is a tie); ``row[flag + "_by"]`` names
+    the rows that dominate it."""
+    gain_tol = _tolerance(rows, gain_key)
+    adv_tol = 0.02  # membership AUC: differences below this are within its bootstrap noise at n = 300
+    for row in rows:
+        dominated_by = []
+        for other in rows:
+            if other is row or any(math.isnan(other[k]) for k in (gain_key, "upload_vs_fedavg", "mia_advantage")):
+                continue
+            no_worse = (
+                other[gain_key] >= row[gain_key] - gain_tol
+                and other["upload_vs_fedavg"] <= row["upload_vs_fedavg"] * 1.02
+                and other["mia_advantage"] <= row["mia_advantage"] + adv_tol
+            )
+            better = (
+                other[gain_key] > row[gain_key] + gain_tol
+                or other["upload_vs_fedavg"] < row["upload_vs_fedavg"] * 0.98
+                or other["mia_advantage"] < row["mia_advantage"] - adv_tol
+            )
+            if no_worse and better:
+                dominated_by.append(other["run"])
+        row[flag] = not dominated_by and not math.isnan(row[gain_key])
+        row[flag + "_by"] = dominated_by
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    public = any("pgain_loss" in r for r in rows)
+    head = (
+        f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
+        + (f"{'pgain':>5} {'pgown':>5} " if public else "")
+        + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'ε':>5} {'ε_lb':>5} {'rec.':>6} {'front':>5}"
+    )
+    lines = [head, "-" * len(head)]
+
+    def num(value: float, width: int, digits: int) -> str:
+        if value is None or math.isnan(value):
+            return f"{'n/a':>{width}}"
+        for shown in range(digits, -1, -1):  # fewer digits, then powers of ten: a diverged run keeps the columns
+            text = f"{value:>{width}.{shown}f}"
+            if len(text) <= width:
+                return text
+        return f"{value:>{width}.0e}"
+
+    for r in rows:
+        front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
+        lines.append(
+            f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
+            f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
+            f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} "
+            + (
+                f"{num(r.get('pgain_loss', math.nan), 5, 2)} {num(r.get('pgain_own_loss', math.nan), 5, 2)} "
+                if public
+                else ""
+            )
+            + f"{num(r['upload_vs_fedavg'], 6, 3)} "
+            f"{num(r['download_vs_fedavg'], 5, 2)} {num(r['mia_advantage'], 5, 3)} "
+            f"{num(r['mia_tpr_1pct'], 5, 3)} {num(r.get('epsilon', math.nan), 5, 2)} "
+            f"{num(r.get('epsilon_lb', math.nan), 5, 2)} {num(r['recovered'], 6, 4)} {front:>5}"
+        )
+    lines.append(
+        "loss: mean test loss on the shared test set (± half the seed range); own: on each client's own "
+        "held-out "
+        "data; gain / gBLEU / g own: gain retained over training alone (FedAvg = 1) on pooled loss, pooled "
+        "BLEU, own-data loss; "
+        + (
+            "pgain / pgown: the same on pooled and own-data loss against the "
+            "public-start references (public + local = 0, public + fedavg = 1); "
+            if public
+            else ""
+        )
+        + "up / down: bytes per client per round / FedAvg's; MIA: the server's membership "
+        "advantage (AUC − 0.5 of its best score, LiRA included); TPR1%: its TPR at 1% FPR; ε: the DP "
+        "guarantee the run reports (record level: the largest client's); ε_lb: the attack's empirical lower "
+        "bound on ε (Clopper-Pearson, 95%); rec.: weights it recovers "
+        "exactly; front: * on the Pareto front of (gain, up, MIA), † with own-data gain"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["METRICS", "format_table", "gain_retained", "mark_pareto", "table"]

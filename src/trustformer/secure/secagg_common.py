@@ -1,0 +1,94 @@
+"""What both sides of secure aggregation share (module docstring of ``secagg.py``): the parameters, the share
+tags, and the checks of client ids, sessions and advertised public keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from .masking import KEY_BYTES, SecAggError, _check_scale_bits
+from .shamir import _check_ids
+
+SEED_BYTES = 32
+_TAG_SELF_SEED = b"b"
+_TAG_MASK_KEY = b"s"
+
+
+@dataclass(frozen=True)
+class SecAggParams:
+    """Threshold t (shares needed to reconstruct a secret) and fixed-point scale of the inputs."""
+
+    threshold: int
+    scale_bits: int = 24
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 2:
+            raise SecAggError(f"secagg threshold must be an integer >= 2, got {self.threshold!r}")
+        _check_scale_bits(self.scale_bits)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers shared by client and server
+
+
+def _check_session(session: bytes) -> bytes:
+    if not isinstance(session, (bytes, bytearray)) or not session:
+        raise SecAggError("secagg: session must be non-empty bytes binding run id and round")
+    return bytes(session)
+
+
+def _check_client_ids(client_ids: Sequence[int], params: SecAggParams) -> list[int]:
+    if not isinstance(params, SecAggParams):
+        raise SecAggError(f"secagg: params must be SecAggParams, got {type(params).__name__}")
+    ids = sorted(_check_ids(list(client_ids), "client id"))
+    if len(ids) < 2:
+        raise SecAggError(f"secagg needs at least 2 clients, got {len(ids)}")
+    if params.threshold > len(ids):
+        raise SecAggError(f"secagg threshold {params.threshold} exceeds the number of clients {len(ids)}")
+    return ids
+
+
+def _check_public_keys(
+    keys: Mapping[int, Mapping[str, bytes]], known: set[int], threshold: int, step: str
+) -> dict[int, dict[str, bytes]]:
+    if not isinstance(keys, Mapping):
+        raise SecAggError(f"secagg {step}: public keys must be a mapping client -> keys")
+    out: dict[int, dict[str, bytes]] = {}
+    seen: dict[bytes, int] = {}
+    for client, entry in keys.items():
+        (cid,) = _id_list([client], "client id", step)
+        if cid not in known:
+            raise SecAggError(f"secagg {step}: unknown client id {cid}")
+        if not isinstance(entry, Mapping) or set(entry) != {"c_pk", "s_pk"}:
+            got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
+            raise SecAggError(f"secagg {step}: client {cid} must send exactly 'c_pk' and 's_pk', got {got}")
+        for name in ("c_pk", "s_pk"):
+            value = entry[name]
+            if not isinstance(value, (bytes, bytearray)) or len(value) != KEY_BYTES:
+                size = len(value) if isinstance(value, (bytes, bytearray)) else type(value).__name__
+                raise SecAggError(f"secagg {step}: client {cid} key {name!r} has {size} bytes, expected {KEY_BYTES}")
+            if bytes(value) in seen:
+                raise SecAggError(
+                    f"secagg {step}: client {cid} key {name!r} repeats a key of client {seen[bytes(value)]}"
+                )
+            seen[bytes(value)] = cid
+        out[cid] = {"c_pk": bytes(entry["c_pk"]), "s_pk": bytes(entry["s_pk"])}
+    if len(out) < threshold:
+        raise SecAggError(f"secagg {step}: {len(out)} clients sent keys, threshold is {threshold}")
+    return out
+
+
+def _id_list(values: Sequence[int], what: str, step: str) -> list[int]:
+    try:
+        return sorted(_check_ids(list(values), what))
+    except SecAggError as err:
+        raise SecAggError(f"secagg {step}: {str(err).removeprefix('secagg: ')}") from None
+
+
+def _public_raw(private: X25519PrivateKey) -> bytes:
+    return private.public_key().public_bytes_raw()
+
+
+__all__ = ["SEED_BYTES", "SecAggParams"]
