@@ -42,6 +42,7 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
         "4-bit": {"federation.payload_bits": 4},
         "2-bit": {"federation.payload_bits": 2},
     },
+    "download": {"down 4-bit": {"federation.download_bits": 4}},
     "sampling": {"2 of 3": {"federation.clients_per_round": 2}},
     "secure": {"secagg": {"secure.mode": "secagg"}},
     "robust": {"median": {"robust.aggregator": "median"}},

@@ -121,6 +121,8 @@ NEEDED_BY = {
     ("Phong", "model"): "phong",
     ("Phong", "orders"): "phong",
     ("CodedPayload", "reference"): "fedavg + 4-bit",
+    ("CodedDownload", "delivered"): "fedavg + down 4-bit",
+    ("CodedDownload", "delivered_round"): "fedavg + down 4-bit + 2 of 3",
     ("RobustAggregation", "_start"): "fedavg + sign-flip",
     ("RobustAggregation", "_start_round"): "fedavg + 2 of 3 + median",
     ("DifferentialPrivacy", "ledger"): "dp-fedavg",

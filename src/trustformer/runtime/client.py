@@ -35,7 +35,7 @@ from ..protocols import ProtocolObserver, active_observer, make_protocol
 from ..protocols.interface.base import ClientSession, FederatedProtocol
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
-from ..wire import FederationError, from_array_record, payload_bytes, spec_of, to_array_record
+from ..wire import FederationError, PayloadError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
 from .checkpoint import run_key
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
@@ -388,9 +388,11 @@ def train(msg: Message, context: Context) -> Message:
     protocol = env.protocol
     training = protocol
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
-        incoming = from_array_record(
-            msg.content["model"], spec_of(trainable_tensors(session.model)), what="model from the server"
-        )
+        specs = protocol.catch_up_specs(session)
+        what = "model from the server"
+        incoming = from_array_record(msg.content["model"], specs[0] if len(specs) == 1 else None, what=what)
+        if len(specs) > 1 and not any(spec_of(incoming) == spec for spec in specs):
+            raise PayloadError(f"{what}: its arrays match none of the {len(specs)} layouts the protocol expects")
         metrics.update(protocol.client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)
     metrics.update(

@@ -168,6 +168,10 @@ class FederatedProtocol:
         passed from worker to worker). Default: apply it as an aggregate."""
         return self.client_apply(session, model)
 
+    def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
+        """The layouts a catch-up model may have (checked before ``client_start_from``): the trainable tensors."""
+        return [spec_of({n: p for n, p in session.model.named_parameters() if p.requires_grad})]
+
     # ------------------------------------------------------------------ server state (checkpoints)
     def server_state(self) -> dict[str, Any]:
         """What a resumed server needs: the declared ``state_attrs``, under this class's name (a wrapper adds its

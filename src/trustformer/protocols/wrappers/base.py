@@ -100,6 +100,9 @@ class ProtocolWrapper(FederatedProtocol):
     def aggregate_delivered(self, delivered: Tensors) -> None:
         self.inner.aggregate_delivered(delivered)
 
+    def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
+        return self.inner.catch_up_specs(session)
+
     def aggregate_events(self) -> list[dict[str, Any]]:
         return self.inner.aggregate_events()
 

@@ -166,6 +166,12 @@ class CodedDownload(ProtocolWrapper):
         return self.delivered_round, {REFRESH + n: t.clone() for n, t in self.delivered.items()}
 
     # ------------------------------------------------------------------ client
+    def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
+        """The protocol's own catch-up model, or the delivered state to refresh (see :meth:`catch_up`)."""
+        spec = self.inner.payload_spec(session)
+        refresh = [{REFRESH + n: s for n, s in spec.items()}] if spec is not None else []
+        return [*self.inner.catch_up_specs(session), *refresh]
+
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         spec = self.inner.payload_spec(session)
         if spec is None:
