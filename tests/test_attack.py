@@ -57,14 +57,14 @@ def test_secure_aggregation_leaves_only_the_mean(attacked):
 
 def test_trustformer_at_beta_one_is_fedavg_and_recovered_exactly(attacked):
     result = attacked(
-        "tf-1", **{"federation.strategy": "trustformer", "federation.beta": 1.0, "federation.min_cluster_rows": 1}
+        "tf-1", **{"federation.strategy": "trustformer", "trustformer.beta": 1.0, "trustformer.min_cluster_rows": 1}
     )
     assert result["recovered_fraction_mean"] == 1.0
     assert result["relative_error_mean"] < 1e-6
 
 
 def test_trustformer_half_recovers_less_than_fedavg_but_uses_the_payload(attacked):
-    result = attacked("tf-0.5", **{"federation.strategy": "trustformer", "federation.beta": 0.5})
+    result = attacked("tf-0.5", **{"federation.strategy": "trustformer", "trustformer.beta": 0.5})
     fedavg = attacked("fedavg", **{"federation.strategy": "fedavg"})
     assert result["recovered_fraction_mean"] < fedavg["recovered_fraction_mean"]
     assert result["relative_error_mean"] > 1e-3

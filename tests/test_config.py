@@ -107,13 +107,13 @@ def test_cli_options_map_to_config(tmp_path):
 
 
 def test_protocol_options_live_in_their_own_sections_and_old_keys_still_work_with_a_warning():
-    from trustformer.config.run import DEPRECATED_KEYS
+    from trustformer.config.run import deprecated_keys
 
     cfg = load_config("tiny", None, {"trustformer.beta": 0.25, "fedavg-topk.keep": 0.2, "fedpc.beta": 0.3})
     assert cfg.section("trustformer").beta == 0.25 and cfg.section("fedavg-topk").keep == 0.2
     assert cfg.section("fedpc").beta == 0.3 and cfg.section("phong").order == "fixed"  # defaults when not set
     assert not hasattr(cfg.federation, "beta") and not hasattr(cfg, "fedpc")
-    for old, (section, key) in DEPRECATED_KEYS.items():
+    for old, (section, key) in deprecated_keys().items():
         value = getattr(load_config("tiny", None, {}).section(section), key)
         with pytest.warns(FutureWarning, match=rf"{re.escape(old)} is deprecated .* use {re.escape(section)}\.{key}"):
             moved = load_config("tiny", None, {old: value})

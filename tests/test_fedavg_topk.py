@@ -29,9 +29,7 @@ def test_keeping_every_coordinate_is_fedavg(tmp_path):
 
 
 def test_sparse_exchange_syncs_clients_and_costs_indices_and_values(tmp_path):
-    summary = run_in_process(
-        tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 0.1})
-    )
+    summary = run_in_process(tiny(tmp_path, "topk", **{"federation.strategy": "fedavg-topk", "fedavg-topk.keep": 0.1}))
     local = run_in_process(tiny(tmp_path, "local", **{"federation.strategy": "local"}))
     assert len(set(summary["test_loss"])) == 1  # every client adopted the same global model
     assert summary["test_loss"] != pytest.approx(local["test_loss"], abs=1e-4)

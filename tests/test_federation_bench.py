@@ -38,7 +38,7 @@ def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
     for r in runs:
         seeds.setdefault(r.label, []).append(r.seed)
     assert seeds["trustformer β=0.1"] == [0, 1] and seeds["dp-fedavg"] == [0] and seeds["fedavg +secagg"] == [0]
-    keep = {r.beta: r.overrides["federation.topk_keep"] for r in runs if r.label.startswith("top-k")}
+    keep = {r.beta: r.overrides["fedavg-topk.keep"] for r in runs if r.label.startswith("top-k")}
     assert keep == {0.1: 0.05, 0.5: 0.25}  # an index travels with every value: β/2 costs β of the bytes
     both = plan_runs([0.5, 0.7], [4], [0, 1])  # ⌈1/0.5⌉ = ⌈1/0.7⌉ = 2: FedAvg every 2 runs once per seed
     assert [(r.label, r.seed) for r in both].count(("fedavg every 2", 0)) == 1
@@ -170,5 +170,5 @@ def test_a_run_the_configuration_refuses_stops_the_benchmark_before_anything_tra
     )
     assert code != 0
     err = capsys.readouterr().err
-    assert "benchmark run 'trustformer β=0.7'" in err and "federation.min_cluster_rows" in err
+    assert "benchmark run 'trustformer β=0.7'" in err and "trustformer.min_cluster_rows" in err
     assert not (tmp_path / "runs").exists()

@@ -103,11 +103,11 @@ def reference() -> str:
     for task, presets in TASK_PRESETS.items():
         for name, values in presets.items():
             lines.append(f'- `{name}` with `task = "{task}"`: ' + ", ".join(f"`{k}`" for k in _flat(values)))
-    from .config.run import DEPRECATED_KEYS
+    from .config.run import deprecated_keys
 
     lines += ["", "## Deprecated keys", "", "Still read for one release, with a warning that names the new key.", ""]
     lines += ["| old key | new key |", "|---|---|"]
-    lines += [f"| `{old}` | `{section}.{key}` |" for old, (section, key) in DEPRECATED_KEYS.items()]
+    lines += [f"| `{old}` | `{section}.{key}` |" for old, (section, key) in deprecated_keys().items()]
     return "\n".join(lines) + "\n"
 
 

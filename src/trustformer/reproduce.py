@@ -41,7 +41,7 @@ NON_EXCHANGING = ("local", "centralized")
 
 
 # the paper's protocol: no privacy floor (its β sweep reaches 0.9), k-means of the trained weights
-PAPER_TRUSTFORMER = {"federation.min_cluster_rows": 1, "federation.memberships": "local"}
+PAPER_TRUSTFORMER = {"trustformer.min_cluster_rows": 1, "trustformer.memberships": "local"}
 
 
 def available_strategies(wanted: Sequence[str] = PAPER_STRATEGIES) -> tuple[str, ...]:
@@ -115,7 +115,7 @@ class PlannedRun:
         fed = self.cfg.federation
         text = fed.strategy
         if fed.strategy == "trustformer":
-            text += f" β={fed.beta:g}"
+            text += f" β={self.cfg.section('trustformer').beta:g}"
         if fed.strategy.startswith("dp-"):
             text += f" ({self.cfg.privacy.unit} level)"
         if fed.strategy not in NON_EXCHANGING:
@@ -152,7 +152,7 @@ def plan(
             continue
         if strategy == "trustformer":
             settings += [
-                {"federation.strategy": strategy, "federation.beta": b, "federation.agg_every": 1, **PAPER_TRUSTFORMER}
+                {"federation.strategy": strategy, "trustformer.beta": b, "federation.agg_every": 1, **PAPER_TRUSTFORMER}
                 for b in grid.betas
             ]
         elif strategy.startswith("dp-"):
@@ -170,7 +170,7 @@ def plan(
                     settings += [
                         {
                             "federation.strategy": strategy,
-                            "federation.beta": b,
+                            "trustformer.beta": b,
                             "federation.agg_every": a,
                             **PAPER_TRUSTFORMER,
                         }
@@ -181,7 +181,7 @@ def plan(
     planned: list[PlannedRun] = []
     seen: set[str] = set()
     for s in settings:
-        values = {"eval.diagnostics": True, **grid.settings}  # the tables' distance to FedAvg
+        values = {"eval.diagnostics": True, **dict(grid.settings)}  # the tables' distance to FedAvg
         values.update(overrides or {})
         if grid.rounds is not None:
             values["federation.rounds"] = grid.rounds
@@ -203,7 +203,7 @@ def _run_name(cfg: RunConfig) -> str:
     fed = cfg.federation
     name = fed.strategy
     if fed.strategy == "trustformer":
-        name += f"-beta{fed.beta:g}"
+        name += f"-beta{cfg.section('trustformer').beta:g}"
     if fed.strategy not in NON_EXCHANGING:
         name += f"-agg{fed.agg_every}"
     return name

@@ -71,8 +71,8 @@ def plan_runs(
             name = f"trustformer β={beta:g}" + (f" {mode}" if mode else "")
             base = {
                 "federation.strategy": "trustformer",
-                "federation.beta": beta,
-                **({"federation.memberships": mode} if mode else {}),
+                "trustformer.beta": beta,
+                **({"trustformer.memberships": mode} if mode else {}),
             }
             plans.append((name, base, beta, True))
             plans += [(f"{name} {bits}-bit", {**base, "federation.payload_bits": bits}, beta, True) for bits in widths]
@@ -85,7 +85,7 @@ def plan_runs(
         plans.append(
             (
                 f"top-k {beta / 2:g}",
-                {"federation.strategy": "fedavg-topk", "federation.topk_keep": beta / 2},
+                {"federation.strategy": "fedavg-topk", "fedavg-topk.keep": beta / 2},
                 beta,
                 True,
             )
@@ -147,7 +147,7 @@ def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], beta
         for rank in ranked
     ]
     for beta in betas:
-        tf = {"federation.strategy": "trustformer", "federation.beta": beta}
+        tf = {"federation.strategy": "trustformer", "trustformer.beta": beta}
         plans += (
             [(f"public + trustformer β={beta:g} lora r{ranked[0]}", {**adapters[ranked[0]], **tf}, beta, "run")]
             if ranks
@@ -161,7 +161,7 @@ def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], beta
         plans.append(
             (
                 f"public + trustformer β={beta:g}",
-                {**PUBLIC, "federation.strategy": "trustformer", "federation.beta": beta},
+                {**PUBLIC, "federation.strategy": "trustformer", "trustformer.beta": beta},
                 beta,
                 "run",
             )
@@ -201,7 +201,7 @@ def plan_record_dp_runs(
     bases: list[tuple[str, dict[str, Any], float | None]] = [
         ("fedavg", {"federation.strategy": "fedavg"}, None),
         (f"fedavg {bits}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": bits}, None),
-        (f"trustformer β={beta:g}", {"federation.strategy": "trustformer", "federation.beta": beta}, beta),
+        (f"trustformer β={beta:g}", {"federation.strategy": "trustformer", "trustformer.beta": beta}, beta),
     ]
     if public:  # first: DP is known to work best from a public start (Li et al. 2022; Yu et al. 2022)
         bases = (

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
-from ..registry import PROTOCOLS, protocol_spec
+from ..registry import PROTOCOLS, protocol_spec, protocol_specs
 from .checks import ConfigError, _at_least, _choice
 from .coerce import _build, _to_plain
 from .composition import check_composition
@@ -193,24 +193,17 @@ class RunConfig:
         return build_run(json.loads(text)).validate()
 
 
-# keys that moved to a protocol's own section: still read for one release, with a message naming the new key
-DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
-    **{
-        f"federation.{key}": ("trustformer", key)
-        for key in ("beta", "weighting", "memberships", "min_cluster_rows", "kmeans_max_iter")
-    },
-    "federation.kmeans_warm_max_iter": ("trustformer", "kmeans_warm_max_iter"),
-    "federation.kmeans_tol": ("trustformer", "kmeans_tol"),
-    "federation.topk_keep": ("fedavg-topk", "keep"),
-    "federation.topk_error_feedback": ("fedavg-topk", "error_feedback"),
-}
+def deprecated_keys() -> dict[str, tuple[str, str]]:
+    """Keys that moved to a protocol's own section (each spec's ``renamed``): old key -> (section, new key). They are
+    still read for one release, with a message naming the new key."""
+    return {old: (spec.name, new) for spec in protocol_specs() for old, new in spec.renamed.items()}
 
 
 def _moved_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every deprecated key moved to its new place (FutureWarning naming it; ConfigError when the
     old and the new key are both set)."""
     out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in values.items()}
-    for old, (section, key) in DEPRECATED_KEYS.items():
+    for old, (section, key) in deprecated_keys().items():
         table, name = old.split(".")
         if not isinstance(out.get(table), dict) or name not in out[table]:
             continue

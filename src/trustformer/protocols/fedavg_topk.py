@@ -60,6 +60,7 @@ class FedAvgTopK(FederatedProtocol):
         ),
         summary="clients send the largest coordinates of their update (with error feedback)",
         section=TopKConfig,
+        renamed={"federation.topk_keep": "keep", "federation.topk_error_feedback": "error_feedback"},
         refuses={
             "robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
             "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"

@@ -153,6 +153,7 @@ class Trustformer(FederatedProtocol):
             "memberships": cfg.section("trustformer").memberships,
         },
         section=TrustformerConfig,
+        renamed={f"federation.{f}": f for f in TrustformerConfig.__dataclass_fields__},
         summary="clients send per-layer k-means centroids; rows shift by (global - local) centroid",
     )
 

@@ -365,7 +365,7 @@ def _clustering_note(tf: Sequence[RunResult]) -> str | None:
         "the paper's: " + "; ".join(shares) + ". Our Trustformer runs here cluster as the paper's Algorithm 2 "
         "(k-means of each client's trained weights at every exchange, memberships = local, no privacy floor); "
         "after the first exchange k-means starts from the previous global centroids and runs at most "
-        "federation.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
+        "trustformer.kmeans_warm_max_iter Lloyd iterations; the paper's clustering "
         "of a 200 M-parameter model dominates its epoch. The paper's clustering time is not monotone in β "
         "(it peaks at β = 0.6), which it attributes to k-means convergence."
     )

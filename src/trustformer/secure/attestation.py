@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import TrustformerError
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 MEASURED_FILES = (
@@ -74,8 +74,6 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
         "rounds": fed.rounds,
         "clients": fed.clients,
         "agg_every": fed.agg_every,
-        "beta": cfg.section("trustformer").beta,
-        "weighting": cfg.section("trustformer").weighting,
         "min_clients": fed.min_clients,
         "secure": {
             "mode": sec.mode,
@@ -83,6 +81,10 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
             "secagg_scale_bits": sec.secagg_scale_bits,
         },
     }
+    try:  # the strategy's own section (Trustformer's beta and weighting, FedProx's mu, ...), defaults included
+        values["protocol"] = asdict(cfg.section(fed.strategy))
+    except ConfigError:  # the strategy declares none
+        values["protocol"] = None
     values["privacy"] = asdict(cfg.privacy)  # a DP aggregator clips, samples and adds noise from these
     values["seed"] = cfg.seed
     return values

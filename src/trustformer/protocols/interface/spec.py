@@ -56,6 +56,8 @@ class ProtocolSpec:
     summary: str = ""
     refuses: Mapping[str, str] = field(default_factory=dict)
     section: type | None = None
+    # keys that moved into its section: old dotted key -> key in the section, still read for one release
+    renamed: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
     tasks: tuple[str, ...] | None = None
     exchanges: bool = True
