@@ -576,8 +576,10 @@ def evaluate(msg: Message, context: Context) -> Message:
         if samples:
             content["samples"] = ConfigRecord(samples)
         log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
-    # what the whole model costs under the same serializer (the size of a FedAvg payload)
+    # what the trainable tensors cost under the same serializer (the size of a FedAvg payload), and the whole model
     metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))
+    whole = {n: p.detach() for n, p in session.model.named_parameters()}
+    metrics["full_model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(whole)}))
     data = env.task.describe(env.client)
     if env.cfg.task == "translation":
         data["train_pairs"] = session.num_examples

@@ -98,6 +98,33 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     return finish_run(cfg, server, nodes, checkpoints, rounds_run)
 
 
+def bytes_summary(records: list[dict[str, Any]], finals: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json["bytes"] beyond the totals: the bytes of every round (all clients), the trainable tensors' and the
+    whole model's float32 bytes under the same serializer, and the mean message per client and round against each."""
+    trainable = max((int(f.get("model_bytes", 0)) for f in finals), default=0)
+    full = max((int(f.get("full_model_bytes", 0)) for f in finals), default=0) or trainable
+    rounds = sorted({int(r["round"]) for r in records})
+    per_round = [
+        {
+            "round": rnd,
+            "up": sum(int(r.get("bytes_up", 0)) for r in records if r["round"] == rnd),
+            "down": sum(int(r.get("bytes_down", 0)) for r in records if r["round"] == rnd),
+        }
+        for rnd in rounds
+    ]
+    up = sum(int(r.get("bytes_up", 0)) for r in records) / max(len(records), 1)
+    down = sum(int(r.get("bytes_down", 0)) for r in records) / max(len(records), 1)
+    return {
+        "fedavg_model_bytes": trainable,  # the trainable tensors (LoRA: the adapters), as one FedAvg payload
+        "full_model_bytes": full,  # every parameter, frozen ones included, in float32
+        "per_round": per_round,
+        "up_vs_full_model": round(up / full, 6) if full else None,
+        "down_vs_full_model": round(down / full, 6) if full else None,
+        "up_vs_trainable": round(up / trainable, 6) if trainable else None,
+        "down_vs_trainable": round(down / trainable, 6) if trainable else None,
+    }
+
+
 def finish_run(
     cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
 ) -> dict[str, Any]:
@@ -131,7 +158,7 @@ def finish_run(
         test_loss=[per_client[c]["test_loss"] for c in order],
         **task_summary(cfg.task, cfg.out, per_client, order),
         data={"partition": cfg.data.partition, "clients": {str(c): per_client[c]["data"] for c in order}},
-        bytes={"fedavg_model_bytes": max((int(per_client[c]["model_bytes"]) for c in order), default=0)},
+        bytes=bytes_summary(recorder.records, [per_client[c] for c in order]),
         scored_by={str(c): per_client[c]["scored_by"] for c in order},
         server_time_s={k: round(v, 4) for k, v in server.server_phases.items()},
         versions={"trustformer": _version(), "flwr": flwr.__version__, "torch": torch.__version__},
