@@ -5,11 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 import sys
 from typing import Any
 
-from .cli_options import add_config_options, resolve_config, run_config, setup_logging
+from .cli_options import (
+    add_config_options,
+    float_list,
+    int_list,
+    interrupted_advice,
+    refuse_existing_run,
+    resolve_config,
+    run_config,
+    setup_logging,
+    str_list,
+)
 from .config import PRESETS, ConfigError, parse_override
 
 
@@ -37,45 +46,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
 
-def refuse_existing_run(out: str) -> None:
-    """A new run into a folder that holds a run (finished, or checkpointed and interrupted) would replace its
-    summary, metrics and model without a word: refuse, naming the options that say what to do."""
-    folder = Path(out)
-    summary, checkpoint = folder / "summary.json", folder / "checkpoint.json"
-    if summary.exists():
-        raise ConfigError(
-            f"{folder} holds a finished run ({summary.name}, its metrics and model): choose another folder with "
-            "--out DIR, or pass --overwrite to replace it"
-        )
-    if checkpoint.exists():
-        raise ConfigError(
-            f"{folder} holds an interrupted run ({checkpoint.name}): continue it with 'trustformer run --resume "
-            f"{folder}', choose another folder with --out DIR, or pass --overwrite to replace it"
-        )
-
-
-def _interrupted(cfg: Any) -> str:
-    """What to do after Ctrl-C: resume, or why the run cannot be resumed."""
-    from .runtime.checkpoint import CheckpointError, read_checkpoint
-    from .runtime.client import keeps_state_on_disk
-
-    if not cfg.runtime.checkpoint:
-        return "it cannot be resumed: runtime.checkpoint = false"
-    if not keeps_state_on_disk(cfg):
-        return (
-            "it cannot be resumed: its clients kept their state in memory (runtime.store = memory), which ended "
-            "with it; --set runtime.store=disk makes a run resumable"
-        )
-    try:
-        done = read_checkpoint(cfg.out).round
-    except CheckpointError:
-        return "it completed no round, so there is nothing to resume: start it again"
-    return f"it completed {done} round(s); continue it with: trustformer run --resume {cfg.out}"
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
-    from .runtime.client import keeps_state_on_disk
+    from .runtime.node import keeps_state_on_disk
 
     if not cfg.runtime.resume and not args.overwrite:
         refuse_existing_run(cfg.out)
@@ -94,7 +67,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         summary = run(cfg)
     except KeyboardInterrupt:
-        print(f"trustformer: the run in {cfg.out} was interrupted; {_interrupted(cfg)}", file=sys.stderr)
+        print(f"trustformer: the run in {cfg.out} was interrupted; {interrupted_advice(cfg)}", file=sys.stderr)
         raise
     from .tasks.results import FINAL_METRICS
 
@@ -164,24 +137,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 0.1,0.5,0.9") from None
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,5,10") from None
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
 def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
@@ -208,40 +163,40 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--strategies",
-        type=_str_list,
+        type=str_list,
         metavar="LIST",
         help="comma-separated strategies (default: all the paper's that are installed"
         "; small leaves out centralized; fedpc: centralized,fedavg,phong,fedpc)",
     )
     p.add_argument(
         "--clients",
-        type=_int_list,
+        type=int_list,
         metavar="LIST",
         help="fedpc: numbers of workers N, e.g. 3,5,10 (default: 3,5,10; tiny: 3)",
     )
-    p.add_argument("--tasks", type=_str_list, metavar="LIST", help=f"fedpc: tasks (default: {','.join(FEDPC_TASKS)})")
+    p.add_argument("--tasks", type=str_list, metavar="LIST", help=f"fedpc: tasks (default: {','.join(FEDPC_TASKS)})")
     p.add_argument(
         "--partitions",
-        type=_str_list,
+        type=str_list,
         metavar="LIST",
         help=f"fedpc: data splits (default: {','.join(FEDPC_PARTITIONS)}; dirichlet: image classification only)",
     )
-    p.add_argument("--betas", type=_float_list, metavar="LIST", help="trustformer paper: β sweep, e.g. 0.1,0.5,0.9")
+    p.add_argument("--betas", type=float_list, metavar="LIST", help="trustformer paper: β sweep, e.g. 0.1,0.5,0.9")
     p.add_argument(
         "--agg-every",
-        type=_int_list,
+        type=int_list,
         metavar="LIST",
         help="trustformer paper: aggregation frequencies Agg_fr to run, e.g. 1,2 (1 is always the base)",
     )
     p.add_argument(
         "--agg-betas",
-        type=_float_list,
+        type=float_list,
         metavar="LIST",
         help="trustformer paper: β values run at the Agg_fr other than 1 (default 0.5)",
     )
     p.add_argument(
         "--agg-strategies",
-        type=_str_list,
+        type=str_list,
         metavar="LIST",
         help="trustformer paper: strategies run at the Agg_fr other than 1 (default fedavg,trustformer)",
     )
@@ -383,163 +338,6 @@ def _reproduce_outcome(outcome: Any) -> int:
     return 0
 
 
-def _attack_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "attack",
-        help="measure what an honest-but-curious server learns from a run",
-        description="Attacks on a federation run in this process.",
-    )
-    what = p.add_subparsers(dest="attack", required=True)
-    r = what.add_parser(
-        "reconstruct",
-        help="estimate every client's trained model from what the server holds; print the error table",
-        description="Run a federation in this process (the options of `trustformer run`) and play the "
-        "honest-but-curious server: from the payloads it receives (under secagg: only their sum), the run "
-        "configuration and the public initial model it estimates each client's locally trained model, and "
-        "reports the relative L2 error and the fraction of weights recovered within 1e-6 (mean over clients "
-        "at the last exchange round). The sweep options run several configurations and print one table.",
-    )
-    m = what.add_parser(
-        "membership",
-        help="decide from what the server holds whether examples were in a client's training data",
-        description="Run a federation in this process (the options of `trustformer run`) and attack the "
-        "membership of every client's data from the server's estimate of its model (docs/privacy.md): AUC and "
-        "TPR at 1% and 0.1% FPR per client and score, with the true local model and the client's final model as "
-        "reference rows. Translation needs data.own_test_size > 0 (the non-members: pairs of the client's own "
-        "domains that no client trained on). The sweep options run several configurations and print one table.",
-    )
-    m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
-    m.add_argument(
-        "--reference-models",
-        type=int,
-        default=8,
-        help="offline LiRA's reference models, trained by the server on halves of the public split "
-        "(default 8; 0: no LiRA score)",
-    )
-    a = what.add_parser(
-        "audit",
-        help="audit a record-level DP run in one training run: gradient canaries, the server's view, ε_lb vs ε",
-        description="Run a record-level DP federation (privacy.unit = record) in this process with gradient canaries "
-        "planted in client 0's DP-SGD (each included with probability ½), score each canary from the server's view "
-        "of client 0's updates, and print the one-run lower bound ε_lb on ε at 95% confidence beside the ε the run "
-        "reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). An audit run is not private for its canaries.",
-    )
-    add_config_options(a)
-    a.add_argument("--canaries", type=int, default=1000, help="gradient canaries (default 1000)")
-    a.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    a.set_defaults(func=_cmd_audit)
-    for q in (r, m):
-        add_config_options(q)
-        q.add_argument(
-            "--strategies",
-            type=_str_list,
-            metavar="LIST",
-            help="comma-separated strategies to attack, one run each (default: --strategy)",
-        )
-        q.add_argument(
-            "--betas",
-            type=_float_list,
-            metavar="LIST",
-            help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5",
-        )
-        q.add_argument(
-            "--memberships",
-            type=_str_list,
-            metavar="LIST",
-            help="trustformer membership modes, one run each, e.g. shared,local",
-        )
-        q.add_argument(
-            "--secure-modes",
-            type=_str_list,
-            metavar="LIST",
-            help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
-            "support are skipped and listed)",
-        )
-        q.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
-        q.add_argument("--quiet", action="store_true", help="only the table and warnings")
-        q.set_defaults(func=_cmd_attack)
-
-
-def _attack_setup(args: argparse.Namespace, default_out: str):
-    import json
-
-    from .attack import reconstruct as rec
-
-    given = {item.partition("=")[0] for item in args.set}
-    args.set = [f"{k}={json.dumps(v)}" for k, v in rec.FAST_EVAL.items() if k not in given] + list(args.set)
-    if args.out is None:
-        args.out = os.path.join("runs", default_out)
-    setup_logging(quiet=True)
-    cfg = resolve_config(args)
-    runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
-    for why in skipped:
-        print(f"skipped {why}", file=sys.stderr)
-    if not runs:
-        raise ConfigError(
-            "nothing to run: every combination of --strategies and --secure-modes was refused (see the lines above)"
-        )
-    if not args.quiet:
-        print(
-            f"attack {args.attack}: preset {cfg.preset} · {cfg.federation.clients} clients · "
-            f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cfg, runs
-
-
-def _cmd_attack(args: argparse.Namespace) -> int:
-    """``attack reconstruct`` / ``attack membership``: the sweep, its table, its note, the JSON."""
-    import time
-
-    from .attack import membership, reconstruct
-
-    module = reconstruct if args.attack == "reconstruct" else membership
-    cfg, runs = _attack_setup(args, f"attack-{args.attack}")
-    started = time.perf_counter()
-    options = (
-        {"candidates": args.candidates, "reference_models": args.reference_models}
-        if args.attack == "membership"
-        else {}
-    )
-    results = module.sweep(cfg, runs, progress=not args.quiet, **options)
-    print(module.format_table(results))
-    print(f"{module.TABLE_NOTE} · total {(time.perf_counter() - started) / 60:.1f} min")
-    if args.json:
-        module.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
-    return 0
-
-
-def _cmd_audit(args: argparse.Namespace) -> int:
-    """``attack audit``: one record-level run with gradient canaries; ε_lb beside ε."""
-    import json
-
-    from .attack.dp_audit import audit
-
-    given = {item.partition("=")[0] for item in args.set}
-    defaults = {
-        "privacy.unit": "record",
-        "privacy.audit_canaries": args.canaries,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-    }
-    args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
-    if args.out is None:
-        args.out = os.path.join("runs", "attack-audit")
-    setup_logging(quiet=True)
-    result = audit(resolve_config(args))
-    print(
-        f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
-        f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
-        f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
-        f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}"
-    )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0 if result["epsilon_lb"] <= result["epsilon"] else 1
-
-
 def _report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
@@ -606,9 +404,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)
     _report_parser(sub)
-    _attack_parser(sub)
+    from .attack.cli import add_attack_parser
     from .model_commands import add_predict_parser, add_translate_parser
 
+    add_attack_parser(sub)
     add_translate_parser(sub)
     add_predict_parser(sub)
     if command is None or command not in sub.choices:  # a deployment command, or help, or an unknown one

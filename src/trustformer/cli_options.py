@@ -141,4 +141,69 @@ def setup_logging(*, quiet: bool) -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
-__all__ = ["RUN_OPTIONS", "add_config_options", "resolve_config", "run_config", "setup_logging"]
+def refuse_existing_run(out: str) -> None:
+    """A new run into a folder that holds a run (finished, or checkpointed and interrupted) would replace its
+    summary, metrics and model without a word: refuse, naming the options that say what to do."""
+    folder = Path(out)
+    summary, checkpoint = folder / "summary.json", folder / "checkpoint.json"
+    if summary.exists():
+        raise ConfigError(
+            f"{folder} holds a finished run ({summary.name}, its metrics and model): choose another folder with "
+            "--out DIR, or pass --overwrite to replace it"
+        )
+    if checkpoint.exists():
+        raise ConfigError(
+            f"{folder} holds an interrupted run ({checkpoint.name}): continue it with 'trustformer run --resume "
+            f"{folder}', choose another folder with --out DIR, or pass --overwrite to replace it"
+        )
+
+
+def interrupted_advice(cfg: Any) -> str:
+    """What to do after Ctrl-C: resume, or why the run cannot be resumed."""
+    from .runtime.checkpoint import CheckpointError, read_checkpoint
+    from .runtime.node import keeps_state_on_disk
+
+    if not cfg.runtime.checkpoint:
+        return "it cannot be resumed: runtime.checkpoint = false"
+    if not keeps_state_on_disk(cfg):
+        return (
+            "it cannot be resumed: its clients kept their state in memory (runtime.store = memory), which ended "
+            "with it; --set runtime.store=disk makes a run resumable"
+        )
+    try:
+        done = read_checkpoint(cfg.out).round
+    except CheckpointError:
+        return "it completed no round, so there is nothing to resume: start it again"
+    return f"it completed {done} round(s); continue it with: trustformer run --resume {cfg.out}"
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 0.1,0.5,0.9") from None
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,5,10") from None
+
+
+def str_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+__all__ = [
+    "RUN_OPTIONS",
+    "add_config_options",
+    "float_list",
+    "int_list",
+    "str_list",
+    "interrupted_advice",
+    "refuse_existing_run",
+    "resolve_config",
+    "run_config",
+    "setup_logging",
+]

@@ -39,7 +39,7 @@ from ..config import CONFIG_KEY, Fault, RunConfig
 from ..core.shared import ALL_SHARDS
 from ..registry import protocol_spec
 from ..runtime import diagnostics
-from ..runtime.client import keeps_state_on_disk, node_defaults, release_memory_store
+from ..runtime.node import keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
 from .flower_internals import (

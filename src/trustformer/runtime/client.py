@@ -37,7 +37,12 @@ from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, PayloadError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
-from .checkpoint import run_key
+from .node import (
+    client_id,
+    client_store,
+    node_setting,
+    release_memory_store,
+)
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
 log = logging.getLogger(__name__)
@@ -103,63 +108,6 @@ class ClientEnv:
 
     def initial(self):
         return initial_tensors(self.cfg.json)
-
-
-_memory_stores: dict[int, MemoryStore] = {}
-
-
-def memory_store(run_id: int) -> MemoryStore:
-    """The in-process state store of a run (shared by its in-process clients)."""
-    return _memory_stores.setdefault(run_id, MemoryStore())
-
-
-def release_memory_store(run_id: int) -> None:
-    _memory_stores.pop(run_id, None)
-
-
-def client_id(context: Context) -> int:
-    """The client (data partition) this node is, from its node config's ``partition-id``."""
-    if "partition-id" not in context.node_config:
-        raise FederationError("node_config has no 'partition-id' (which data shard this client owns)")
-    return int(context.node_config["partition-id"])
-
-
-def keeps_state_on_disk(cfg: RunConfig) -> bool:
-    """``runtime.store``: disk, memory, or (auto) disk when every client's state would not fit in
-    ``runtime.memory_budget_mb`` (a model and two optimizer moments per snapshot, two snapshots per client);
-    the simulation engine's clients live in several processes, so their state is always on disk."""
-    if cfg.runtime.engine == "simulation" or cfg.runtime.store != "auto":
-        return cfg.runtime.engine == "simulation" or cfg.runtime.store == "disk"
-    params = sum(t.numel() for t in initial_tensors(cfg.json).values())
-    return cfg.federation.clients * params * 4 * 3 * 2 > cfg.runtime.memory_budget_mb * 2**20
-
-
-def node_defaults(cfg: RunConfig, client: int) -> dict[str, str]:
-    """Where a client keeps its state and writes its outputs when its node config does not say (the engines set
-    these for their virtual clients; a deployed SuperNode sets its own)."""
-    name = "client-all" if client == ALL_SHARDS else f"client-{client}"
-    out = Path(cfg.out)
-    defaults = {"output-dir": str(out / name), "models-dir": str(out / "models")}
-    if keeps_state_on_disk(cfg):
-        defaults["state-dir"] = str(out / "client-state")
-    return defaults
-
-
-def client_store(cfg: RunConfig, context: Context) -> MemoryStore | DiskStore:
-    """Node config ``state-dir``: state on disk under ``<state-dir>/<run key>/``; else the run's memory store
-    (the simulation engine: always on disk, under ``<out>/client-state``)."""
-    state_dir = context.node_config.get("state-dir")
-    if not state_dir and cfg.runtime.engine == "simulation":
-        state_dir = node_defaults(cfg, client_id(context))["state-dir"]
-    return DiskStore(Path(str(state_dir)) / run_key(cfg)) if state_dir else memory_store(context.run_id)
-
-
-def node_setting(cfg: RunConfig, context: Context, key: str) -> str | None:
-    """A node config entry (``output-dir``, ``models-dir``); on the simulation engine, its default."""
-    value = context.node_config.get(key)
-    if value is None and cfg.runtime.engine == "simulation":
-        value = node_defaults(cfg, client_id(context)).get(key)
-    return str(value) if value else None
 
 
 _node_protocols: dict[str, tuple[ProtocolObserver | None, FederatedProtocol]] = {}

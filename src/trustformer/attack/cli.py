@@ -1,0 +1,172 @@
+"""``trustformer attack``: what an honest-but-curious server learns (the reconstruction and membership attacks,
+``attack run``) and the empirical audit of a record-level DP run (``attack audit``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..cli_options import add_config_options, float_list, resolve_config, setup_logging, str_list
+from ..config import ConfigError
+
+
+def add_attack_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attack",
+        help="measure what an honest-but-curious server learns from a run",
+        description="Attacks on a federation run in this process.",
+    )
+    what = p.add_subparsers(dest="attack", required=True)
+    r = what.add_parser(
+        "reconstruct",
+        help="estimate every client's trained model from what the server holds; print the error table",
+        description="Run a federation in this process (the options of `trustformer run`) and play the "
+        "honest-but-curious server: from the payloads it receives (under secagg: only their sum), the run "
+        "configuration and the public initial model it estimates each client's locally trained model, and "
+        "reports the relative L2 error and the fraction of weights recovered within 1e-6 (mean over clients "
+        "at the last exchange round). The sweep options run several configurations and print one table.",
+    )
+    m = what.add_parser(
+        "membership",
+        help="decide from what the server holds whether examples were in a client's training data",
+        description="Run a federation in this process (the options of `trustformer run`) and attack the "
+        "membership of every client's data from the server's estimate of its model (docs/privacy.md): AUC and "
+        "TPR at 1% and 0.1% FPR per client and score, with the true local model and the client's final model as "
+        "reference rows. Translation needs data.own_test_size > 0 (the non-members: pairs of the client's own "
+        "domains that no client trained on). The sweep options run several configurations and print one table.",
+    )
+    m.add_argument("--candidates", type=int, default=300, help="members (and non-members) per client (default 300)")
+    m.add_argument(
+        "--reference-models",
+        type=int,
+        default=8,
+        help="offline LiRA's reference models, trained by the server on halves of the public split "
+        "(default 8; 0: no LiRA score)",
+    )
+    a = what.add_parser(
+        "audit",
+        help="audit a record-level DP run in one training run: gradient canaries, the server's view, ε_lb vs ε",
+        description="Run a record-level DP federation (privacy.unit = record) in this process with gradient canaries "
+        "planted in client 0's DP-SGD (each included with probability ½), score each canary from the server's view "
+        "of client 0's updates, and print the one-run lower bound ε_lb on ε at 95% confidence beside the ε the run "
+        "reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). An audit run is not private for its canaries.",
+    )
+    add_config_options(a)
+    a.add_argument("--canaries", type=int, default=1000, help="gradient canaries (default 1000)")
+    a.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    a.set_defaults(func=_cmd_audit)
+    for q in (r, m):
+        add_config_options(q)
+        q.add_argument(
+            "--strategies",
+            type=str_list,
+            metavar="LIST",
+            help="comma-separated strategies to attack, one run each (default: --strategy)",
+        )
+        q.add_argument(
+            "--betas",
+            type=float_list,
+            metavar="LIST",
+            help="trustformer betas (and fedavg-topk's kept fraction), one run each, e.g. 0.1,0.5",
+        )
+        q.add_argument(
+            "--memberships",
+            type=str_list,
+            metavar="LIST",
+            help="trustformer membership modes, one run each, e.g. shared,local",
+        )
+        q.add_argument(
+            "--secure-modes",
+            type=str_list,
+            metavar="LIST",
+            help="secure exchange modes, one run each, e.g. none,secagg (combinations a mode does not "
+            "support are skipped and listed)",
+        )
+        q.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
+        q.add_argument("--quiet", action="store_true", help="only the table and warnings")
+        q.set_defaults(func=_cmd_attack)
+
+
+def _attack_setup(args: argparse.Namespace, default_out: str):
+    import json
+
+    from . import reconstruct as rec
+
+    given = {item.partition("=")[0] for item in args.set}
+    args.set = [f"{k}={json.dumps(v)}" for k, v in rec.FAST_EVAL.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = os.path.join("runs", default_out)
+    setup_logging(quiet=True)
+    cfg = resolve_config(args)
+    runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
+    for why in skipped:
+        print(f"skipped {why}", file=sys.stderr)
+    if not runs:
+        raise ConfigError(
+            "nothing to run: every combination of --strategies and --secure-modes was refused (see the lines above)"
+        )
+    if not args.quiet:
+        print(
+            f"attack {args.attack}: preset {cfg.preset} · {cfg.federation.clients} clients · "
+            f"{cfg.federation.rounds} rounds · {len(runs)} run(s) · output {cfg.out}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return cfg, runs
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    """``attack reconstruct`` / ``attack membership``: the sweep, its table, its note, the JSON."""
+    import time
+
+    from . import membership, reconstruct
+
+    module = reconstruct if args.attack == "reconstruct" else membership
+    cfg, runs = _attack_setup(args, f"attack-{args.attack}")
+    started = time.perf_counter()
+    options = (
+        {"candidates": args.candidates, "reference_models": args.reference_models}
+        if args.attack == "membership"
+        else {}
+    )
+    results = module.sweep(cfg, runs, progress=not args.quiet, **options)
+    print(module.format_table(results))
+    print(f"{module.TABLE_NOTE} · total {(time.perf_counter() - started) / 60:.1f} min")
+    if args.json:
+        module.write_json(args.json, cfg, results, "trustformer " + " ".join(sys.argv[1:]))
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    """``attack audit``: one record-level run with gradient canaries; ε_lb beside ε."""
+    import json
+
+    from .dp_audit import audit
+
+    given = {item.partition("=")[0] for item in args.set}
+    defaults = {
+        "privacy.unit": "record",
+        "privacy.audit_canaries": args.canaries,
+        "eval.meteor": False,
+        "eval.bertscore": False,
+    }
+    args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = os.path.join("runs", "attack-audit")
+    setup_logging(quiet=True)
+    result = audit(resolve_config(args))
+    print(
+        f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
+        f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
+        f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
+        f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}"
+    )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0 if result["epsilon_lb"] <= result["epsilon"] else 1
+
+
+__all__ = ["add_attack_parser"]
