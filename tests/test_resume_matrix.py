@@ -30,7 +30,7 @@ ONCE_FAILED = (
     "fedavg + 4-bit + public+lora",
 )
 SEED = int(os.environ.get("TRUSTFORMER_MATRIX_SEED", "0"))
-COUNT = int(os.environ.get("TRUSTFORMER_MATRIX_SAMPLE", "4"))
+COUNT = int(os.environ.get("TRUSTFORMER_MATRIX_SAMPLE", "2"))
 MATRIX = compositions()
 CHOSEN = MATRIX if os.environ.get("TRUSTFORMER_MATRIX") == "full" else sample(MATRIX, COUNT, SEED, ONCE_FAILED)
 print(

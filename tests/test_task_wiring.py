@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 
 
 def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1}
+    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.diagnostics": True}
     values.update(overrides)
     return load_config("tiny", None, values)
 
