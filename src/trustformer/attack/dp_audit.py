@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
-from ..tasks.record_dp import AUDITED_CLIENT, audit_canaries
+from ..tasks.record_dp import AUDITED_CLIENT
 from ..tasks.run import load_task
 from .audit import one_run_epsilon_lower_bound
 from .harness import observed_run
@@ -31,7 +31,7 @@ from .scoring import server_estimates
 def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[np.ndarray, np.ndarray]:
     """(score per canary, its coin flip): the descent of each canary's coordinate in the server's view of the
     audited client's updates, summed over the exchanges."""
-    canaries = audit_canaries(cfg, load_task(cfg).initial_model())
+    canaries = load_task(cfg).audit_canaries()
     if canaries is None:
         raise ValueError("the audit needs privacy.audit_canaries > 0 (and privacy.unit = 'record')")
     scores = np.zeros(len(canaries.names))

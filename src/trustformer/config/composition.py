@@ -61,6 +61,13 @@ class _Robust(Protocol):
     def multikrum_keep(self) -> int: ...
 
 
+class _Privacy(Protocol):
+    @property
+    def noise(self) -> str: ...
+    @property
+    def dropout_tolerance(self) -> int: ...
+
+
 class RunView(Protocol):
     """The parts of a :class:`~trustformer.config.RunConfig` the composition checks read."""
 
@@ -72,6 +79,8 @@ class RunView(Protocol):
     def secure(self) -> _Secure: ...
     @property
     def robust(self) -> _Robust: ...
+    @property
+    def privacy(self) -> _Privacy: ...
 
 
 def check_composition(cfg: RunView) -> None:
@@ -93,6 +102,7 @@ def check_composition(cfg: RunView) -> None:
             f"{fed.strategy!r}: {_refusal(fed.strategy, 'agg_every')}; set 1"
         )
     _check_secure_aggregation(cfg.secure, fed)
+    _check_distributed_noise(cfg)
     _check_robust(cfg.robust, fed, cfg.secure.mode)
     if spec.check is not None:  # the protocol's own checks of the whole configuration
         spec.check(cfg)
@@ -183,6 +193,32 @@ def _check_secure_aggregation(secure: _Secure, fed: _Federation) -> None:
         )
     if secure.secagg_threshold:
         _in_range("secure.secagg_threshold", secure.secagg_threshold, 2, fed.clients)
+
+
+def _check_distributed_noise(cfg: RunView) -> None:
+    """Distributed noise: a protocol whose aggregate sums the shares, one step per exchange, coverable dropouts."""
+    p, fed = cfg.privacy, cfg.federation
+    if p.noise != "distributed":
+        return
+    if not protocol_spec(fed.strategy).sums_noise_shares:
+        takes = [s for s in STRATEGIES if protocol_spec(s).sums_noise_shares]
+        raise ConfigError(
+            f"privacy.noise = 'distributed' does not compose with federation.strategy = {fed.strategy!r}: its "
+            "payload is not linear in the owner's DP-SGD step, so the sum would release each owner's "
+            f"under-noised step through the nonlinearity; use {' or '.join(takes)}, or privacy.noise = 'local'"
+        )
+    if fed.agg_every != 1:
+        raise ConfigError(
+            f"privacy.noise = 'distributed' needs federation.agg_every = 1 (got {fed.agg_every}): each round is "
+            "one DP-SGD step whose noise is complete only in the sum, and a step between exchanges would build "
+            "on an under-noised one"
+        )
+    participants = fed.clients_per_round or fed.clients
+    if p.dropout_tolerance >= participants:
+        raise ConfigError(
+            f"privacy.dropout_tolerance = {p.dropout_tolerance} must be below the {participants} participants "
+            "of a round (federation.clients_per_round or federation.clients)"
+        )
 
 
 def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:

@@ -288,6 +288,15 @@ class PrivacyConfig:
     target_quantile: float = 0.5  # adaptive: gamma, the share of the updates meant to stay unclipped
     clip_lr: float = 0.2  # adaptive: eta_C of the geometric update C <- C * exp(-eta_C * (b - gamma))
     clip_count_stddev: float = -1.0  # adaptive: sigma_b, noise on the unclipped count; -1 = expected participants / 20
+    # unit = record: who adds the noise. local: every owner adds N(0, sigma^2 C^2) to each of its own DP-SGD steps |
+    # distributed: one DP-SGD step per round on the union of the owners' Poisson batches, each owner adding a share
+    # N(0, sigma^2 C^2 / (m - dropout_tolerance)) that secure aggregation sums (needs secure.mode secagg or tee+secagg;
+    # docs/privacy.md "Distributed noise")
+    noise: str = "local"
+    # noise = distributed: participants per round whose loss the shares still cover; the clients refuse to unmask a
+    # round with fewer survivors
+    dropout_tolerance: int = 0
+    distributed_lr: float = 1.0  # noise = distributed: the learning rate of the round's SGD step on the pooled mean
 
     def validate(self) -> None:
         _choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -312,6 +321,18 @@ class PrivacyConfig:
         _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
         _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
+        self._validate_distributed()
+
+    def _validate_distributed(self) -> None:
+        """Distributed noise: DP-SGD's record level only (client-level distributed noise is not built)."""
+        _choice("privacy.noise", self.noise, ("local", "distributed"))
+        _at_least("privacy.dropout_tolerance", self.dropout_tolerance, 0)
+        _positive("privacy.distributed_lr", self.distributed_lr)
+        if self.noise == "distributed" and self.unit != "record":
+            raise ConfigError(
+                "privacy.noise = 'distributed' applies to privacy.unit = 'record' (shares of DP-SGD's noise "
+                "summed by secure aggregation); the client-level baselines add their noise on the server"
+            )
 
     def _validate_clipping(self) -> None:
         """Adaptive clipping (Andrew et al. 2021): its options, and the client-level DP it applies to."""
@@ -337,6 +358,12 @@ class PrivacyConfig:
                 "counts the updates whose norm is under the current bound and clips each one, and "
                 "secure aggregation shows it only their sum; set privacy.clipping = 'fixed' or "
                 "secure.mode = 'none' or 'tee'"
+            )
+        if self.noise == "distributed" and mode not in ("secagg", "tee+secagg"):
+            raise ConfigError(
+                f"privacy.noise = 'distributed' needs secure.mode = 'secagg' or 'tee+secagg', got {mode!r}: "
+                "each owner adds only a share of the noise, so the server must see nothing but the sum of the "
+                "shares; set secure.mode = 'secagg' (or privacy.noise = 'local')"
             )
 
 

@@ -68,6 +68,7 @@ class Canaries:
     names: tuple[str, ...]
     coordinates: tuple[int, ...]
     included: tuple[bool, ...]
+    groups: tuple[str, ...] = ()  # the parameter group of each canary (audited apart as well as together)
     magnitude: float = 1e3
 
 

@@ -14,6 +14,7 @@ server's aggregation received and returned, and the aggregate each client applie
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from collections.abc import Iterator
 
 from ..config import ConfigError, RunConfig
@@ -34,6 +35,8 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
             f"federation.strategy = {name!r} is not a registered protocol (one of: {', '.join(PROTOCOLS)})"
         )
     protocol = protocol_spec(name).factory(cfg)
+    if cfg.privacy.noise == "distributed":  # the owners' shares add up to the mechanism's noise in a plain mean
+        protocol.spec = replace(protocol.spec, mean_weighting="uniform")
     protocol = with_defences(protocol)  # robust.*: the update bound and the aggregation rule, where in force
     if observer is not None:
         protocol = ObservedProtocol(protocol, observer)

@@ -18,6 +18,7 @@ class FedAvg(FederatedProtocol):
         name="fedavg",
         factory=lambda cfg: FedAvg(cfg),
         mean_weighting="examples",
+        sums_noise_shares=True,
         summary="clients send their model; the server returns the weighted mean",
     )
     state_attrs = ("latest",)  # server, client sampling: (round, the last global model)

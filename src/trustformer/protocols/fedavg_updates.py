@@ -31,7 +31,11 @@ class FedAvgUpdates(FederatedProtocol):
     """A building block (the DP baselines'), not registered as a strategy."""
 
     spec = ProtocolSpec(
-        name="fedavg-updates", factory=lambda cfg: FedAvgUpdates(cfg), mean_weighting="examples", estimator="update"
+        name="fedavg-updates",
+        factory=lambda cfg: FedAvgUpdates(cfg),
+        mean_weighting="examples",
+        estimator="update",
+        sums_noise_shares=True,
     )
 
     def __init__(self, cfg: RunConfig, *, local_step=None) -> None:

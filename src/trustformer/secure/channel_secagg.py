@@ -20,7 +20,7 @@ from .channel_errors import SecureChannelError
 from .masking import SecAggError, quantization_error_bound
 from .provision import plain_vectors
 from .records import SECURE
-from .secagg_common import SecAggParams
+
 from .secagg_server import SecAggServer
 
 
@@ -36,7 +36,7 @@ class SecAggRound:
 def prepare_secagg(link: Any, rnd: int, participants: list[int], exchange: bool) -> list[int]:
     """The *keys* and *shares* steps of exchange round ``rnd`` with ``participants``; then the plain link's
     ``prepare`` with those whose shares were routed."""
-    params = SecAggParams(threshold=records.secagg_threshold(link.cfg), scale_bits=link.cfg.secure.secagg_scale_bits)
+    params = records.secagg_params(link.cfg)
     config = ConfigRecord({"round": rnd, "step": "keys"})
     replies, _failed = link.query(rnd, participants, "keys", lambda _n: RecordDict({"config": config}), "secagg")
     keys: dict[int, dict[str, bytes]] = {}

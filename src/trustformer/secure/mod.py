@@ -51,7 +51,7 @@ from .provision import (
 from .records import ATTEST, CLEAR_METRICS, MODEL_KIND, SEALED_METRICS, SECAGG, SECURE
 from .sealing import Channel, SealError, derive_session_keys
 from .secagg_client import SecAggClient
-from .secagg_common import SecAggParams
+
 from .tee import NONCE_BYTES
 
 log = logging.getLogger(__name__)
@@ -342,9 +342,7 @@ class ClientChannel:
         started = time.perf_counter()
         if step == "keys":
             spec = self.peer.payload_layout()[0]
-            params = SecAggParams(
-                threshold=records.secagg_threshold(self.cfg), scale_bits=self.cfg.secure.secagg_scale_bits
-            )
+            params = records.secagg_params(self.cfg)
             client = SecAggClient(
                 self.peer.client,
                 list(range(self.cfg.federation.clients)),

@@ -14,6 +14,7 @@ from flwr.app import ConfigRecord, RecordDict
 from ..config import RunConfig
 from ..wire import TensorSpec
 from . import codec
+from .secagg_common import SecAggParams
 
 ATTEST, SECAGG = "query.attest", "query.secagg"  # the channel's own message types
 SECURE = "secure"  # message content key of a secure record: {"data": codec bytes} or {"sealed": sealed bytes}
@@ -25,6 +26,16 @@ MODEL_KIND = "train.model"  # what a model sent down in a train message is seale
 def secagg_threshold(cfg: RunConfig) -> int:
     """Shares needed to unmask: ``secure.secagg_threshold``, or a majority of the clients (at least 2)."""
     return cfg.secure.secagg_threshold or max(2, cfg.federation.clients // 2 + 1)
+
+
+def secagg_params(cfg: RunConfig) -> SecAggParams:
+    """The run's secure-aggregation parameters, the same on both sides. Distributed noise (``privacy.noise``) adds
+    the fewest survivors a client agrees to unmask: the round's participants less ``privacy.dropout_tolerance``."""
+    fed, p = cfg.federation, cfg.privacy
+    floor = (fed.clients_per_round or fed.clients) - p.dropout_tolerance if p.noise == "distributed" else 0
+    return SecAggParams(
+        threshold=secagg_threshold(cfg), scale_bits=cfg.secure.secagg_scale_bits, min_survivors=max(floor, 0)
+    )
 
 
 def secagg_session(run_id: int, rnd: int) -> bytes:

@@ -269,8 +269,9 @@ class SecAggClient:
             )
         if self.client_id in gone:
             raise SecAggError(f"{self._where(step)}: this client is listed as dropped in its own unmask request")
-        if len(alive) < self.params.threshold:
-            raise SecAggError(f"{self._where(step)}: {len(alive)} survivors, threshold is {self.params.threshold}")
+        why = self.params.too_few(len(alive))
+        if why:
+            raise SecAggError(f"{self._where(step)} refuses to unmask: {why}")
         assert self._own_shares is not None
         held = dict(self._received)
         held[self.client_id] = self._own_shares
@@ -291,6 +292,7 @@ class SecAggClient:
             "client_ids": self.client_ids,
             "threshold": self.params.threshold,
             "scale_bits": self.params.scale_bits,
+            "min_survivors": self.params.min_survivors,
             "session": _b64(self.session),
             "length": self.length,
             "step": self._step,
@@ -315,7 +317,7 @@ class SecAggClient:
             client = cls(
                 data["client_id"],
                 data["client_ids"],
-                SecAggParams(data["threshold"], data["scale_bits"]),
+                SecAggParams(data["threshold"], data["scale_bits"], int(data.get("min_survivors", 0))),
                 _unb64(data["session"]),
                 length=data["length"],
             )

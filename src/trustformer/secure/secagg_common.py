@@ -18,15 +18,31 @@ _TAG_MASK_KEY = b"s"
 
 @dataclass(frozen=True)
 class SecAggParams:
-    """Threshold t (shares needed to reconstruct a secret) and fixed-point scale of the inputs."""
+    """Threshold t (shares needed to reconstruct a secret) and fixed-point scale of the inputs; ``min_survivors``:
+    the fewest survivors whose sum a client agrees to unmask (distributed noise: the inputs carry shares of the
+    noise, and fewer than this many shares are too little noise; 0 = t is enough)."""
 
     threshold: int
     scale_bits: int = 24
+    min_survivors: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 2:
             raise SecAggError(f"secagg threshold must be an integer >= 2, got {self.threshold!r}")
+        if not isinstance(self.min_survivors, int) or self.min_survivors < 0:
+            raise SecAggError(f"secagg min_survivors must be an integer >= 0, got {self.min_survivors!r}")
         _check_scale_bits(self.scale_bits)
+
+    def too_few(self, survivors: int) -> str | None:
+        """Why a sum of ``survivors`` inputs must not be unmasked (None: it may)."""
+        if survivors < self.threshold:
+            return f"{survivors} survivors, threshold is {self.threshold}"
+        if survivors < self.min_survivors:
+            return (
+                f"{survivors} survivors, fewer than the {self.min_survivors} whose noise shares make the "
+                "privacy guarantee (privacy.dropout_tolerance)"
+            )
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,10 +106,11 @@ class SecAggServer:
                     f"expected uint64 with shape ({self.length},)"
                 )
             total += y
-        if len(survivors) < self.params.threshold:
+        why = self.params.too_few(len(survivors))
+        if why:
             raise SecAggError(
-                f"secagg {step}: {len(survivors)} masked inputs arrived, threshold is {self.params.threshold}; "
-                f"too many clients dropped ({sorted(set(self._u2) - set(survivors))})"
+                f"secagg {step}: masked inputs arrived from {why}; too many clients dropped "
+                f"({sorted(set(self._u2) - set(survivors))})"
             )
         self._survivors = survivors
         self._dropped = sorted(set(self._u2) - set(survivors))

@@ -10,7 +10,12 @@ records as without DP (``train.warmup_steps`` × ``train.batch_size`` / the expe
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import random
+import re
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -53,20 +58,43 @@ def expected_batch(cfg: RunConfig) -> int:
     return cfg.privacy.batch_size or cfg.train.batch_size
 
 
+def distributed(cfg: RunConfig) -> bool:
+    """``privacy.noise = "distributed"``: one DP-SGD step per round, its noise shared among the owners."""
+    return cfg.privacy.noise == "distributed"
+
+
+def share_count(cfg: RunConfig) -> int:
+    """How many shares make the noise: the round's planned participants less ``privacy.dropout_tolerance``."""
+    fed = cfg.federation
+    return (fed.clients_per_round or fed.clients) - cfg.privacy.dropout_tolerance
+
+
 def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
-    """(DP steps per round, DP steps of the client's whole run: every round plus fine-tuning)."""
+    """(DP steps per round, DP steps of the client's whole run: every round plus fine-tuning). Distributed noise
+    takes one step per round: the next needs the pooled noisy gradient of this one."""
     per_epoch = max(1, round(1.0 / sample_rate(n_records, expected_batch(cfg))))
-    per_round = per_epoch * cfg.train.local_epochs
+    per_round = 1 if distributed(cfg) else per_epoch * cfg.train.local_epochs
     return per_round, per_round * cfg.federation.rounds + per_epoch * cfg.federation.finetune_epochs
 
 
+@lru_cache(maxsize=256)
+def _sigma(cfg_json: str, n_records: int) -> float:
+    """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``."""
+    cfg = RunConfig.from_json(cfg_json)
+    p = cfg.privacy
+    return calibrate(p.epsilon, p.delta, sample_rate(n_records, expected_batch(cfg)), planned_steps(cfg, n_records)[1])
+
+
 @lru_cache(maxsize=64)
-def _plan(cfg_json: str, n_records: int) -> RecordDP:
+def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
     cfg = RunConfig.from_json(cfg_json)
     p = cfg.privacy
     rate = sample_rate(n_records, expected_batch(cfg))
     _per_round, total = planned_steps(cfg, n_records)
-    sigma = calibrate(p.epsilon, p.delta, rate, total) if p.noise_multiplier < 0 else p.noise_multiplier
+    if p.noise_multiplier >= 0:
+        sigma = p.noise_multiplier
+    else:  # distributed: every owner's share must add up to one σ that covers the owner whose records need most
+        sigma = max(_sigma(cfg_json, n) for n in {n_records, *federation_sizes})
     spent = epsilon_spent(sigma, rate, total, p.delta)
     if p.noise_multiplier >= 0 and spent > p.epsilon and p.on_exceed == "refuse":
         raise PrivacyBudgetError(
@@ -84,9 +112,17 @@ def _plan(cfg_json: str, n_records: int) -> RecordDP:
     )
 
 
-def plan(cfg: RunConfig, n_records: int) -> RecordDP:
-    """The client's mechanism: σ solved for (privacy.epsilon, privacy.delta) over its whole run, or given."""
-    return _plan(cfg.to_json(), n_records)
+def plan(cfg: RunConfig, n_records: int, federation_sizes: tuple[int, ...] = ()) -> RecordDP:
+    """The client's mechanism: σ solved for (privacy.epsilon, privacy.delta) over its whole run, or given. Under
+    distributed noise σ is the noise of the pooled sum, the largest any owner's records need (``federation_sizes``:
+    every owner's record count, which the run's partition fixes for all)."""
+    return _plan(cfg.to_json(), n_records, tuple(sorted(federation_sizes)) if distributed(cfg) else ())
+
+
+def share(cfg: RunConfig, dp: RecordDP) -> RecordDP:
+    """The mechanism one owner runs under distributed noise: the same clipping and batch, noise σ/√(m − d), so that
+    the m − d shares secure aggregation is guaranteed to sum carry N(0, σ²C²) together."""
+    return replace(dp, noise_multiplier=dp.noise_multiplier / math.sqrt(share_count(cfg)))
 
 
 def generators(cfg: RunConfig, seed: int) -> tuple[torch.Generator, torch.Generator]:
@@ -97,24 +133,81 @@ def generators(cfg: RunConfig, seed: int) -> tuple[torch.Generator, torch.Genera
     return noise_generator(os_seed()), noise_generator(os_seed())
 
 
-def audit_canaries(cfg: RunConfig, model: torch.nn.Module) -> Canaries | None:
-    """The gradient canaries of an audit run (``privacy.audit_canaries`` = m): m distinct coordinates of the
-    trainable tensors and a fair coin per canary, both from the run seed, so the auditor can recompute them."""
+def parameter_group(name: str) -> str:
+    """The audit's parameter group of a tensor: its name with layer indices starred, so that one group holds the
+    same tensor of every layer (``decoder.layers.*.ffn.fc1.bias``)."""
+    return re.sub(r"\.\d+\.", ".*.", name)
+
+
+def _second_moments(model: torch.nn.Module, reference: list, batch: int = 4) -> dict[str, torch.Tensor]:
+    """Per coordinate of each trainable tensor, the mean squared gradient over batches of ``reference`` pairs
+    (public data, not any client's): how much real records move it."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
+    pad_id = model.config.pad_id
+    was_training = model.training
+    model.eval()
+    batches = [reference[i : i + batch] for i in range(0, len(reference), batch)]
+    for chunk in batches:
+        src = pad_sequences([s for s, _ in chunk], pad_id)
+        tgt = pad_sequences([g for _, g in chunk], pad_id)
+        grads = torch.autograd.grad(model.pair_losses(src, tgt).mean(), list(params.values()), allow_unused=True)
+        for (n, _p), g in zip(params.items(), grads):
+            if g is not None:
+                sums[n] += g.double() ** 2
+    model.train(was_training)
+    return {n: (v / max(len(batches), 1)).flatten() for n, v in sums.items()}
+
+
+def _allocate(total: int, capacity: dict[str, int]) -> dict[str, int]:
+    """``total`` canaries spread evenly over the groups, none holding more than its coordinates."""
+    counts = dict.fromkeys(capacity, 0)
+    left = total
+    while left > 0:
+        open_groups = [g for g in capacity if counts[g] < capacity[g]]
+        if not open_groups:
+            break
+        each = max(1, left // len(open_groups))
+        for g in open_groups:
+            take = min(each, capacity[g] - counts[g], left)
+            counts[g] += take
+            left -= take
+            if not left:
+                break
+    return counts
+
+
+def audit_canaries(cfg: RunConfig, model: torch.nn.Module, reference: list) -> Canaries | None:
+    """The gradient canaries of an audit run (``privacy.audit_canaries`` = m), where real records do not hide them:
+    spread evenly over every parameter group (:func:`parameter_group`), so noise missing from any one group shows,
+    and within a group on the coordinates the ``reference`` pairs (public data) move least (Dirac canaries at
+    low-variance coordinates, Nasr et al. 2023). ``model`` is the run's initial model; the placement and a fair
+    coin per canary derive from it and the run seed, so the auditor recomputes them."""
     m = cfg.privacy.audit_canaries
     if not m:
         return None
-    names, sizes = zip(*[(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad])
+    moments = _second_moments(model, reference)
+    groups: dict[str, list[str]] = {}
+    for name in moments:
+        groups.setdefault(parameter_group(name), []).append(name)
     rng = random.Random(derive_seed(cfg.seed, "audit-canaries"))
-    flat = rng.sample(range(sum(sizes)), m)
-    located = []
-    for f in flat:
-        for name, size in zip(names, sizes):
-            if f < size:
-                located.append((name, f))
-                break
-            f -= size
-    included = tuple(rng.random() < 0.5 for _ in range(m))
-    return Canaries(names=tuple(n for n, _ in located), coordinates=tuple(c for _, c in located), included=included)
+    counts = _allocate(m, {g: sum(moments[n].numel() for n in names) for g, names in groups.items()})
+    located: list[tuple[str, int, str]] = []
+    for group, names in groups.items():
+        values = torch.cat([moments[n] for n in names])
+        starts = list(itertools.accumulate([0] + [moments[n].numel() for n in names]))
+        order = torch.randperm(len(values), generator=torch.Generator().manual_seed(rng.randrange(2**62)))
+        quiet = order[torch.sort(values[order], stable=True).indices[: counts[group]]]  # ties: seeded order
+        for f in quiet.tolist():
+            t = bisect.bisect_right(starts, f) - 1
+            located.append((names[t], f - starts[t], group))
+    included = tuple(rng.random() < 0.5 for _ in located)
+    return Canaries(
+        names=tuple(n for n, _, _ in located),
+        coordinates=tuple(c for _, c, _ in located),
+        included=included,
+        groups=tuple(g for _, _, g in located),
+    )
 
 
 def _dp_form(step: Any, strategy: str) -> dict[str, Any]:
@@ -138,40 +231,100 @@ def train(
     *,
     seed: int,
     step: Any = None,
-    client: int | None = None,
+    canaries: Canaries | None = None,
     finetune_epochs: int = 0,
     lr: float | None = None,
+    federation_sizes: tuple[int, ...] = (),
 ) -> dict[str, float]:
     """One round of DP-SGD local training (or, with ``finetune_epochs``, DP fine-tuning at the constant ``lr``
     after the last round); returns the usual training metrics plus σ, q, the client's DP steps so far and the ε
-    they spent (``record_epsilon``, Opacus' RDP accountant)."""
+    they spent (``record_epsilon``, Opacus' RDP accountant). Under distributed noise a round is one plain SGD step
+    with this owner's share of the noise (:func:`distributed_step`). ``canaries``: the audit's, planted here."""
     _ready()
+    if distributed(cfg) and not finetune_epochs:
+        return distributed_step(cfg, model, optimizer, pairs, seed=seed, canaries=canaries, sizes=federation_sizes)
     t = cfg.train
-    dp = plan(cfg, len(pairs))
+    dp = plan(cfg, len(pairs), federation_sizes)
     per_round, total = planned_steps(cfg, len(pairs))
-    device = next(model.parameters()).device
-    pad_id = model.config.pad_id
     if finetune_epochs:
         done, steps = per_round * cfg.federation.rounds, dp.steps_per_epoch * finetune_epochs
         set_lr(optimizer, lr if lr is not None else t.lr)
         before_step = None
     else:
         done, steps = optimizer_steps(optimizer), per_round
+        before_step = _schedule(cfg, optimizer, t.lr, done, total, dp.expected_batch)
+    out = _run(
+        cfg,
+        model,
+        optimizer,
+        pairs,
+        dp,
+        steps,
+        seed,
+        before_step,
+        _dp_form(step, cfg.federation.strategy),
+        None if finetune_epochs else canaries,
+    )
+    return _with_accounting(out, dp, done + steps, optimizer)
 
-        warmup = round(t.warmup_steps * t.batch_size / dp.expected_batch)  # as many records as without DP
 
-        def before_step(i: int) -> None:
-            set_lr(
-                optimizer,
-                lr_at(
-                    done + i + 1,
-                    lr=t.lr,
-                    schedule=t.schedule,
-                    warmup_steps=warmup,
-                    decay_steps=t.decay_steps or total,
-                    min_lr=t.min_lr,
-                ),
-            )
+DISTRIBUTED_STEPS = "distributed_dp_steps"  # the client optimizer's count of its distributed rounds (checkpointed)
+
+
+def distributed_step(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pairs: list,
+    *,
+    seed: int,
+    canaries: Canaries | None,
+    sizes: tuple[int, ...],
+) -> dict[str, float]:
+    """One DP-SGD step of distributed noise: the clipped sum of this owner's Poisson batch plus N(0, σ²C²/(m − d)),
+    ÷ B, and a plain SGD step at ``privacy.distributed_lr`` from the global model. The payload is then linear in
+    the noisy sum, so the unweighted mean secure aggregation unmasks is w − η·(Σ clipped + N(0, σ²C²))/(m·B):
+    central DP-SGD on the union of the m owners' batches. The client's own optimizer is left as it is, except
+    for its count of these steps, kept in its state for accounting and resume."""
+    dp = plan(cfg, len(pairs), sizes)
+    _per_round, total = planned_steps(cfg, len(pairs))
+    done = int(optimizer.param_groups[0].get(DISTRIBUTED_STEPS, 0))
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.privacy.distributed_lr)
+    pooled = dp.expected_batch * (cfg.federation.clients_per_round or cfg.federation.clients)
+    before_step = _schedule(cfg, sgd, cfg.privacy.distributed_lr, done, total, pooled)
+    out = _run(cfg, model, sgd, pairs, share(cfg, dp), 1, seed, before_step, {}, canaries)
+    optimizer.param_groups[0][DISTRIBUTED_STEPS] = done + 1
+    out = _with_accounting(out, dp, done + 1, sgd)
+    out["dp_share_sigma"] = share(cfg, dp).noise_multiplier
+    return out
+
+
+def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, done: int, total: int, batch: int):
+    """The run's learning-rate schedule per DP step, its warm-up covering as many records as without DP."""
+    t = cfg.train
+    warmup = round(t.warmup_steps * t.batch_size / batch)
+
+    def before_step(i: int) -> None:
+        set_lr(
+            optimizer,
+            lr_at(
+                done + i + 1,
+                lr=peak,
+                schedule=t.schedule,
+                warmup_steps=warmup,
+                decay_steps=t.decay_steps or total,
+                min_lr=t.min_lr,
+            ),
+        )
+
+    return before_step
+
+
+def _run(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int, before_step, form, canaries):
+    """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources."""
+    t = cfg.train
+    device = next(model.parameters()).device
+    pad_id = model.config.pad_id
 
     def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chosen = [pairs[int(i)] for i in indices]
@@ -184,9 +337,8 @@ def train(
         return m.pair_losses(src, tgt, label_smoothing=t.label_smoothing)
 
     sampler, noise = generators(cfg, seed)
-    form = _dp_form(step, cfg.federation.strategy)
     torch.manual_seed(seed)  # dropout masks
-    out = dp_sgd(
+    return dp_sgd(
         model,
         optimizer,
         len(pairs),
@@ -199,9 +351,11 @@ def train(
         before_step=before_step,
         sam_rho=form.get("sam_rho", 0.0),
         penalty=form.get("penalty"),
-        canaries=audit_canaries(cfg, model) if client == AUDITED_CLIENT and not finetune_epochs else None,
+        canaries=canaries,
     )
-    spent = done + steps
+
+
+def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:
     out.update(
         record_epsilon=epsilon_spent(dp.noise_multiplier, dp.sample_rate, spent, dp.delta),
         dp_sigma=dp.noise_multiplier,
@@ -210,6 +364,28 @@ def train(
         lr=optimizer.param_groups[0]["lr"],
     )
     return out
+
+
+def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """What distributed noise guarantees, per threat (docs/privacy.md "Distributed noise"): against the server (and
+    any owner, who sees only the released models) each owner's ε; against the server colluding with one owner,
+    who removes its own share, the ε of the noise left, σ·√((k − 1)/k) for the k shares the clients insist on."""
+    k, p = share_count(cfg), cfg.privacy
+    colluding = {  # None: with one share, the owner who added it removes all the noise
+        str(c): epsilon_spent(v["noise_multiplier"] * math.sqrt((k - 1) / k), v["sample_rate"], v["steps"], p.delta)
+        if k > 1
+        else None
+        for c, v in sorted(per.items())
+    }
+    worst = [e for e in colluding.values() if e is not None]
+    return {
+        "shares": k,
+        "dropout_tolerance": cfg.privacy.dropout_tolerance,
+        "steps_per_round": 1,
+        "epsilon_server_and_one_owner": max(worst) if worst else None,
+        "epsilon_server_and_one_owner_by_client": colluding,
+        "encoding": "continuous Gaussian shares, then secure aggregation's fixed point (secure.secagg_scale_bits)",
+    }
 
 
 def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -231,6 +407,8 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
     p = cfg.privacy
     return {
         "unit": "record",
+        "noise": p.noise,
+        **(distributed_summary(cfg, per) if distributed(cfg) else {}),
         "epsilon": max((v["epsilon"] for v in per.values()), default=None),
         "target_epsilon": p.epsilon,
         "delta": p.delta,

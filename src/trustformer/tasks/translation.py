@@ -44,6 +44,7 @@ class TranslationTask:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.workload = wl.load_workload(cfg)
+        self._canaries = None
 
     # data
     def shard(self, client: int, train_file: str = "") -> list[tuple[list[int], list[int]]]:
@@ -171,7 +172,16 @@ class TranslationTask:
         if self.cfg.privacy.unit == "record":  # DP-SGD (tasks/record_dp.py)
             from . import record_dp
 
-            return record_dp.train(self.cfg, model, optimizer, shard, seed=seed, step=step, client=client)
+            return record_dp.train(
+                self.cfg,
+                model,
+                optimizer,
+                shard,
+                seed=seed,
+                step=step,
+                canaries=self.audit_canaries() if client == record_dp.AUDITED_CLIENT else None,
+                federation_sizes=self.shard_sizes(),
+            )
         return wl.train_local(self.cfg, model, optimizer, shard, seed=seed, step=step)
 
     # evaluation
@@ -224,6 +234,23 @@ class TranslationTask:
         scores, _ = wl.translation_scores(self.cfg, model, self.workload, extra_metrics=False)
         return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
 
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Every client's training pairs (the run's partition, which every party derives alike)."""
+        return tuple(len(self.workload.shard(c)) for c in range(self.cfg.federation.clients))
+
+    def audit_canaries(self):
+        """The audit's gradient canaries (``privacy.audit_canaries``; ``tasks/record_dp.py``), placed by the initial
+        model's gradients on the first 64 public pairs; computed once per task."""
+        if not self.cfg.privacy.audit_canaries:
+            return None
+        if self._canaries is None:
+            from . import record_dp
+            from .public import public_pairs
+
+            reference = self._encode(public_pairs(self.cfg, self.workload)[0][:64])
+            self._canaries = record_dp.audit_canaries(self.cfg, self.initial_model(), reference)
+        return self._canaries
+
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
     ) -> dict[str, float]:
@@ -238,6 +265,7 @@ class TranslationTask:
                 seed=seed,
                 finetune_epochs=epochs,
                 lr=self.cfg.train.lr * lr_scale,
+                federation_sizes=self.shard_sizes(),
             )
             return {
                 "finetune_s": out["train_s"],

@@ -43,6 +43,11 @@ class ProtocolSpec:
 
     ``pools_data``: one node trains on the union of every shard (the centralized reference).
 
+    ``sums_noise_shares``: its aggregate is a mean of payloads linear in the client's one DP-SGD step from the
+    global model (a model, an update), so the shares of distributed noise (``privacy.noise = "distributed"``) add
+    up in it to the mechanism's noise. Opt-in: a protocol whose payload is not linear in that step (centroids, a
+    top-k selection) would release each owner's under-noised step through the nonlinearity.
+
     ``estimator``: how the server estimates a client's model from what it sees (``attack/reconstruct.py``):
     ``"model"`` (the payload is the model), ``"update"`` (the last global model plus the dense or sparse update),
     ``"centroids"`` (rows shifted to the client's centroids), ``"none"`` (the server receives nothing); None: the
@@ -67,6 +72,7 @@ class ProtocolSpec:
     informs_left_out: bool = False
     payload_is_update: bool = False
     pools_data: bool = False
+    sums_noise_shares: bool = False
     estimator: str | None = "model"
     variants: (
         Callable[[Any, Sequence[float] | None, Sequence[str] | None], list[tuple[str, dict[str, Any]]] | None] | None
