@@ -187,37 +187,79 @@ def test_config_refuses_what_record_level_dp_cannot_cover(tmp_path):
 AUDIT = {
     "privacy.epsilon": 1.0,
     "privacy.delta": 1e-5,
-    "privacy.audit_canaries": 1000,
+    "privacy.audit_canaries": 5000,
     "privacy.batch_size": 60,
     "privacy.noise_source": "seeded-not-private",
 }
 
 
-def _planted_noise_bug(monkeypatch, factor: float) -> None:
-    """The planted bug: Opacus adds σ/factor of noise while the accountant still reports ε for σ."""
+def _planted_noise_bug(monkeypatch, factor: float = 1.0, groups: str = "", every_other: bool = False) -> None:
+    """The planted bugs: Opacus adds σ/factor of noise, or takes it back out of the tensors of the parameter groups
+    matching ``groups`` (a regular expression) or of every other trainable tensor, after adding it; the accountant
+    still reports ε for σ everywhere."""
+    import re
+
     import opacus.optimizers
 
-    original = opacus.optimizers.DPOptimizer
+    original, trainable = opacus.optimizers.DPOptimizer, dpsgd._trainable
 
-    class TooLittleNoise(original):
+    def tagged(model):
+        params = trainable(model)
+        for i, (name, p) in enumerate(params.items()):
+            p._planted = (every_other and i % 2 == 1) or bool(
+                groups and re.fullmatch(groups, record_dp.parameter_group(name))
+            )
+        return params
+
+    class PlantedBug(original):
         def __init__(self, *args, noise_multiplier, **kwargs):
             super().__init__(*args, noise_multiplier=noise_multiplier / factor, **kwargs)
 
-    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", TooLittleNoise)
+        def add_noise(self):
+            super().add_noise()
+            for p in self.params:
+                if getattr(p, "_planted", False):
+                    p.grad = p.summed_grad.view_as(p).to(p.grad.dtype)
+
+    monkeypatch.setattr(dpsgd, "_trainable", tagged)
+    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", PlantedBug)
 
 
-def test_one_run_audit_keeps_epsilon_and_catches_a_planted_noise_bug(tmp_path, monkeypatch):
-    """ε_lb ≤ ε on `tiny` at ε = 1 (1000 gradient canaries, the server's view of client 0's updates); the same run
-    with the noise divided by 10 must show ε_lb > ε, or this audit could not fail."""
+PLANTS = {
+    "noise / 10": {"factor": 10.0},
+    "no noise on every other tensor": {"every_other": True},
+    "no noise on the embedding": {"groups": r"embedding\.weight"},
+    "no noise on one feed-forward weight": {"groups": r"encoder\.layers\.\*\.ffn\.fc1\.weight"},
+}
+
+
+def test_one_run_audit_keeps_epsilon_and_catches_each_planted_noise_bug(tmp_path, monkeypatch):
+    """ε_lb ≤ ε on `tiny` at ε = 1 (5000 gradient canaries over every parameter group, the server's view of client
+    0's updates); each planted bug, even noise missing from one parameter group only, must show ε_lb > ε."""
     from trustformer.attack.dp_audit import audit
 
     honest = audit(tiny(tmp_path / "honest", **AUDIT))
     assert honest["epsilon"] <= 1.0 + 1e-6
     assert honest["epsilon_lb"] <= honest["epsilon"]
-    _planted_noise_bug(monkeypatch, 10.0)
-    broken = audit(tiny(tmp_path / "broken", **AUDIT))
-    assert broken["epsilon"] == pytest.approx(honest["epsilon"])  # the accountant does not see the bug
-    assert broken["epsilon_lb"] > broken["epsilon"]
+    caught = {}
+    for label, plant in PLANTS.items():
+        with monkeypatch.context() as patch:
+            _planted_noise_bug(patch, **plant)
+            broken = audit(tiny(tmp_path / label.replace(" ", "-").replace("/", ""), **AUDIT))
+        assert broken["epsilon"] == pytest.approx(honest["epsilon"])  # the accountant does not see the bug
+        caught[label] = (broken["epsilon_lb"], broken["group"])
+    assert all(lb > honest["epsilon"] for lb, _group in caught.values()), caught
+
+
+def test_the_audit_of_distributed_noise_reads_the_unmasked_sum_and_catches_a_planted_bug(tmp_path, monkeypatch):
+    """Under distributed noise the server sees only the unmasked mean; the audit scores the canaries there."""
+    from trustformer.attack.dp_audit import audit
+
+    values = {**AUDIT, "privacy.noise": "distributed", "secure.mode": "secagg"}
+    honest = audit(tiny(tmp_path / "honest", **values))
+    assert honest["secure"] == "secagg" and honest["epsilon_lb"] <= honest["epsilon"] <= 1.0 + 1e-6
+    _planted_noise_bug(monkeypatch, groups=r"embedding\.weight")
+    assert audit(tiny(tmp_path / "broken", **values))["epsilon_lb"] > honest["epsilon"]
 
 
 def test_physical_pieces_of_a_poisson_batch_give_the_same_step():

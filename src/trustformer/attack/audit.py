@@ -172,6 +172,7 @@ def one_run_epsilon_lower_bound(
     *,
     confidence: float = 0.95,
     guesses: int | tuple[int, int] | None = None,
+    groupings: Sequence[Sequence[str]] = (),
 ) -> dict[str, Any]:
     """ε lower bound from ONE training run (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846): m canaries,
     each included in training independently with probability ½ (``included``); the auditor guesses "in" for
@@ -185,7 +186,15 @@ def one_run_epsilon_lower_bound(
     deduplicated) are all tried and the best is returned **with a Bonferroni correction**: each is tested at
     level (1 − confidence) / (number tried), so choosing k after looking keeps the bound valid at
     ``confidence``. The guesses depend on the scores alone (ties broken by position), never on ``included``.
-    Returns ``epsilon_lb``, the ``k`` = (k+, k−) used, ``correct``, ``guesses`` (r), ``m`` and the level.
+
+    ``groupings`` (each one label per canary; with ``guesses`` None): the canaries of each group are also guessed
+    on their own, ranked within the group: k+ = k− = n/4, k+ = n/4 alone and k− = n/4 alone for a group of n,
+    under the same Bonferroni correction. Abstaining on every other canary is allowed (the guesses still depend on
+    scores and labels alone), and a mechanism whose noise is missing from one group shows there even when the
+    other groups' noise drowns it in the ranking of all. Given the coins of the canaries outside the group (fixed,
+    independent of the group's), the group's n canaries are an audit of their own: its 2mδ term takes m = n.
+    Returns ``epsilon_lb``, the ``k`` = (k+, k−) used,
+    ``correct``, ``guesses`` (r), the ``group`` that gave it (None: all canaries), ``m`` and the level.
     """
     s = np.asarray(scores, dtype=np.float64)
     inc = np.asarray(included, dtype=bool)
@@ -194,24 +203,36 @@ def one_run_epsilon_lower_bound(
         raise ValueError(f"need as many inclusion flags as scores (≥ 2); got {len(inc)} and {m}")
     if not 0.0 <= delta < 1.0 or not 0.0 < confidence < 1.0:
         raise ValueError(f"need 0 ≤ delta < 1 and 0 < confidence < 1; got {delta}, {confidence}")
+    everyone = np.arange(m)
     if guesses is None:
         grid = sorted({min(max(k, 1), m // 2) for k in (*GUESS_GRID, m // 4, m // 2)})
-        candidates = [(k, k) for k in grid]
+        candidates: list[tuple[str | None, np.ndarray, int, int]] = [(None, everyone, k, k) for k in grid]
     elif isinstance(guesses, int):
-        candidates = [(guesses, guesses)]
+        candidates = [(None, everyone, guesses, guesses)]
     else:
-        candidates = [tuple(guesses)]
+        candidates = [(None, everyone, *tuple(guesses))]
+    for grouping in groupings if guesses is None else ():
+        labels = np.asarray(grouping)
+        if len(labels) != m:
+            raise ValueError(f"need one group label per canary; got {len(labels)} for {m}")
+        for label in dict.fromkeys(labels.tolist()):
+            members = np.flatnonzero(labels == label)
+            quarter = len(members) // 4
+            if quarter and len(members) < m:
+                candidates += [(label, members, quarter, quarter), (label, members, quarter, 0)]
+                candidates.append((label, members, 0, quarter))
     alpha = (1.0 - confidence) / len(candidates)
-    order = np.argsort(-s, kind="stable")  # highest first
     best: dict[str, Any] | None = None
-    for k_plus, k_minus in candidates:
-        if k_plus < 0 or k_minus < 0 or k_plus + k_minus > m:
-            raise ValueError(f"need k+ + k− ≤ m = {m}; got {k_plus} + {k_minus}")
-        v = int(inc[order[:k_plus]].sum() + (~inc[order[m - k_minus :]]).sum())
+    for label, members, k_plus, k_minus in candidates:
+        n = len(members)
+        if k_plus < 0 or k_minus < 0 or k_plus + k_minus > n:
+            raise ValueError(f"need k+ + k− ≤ m = {n}; got {k_plus} + {k_minus}")
+        order = members[np.argsort(-s[members], kind="stable")]  # highest first
+        v = int(inc[order[:k_plus]].sum() + (~inc[order[n - k_minus :]]).sum())
         r = k_plus + k_minus
-        eps = _one_run_epsilon(m, r, v, delta, alpha)
+        eps = _one_run_epsilon(n, r, v, delta, alpha)  # given the other canaries' coins, n canaries are audited
         if best is None or eps > best["epsilon_lb"]:
-            best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r}
+            best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r, "group": label}
     assert best is not None
     return {
         **best,

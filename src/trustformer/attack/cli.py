@@ -54,7 +54,9 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
         "reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). An audit run is not private for its canaries.",
     )
     add_config_options(a)
-    a.add_argument("--canaries", type=int, default=1000, help="gradient canaries (default 1000)")
+    a.add_argument(
+        "--canaries", type=int, default=5000, help="gradient canaries, spread over every parameter group (default 5000)"
+    )
     a.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     a.set_defaults(func=_cmd_audit)
     for q in (r, m):

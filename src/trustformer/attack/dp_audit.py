@@ -28,9 +28,10 @@ from .harness import observed_run
 from .scoring import server_estimates
 
 
-def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[np.ndarray, np.ndarray]:
-    """(score per canary, its coin flip): the descent of each canary's coordinate in the server's view of the
-    audited client's updates, summed over the exchanges."""
+def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """(score per canary, its coin flip, its groupings: parameter group and kind): how far each canary's
+    coordinate moved the way the canary pushes it (descent for a canary gradient of + sign), in the server's view
+    of the audited client's updates, summed over the exchanges."""
     canaries = load_task(cfg).audit_canaries()
     if canaries is None:
         raise ValueError("the audit needs privacy.audit_canaries > 0 (and privacy.unit = 'record')")
@@ -40,8 +41,9 @@ def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[n
             continue  # not sampled, or dropped, this round
         estimate = estimates[AUDITED_CLIENT]
         for i, (name, flat) in enumerate(zip(canaries.names, canaries.coordinates)):
-            scores[i] += float(before[name].flatten()[flat] - estimate[name].flatten()[flat])
-    return scores, np.asarray(canaries.included, dtype=bool)
+            sign = canaries.signs[i] if canaries.signs else 1.0
+            scores[i] += sign * float(before[name].flatten()[flat] - estimate[name].flatten()[flat])
+    return scores, np.asarray(canaries.included, dtype=bool), [canaries.groups, canaries.kinds]
 
 
 def audit(cfg: RunConfig) -> dict[str, Any]:
@@ -49,8 +51,8 @@ def audit(cfg: RunConfig) -> dict[str, Any]:
     if cfg.privacy.unit != "record" or not cfg.privacy.audit_canaries:
         raise ValueError("the audit needs privacy.unit = 'record' and privacy.audit_canaries > 0")
     run = observed_run(cfg)
-    scores, included = canary_scores(cfg, run.initial, run.exchanges, run.protocol)
-    bound = one_run_epsilon_lower_bound(scores, included, cfg.privacy.delta)
+    scores, included, groupings = canary_scores(cfg, run.initial, run.exchanges, run.protocol)
+    bound = one_run_epsilon_lower_bound(scores, included, cfg.privacy.delta, groupings=groupings)
     privacy = run.summary.get("privacy") or {}
     return {
         "epsilon": privacy.get("epsilon"),
@@ -62,6 +64,10 @@ def audit(cfg: RunConfig) -> dict[str, Any]:
         "guesses": bound.get("guesses"),
         "correct": bound.get("correct"),
         "k": bound.get("k"),
+        "group": bound.get("group"),
+        "groups": len(set(groupings[0])),
+        "kinds": len(set(groupings[1])),
+        "tried": bound.get("tried"),
         "strategy": cfg.federation.strategy,
         "secure": cfg.secure.mode,
         "test_loss": run.summary.get("test_loss"),

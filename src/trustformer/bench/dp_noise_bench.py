@@ -58,7 +58,7 @@ def _payload(cfg: RunConfig, task, client: int, dp: RecordDP) -> np.ndarray:
 
 def measure(cfg: RunConfig) -> list[dict[str, Any]]:
     """Rows (mode, predicted and measured noise std on the aggregate, their ratio) for ``cfg``'s ε."""
-    task = load_task(cfg)
+    task: Any = load_task(cfg)  # the translation task (record-level DP's only one)
     m = cfg.federation.clients
     sizes = task.shard_sizes()
     plans = {c: record_dp.plan(cfg, sizes[c], sizes) for c in range(m)}
@@ -102,7 +102,7 @@ def measure(cfg: RunConfig) -> list[dict[str, Any]]:
                 "secagg_bytes": int(sum(sizes_bytes.values())),
             }
         )
-    base = rows[0]["measured_std"]
+    base = float(rows[0]["measured_std"])
     for row in rows:
         row["over_per_owner"] = row["measured_std"] / base
     rows[1]["target_ratio"] = 1.0 / math.sqrt(m)

@@ -61,7 +61,7 @@ class RecordDP:
 
 @dataclass(frozen=True)
 class Canaries:
-    """Gradient canaries: canary i is a record whose gradient is ``magnitude`` at flat coordinate
+    """Gradient canaries: canary i is a record whose gradient is ``signs[i]`` × ``magnitude`` at flat coordinate
     ``coordinates[i]`` of parameter ``names[i]`` (clipped to C like every record); ``included[i]`` says
     whether it is in the data (the audit's coin flip)."""
 
@@ -69,6 +69,8 @@ class Canaries:
     coordinates: tuple[int, ...]
     included: tuple[bool, ...]
     groups: tuple[str, ...] = ()  # the parameter group of each canary (audited apart as well as together)
+    signs: tuple[float, ...] = ()  # +1: the canary pushes its coordinate down (descent), -1 up; () = all +1
+    kinds: tuple[str, ...] = ()  # the kind of each canary's tensor (layer type and parameter: LayerNorm.bias)
     magnitude: float = 1e3
 
 
@@ -119,16 +121,16 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _add_canary_rows(params: dict[str, nn.Parameter], canaries: Canaries, chosen: Sequence[int]) -> None:
-    """One per-example gradient row per sampled canary, appended to every parameter's ``grad_sample``."""
-    for name, p in params.items():
-        rows = torch.zeros((len(chosen), p.numel()), dtype=p.dtype, device=p.device)
-        for r, i in enumerate(chosen):
-            if canaries.names[i] == name:
-                rows[r, canaries.coordinates[i]] = canaries.magnitude
-        rows = rows.view(len(chosen), *p.shape)
-        existing = p.grad_sample
-        p.grad_sample = rows if existing is None else torch.cat([existing, rows], dim=0)
+def _add_canaries(params: dict[str, nn.Parameter], canaries: Canaries, chosen: Sequence[int], clip: float) -> None:
+    """The sampled canaries' clipped gradients, added to the sum of clipped record gradients (``p.summed_grad``).
+    A canary's gradient is ±magnitude at one coordinate, so its per-record clipping to C (Opacus' factor
+    min(1, C/‖g‖)) leaves ±min(magnitude, C) there and 0 elsewhere: added as such, without a per-record row of
+    every parameter (which would cost the model's size per canary)."""
+    value = min(canaries.magnitude, clip)
+    with torch.no_grad():
+        for i in chosen:
+            sign = canaries.signs[i] if canaries.signs else 1.0
+            params[canaries.names[i]].summed_grad.view(-1)[canaries.coordinates[i]] += sign * value
 
 
 def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
@@ -208,12 +210,12 @@ def dp_sgd(
                 losses.mean().backward()
                 dp_optimizer.clip_and_accumulate()
                 loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
-            if chosen or not pieces:  # the sampled canaries' rows; an empty Poisson batch still releases noise
+            if not pieces:  # an empty Poisson batch still releases noise: on a zero sum
                 for p in params.values():
                     p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-                if chosen:
-                    _add_canary_rows(params, canaries, chosen)
                 dp_optimizer.clip_and_accumulate()
+            if chosen:
+                _add_canaries(params, canaries, chosen, dp.clip_norm)
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)

@@ -139,11 +139,14 @@ def parameter_group(name: str) -> str:
     return re.sub(r"\.\d+\.", ".*.", name)
 
 
-def _second_moments(model: torch.nn.Module, reference: list, batch: int = 4) -> dict[str, torch.Tensor]:
-    """Per coordinate of each trainable tensor, the mean squared gradient over batches of ``reference`` pairs
-    (public data, not any client's): how much real records move it."""
+def _gradient_moments(
+    model: torch.nn.Module, reference: list, batch: int = 4
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(mean, mean square) per coordinate of each trainable tensor's gradient over batches of ``reference`` pairs
+    (public data, not any client's): which way real records push each coordinate, and how much they move it."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
+    squares = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
     pad_id = model.config.pad_id
     was_training = model.training
     model.eval()
@@ -154,9 +157,14 @@ def _second_moments(model: torch.nn.Module, reference: list, batch: int = 4) -> 
         grads = torch.autograd.grad(model.pair_losses(src, tgt).mean(), list(params.values()), allow_unused=True)
         for (n, _p), g in zip(params.items(), grads):
             if g is not None:
-                sums[n] += g.double() ** 2
+                sums[n] += g.double()
+                squares[n] += g.double() ** 2
     model.train(was_training)
-    return {n: (v / max(len(batches), 1)).flatten() for n, v in sums.items()}
+    count = max(len(batches), 1)
+    return (
+        {n: (v / count).flatten() for n, v in sums.items()},
+        {n: (v / count).flatten() for n, v in squares.items()},
+    )
 
 
 def _allocate(total: int, capacity: dict[str, int]) -> dict[str, int]:
@@ -181,12 +189,14 @@ def audit_canaries(cfg: RunConfig, model: torch.nn.Module, reference: list) -> C
     """The gradient canaries of an audit run (``privacy.audit_canaries`` = m), where real records do not hide them:
     spread evenly over every parameter group (:func:`parameter_group`), so noise missing from any one group shows,
     and within a group on the coordinates the ``reference`` pairs (public data) move least (Dirac canaries at
-    low-variance coordinates, Nasr et al. 2023). ``model`` is the run's initial model; the placement and a fair
-    coin per canary derive from it and the run seed, so the auditor recomputes them."""
+    low-variance coordinates, Nasr et al. 2023). Each canary pushes its coordinate **against** the way the
+    reference pairs push it, so that what real records do to it (which an adaptive optimizer such as Adam turns into
+    steps of the full learning rate) cannot pass for the canary. ``model`` is the run's initial model; the placement,
+    directions and a fair coin per canary derive from it and the run seed, so the auditor recomputes them."""
     m = cfg.privacy.audit_canaries
     if not m:
         return None
-    moments = _second_moments(model, reference)
+    means, moments = _gradient_moments(model, reference)
     groups: dict[str, list[str]] = {}
     for name in moments:
         groups.setdefault(parameter_group(name), []).append(name)
@@ -202,12 +212,26 @@ def audit_canaries(cfg: RunConfig, model: torch.nn.Module, reference: list) -> C
             t = bisect.bisect_right(starts, f) - 1
             located.append((names[t], f - starts[t], group))
     included = tuple(rng.random() < 0.5 for _ in located)
+    # the gradient's sign is the direction of descent's opposite: a canary whose gradient has the data's mean
+    # gradient's opposite sign moves its coordinate against the data (a zero mean: pushed down)
     return Canaries(
         names=tuple(n for n, _, _ in located),
         coordinates=tuple(c for _, c, _ in located),
         included=included,
         groups=tuple(g for _, _, g in located),
+        signs=tuple(-1.0 if float(means[n][c]) > 0 else 1.0 for n, c, _ in located),
+        kinds=tuple(parameter_kinds(model)[n] for n, _, _ in located),
     )
+
+
+def parameter_kinds(model: torch.nn.Module) -> dict[str, str]:
+    """Each parameter's kind, its layer type and name (``LayerNorm.bias``): a second grouping for the audit, where
+    a bug in one layer type's per-record gradients would show across every tensor of that kind."""
+    return {
+        f"{module_name}.{name}" if module_name else name: f"{type(module).__name__}.{name}"
+        for module_name, module in model.named_modules()
+        for name, _ in module.named_parameters(recurse=False)
+    }
 
 
 def _dp_form(step: Any, strategy: str) -> dict[str, Any]:
@@ -292,10 +316,11 @@ def distributed_step(
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.privacy.distributed_lr)
     pooled = dp.expected_batch * (cfg.federation.clients_per_round or cfg.federation.clients)
     before_step = _schedule(cfg, sgd, cfg.privacy.distributed_lr, done, total, pooled)
-    out = _run(cfg, model, sgd, pairs, share(cfg, dp), 1, seed, before_step, {}, canaries)
+    mine = share(cfg, dp)
+    out = _run(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries)
     optimizer.param_groups[0][DISTRIBUTED_STEPS] = done + 1
     out = _with_accounting(out, dp, done + 1, sgd)
-    out["dp_share_sigma"] = share(cfg, dp).noise_multiplier
+    out["dp_share_sigma"] = mine.noise_multiplier
     return out
 
 
