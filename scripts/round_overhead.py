@@ -33,7 +33,9 @@ def main() -> None:
         train = sum(float(x.get("train_s", 0.0)) for x in lines if x.get("round") == rnd and "event" not in x)
         overheads.append(wall - train)
         print(f"round {rnd}: {wall:.2f} s, clients' training {train:.2f} s, overhead {wall - train:.2f} s")
-    print(f"{Path(trustformer.__file__).parent.parent}: mean overhead {sum(overheads) / len(overheads):.2f} s per round")
+    print(
+        f"{Path(trustformer.__file__).parent.parent}: mean overhead {sum(overheads) / len(overheads):.2f} s per round"
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def measure(cfg: RunConfig) -> list[dict[str, Any]]:
     plans = {c: record_dp.plan(cfg, sizes[c], sizes) for c in range(m)}
     sigma, C, B = plans[0].noise_multiplier, cfg.privacy.clip_norm, plans[0].expected_batch
     quiet = {c: _payload(cfg, task, c, dataclasses.replace(plans[c], noise_multiplier=0.0)) for c in range(m)}
-    rows = []
+    rows: list[dict[str, Any]] = []
     cases = [
         ("per-owner", [sigma] * m, (), 0, C * sigma / (B * math.sqrt(m))),
         ("distributed", [sigma / math.sqrt(m)] * m, (), 0, C * sigma / (B * m)),
