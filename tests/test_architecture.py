@@ -65,6 +65,7 @@ ALLOWED = {
         "data",
         "models",
         "evaluation",
+        "secure",  # dp-noise: the noise measured through the real secure aggregation
     },
     "reproduce": {"config", "engine", "metrics", "report", "tasks", "core"},
     "reproduce_fedpc": {"config", "reproduce", "report"},  # FedPC's grid, run by reproduce's grid runner

@@ -14,7 +14,7 @@ import torch
 from trustformer.attack.harness import observed_run
 from trustformer.config import ConfigError, load_config
 from trustformer.secure.masking import SecAggError
-from trustformer.secure.secagg_bench import _run_protocol
+from trustformer.secure.secagg_bench import run_protocol
 from trustformer.secure.secagg_common import SecAggParams
 from trustformer.tasks import record_dp
 
@@ -73,8 +73,8 @@ def test_clients_refuse_to_unmask_a_sum_with_too_few_noise_shares():
             clients[i].unmask(survivors, dropped)
     vectors = {i: np.full(4, float(i)) for i in ids}
     with pytest.raises(SecAggError, match="noise shares"):
-        _run_protocol(vectors, floor, b"test/honest-server", drop_after_shares=[2])
-    total, _seconds, _sizes = _run_protocol(vectors, floor, b"test/all")
+        run_protocol(vectors, floor, b"test/honest-server", drop_after_shares=[2])
+    total, _seconds, _sizes = run_protocol(vectors, floor, b"test/all")
     np.testing.assert_allclose(total, np.full(4, 3.0), atol=1e-5)
 
 

@@ -34,7 +34,7 @@ import torch
 from ..config import RunConfig, load_config
 from ..core.dpsgd import RecordDP
 from ..secure.records import secagg_params
-from ..secure.secagg_bench import _run_protocol
+from ..secure.secagg_bench import run_protocol
 from ..tasks import record_dp
 from ..tasks.run import load_task
 
@@ -79,7 +79,7 @@ def measure(cfg: RunConfig) -> list[dict[str, Any]]:
             dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, dropout_tolerance=tolerance))
         )
         started = time.perf_counter()
-        total, seconds, sizes_bytes = _run_protocol(
+        total, seconds, sizes_bytes = run_protocol(
             {c: v.astype(np.float64) for c, v in noisy.items()}, params, f"dp-noise/{label}".encode(), dropped
         )
         wall = time.perf_counter() - started

@@ -14,7 +14,7 @@ from .secagg_common import SecAggParams
 from .secagg_server import SecAggServer
 
 
-def _run_protocol(
+def run_protocol(
     vectors: Mapping[int, np.ndarray], params: SecAggParams, session: bytes, drop_after_shares: Sequence[int] = ()
 ) -> tuple[np.ndarray, dict[str, float], dict[str, int]]:
     """One full protocol instance; returns the sum, seconds per step and bytes per message kind."""
@@ -68,7 +68,7 @@ def benchmark(length: int, num_clients: int) -> dict:
     for v in vectors.values():
         plain += v
     plain_s = time.perf_counter() - start
-    total, seconds, sizes = _run_protocol(vectors, params, b"benchmark/all-survive")
+    total, seconds, sizes = run_protocol(vectors, params, b"benchmark/all-survive")
     per_client = {"advertise_keys", "share_keys", "masked_input", "client_unmask"}
     result: dict = {
         "length": length,
@@ -86,7 +86,7 @@ def benchmark(length: int, num_clients: int) -> dict:
     result["error_bound"] = quantization_error_bound(num_clients, params.scale_bits)
     if num_clients - 1 >= params.threshold:
         survivors = {i: v for i, v in vectors.items() if i != num_clients - 1}
-        dropped_total, dropped_seconds, _ = _run_protocol(
+        dropped_total, dropped_seconds, _ = run_protocol(
             vectors, params, b"benchmark/one-dropped", drop_after_shares=[num_clients - 1]
         )
         result["server_unmask_one_dropped_s"] = dropped_seconds["server_unmask"]
@@ -95,4 +95,4 @@ def benchmark(length: int, num_clients: int) -> dict:
     return result
 
 
-__all__ = ["benchmark"]
+__all__ = ["benchmark", "run_protocol"]
