@@ -47,7 +47,12 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
     "secure": {"secagg": {"secure.mode": "secagg"}},
     "robust": {"median": {"robust.aggregator": "median"}},
     "record-dp": {
-        "record dp": {"privacy.unit": "record", "privacy.epsilon": 8.0, "privacy.delta": 1e-5, "privacy.batch_size": 16},
+        "record dp": {
+            "privacy.unit": "record",
+            "privacy.epsilon": 8.0,
+            "privacy.delta": 1e-5,
+            "privacy.batch_size": 16,
+        },
         "distributed dp": {
             "privacy.unit": "record",
             "privacy.noise": "distributed",

@@ -296,8 +296,8 @@ class PrivacyConfig:
     # noise = distributed: participants per round whose loss the shares still cover; the clients refuse to unmask a
     # round with fewer survivors
     dropout_tolerance: int = 0
-    # noise = distributed: the learning rate of the round's SGD step on the pooled mean (16: best of 1, 4, 16, 64 for the
-    # public start with LoRA r16 on `small`, docs/privacy.md; a model trained from scratch needs about 1)
+    # noise = distributed: the learning rate of the round's SGD step on the pooled mean (16: best of 1, 4, 16, 64 for
+    # the public start with LoRA r16 on `small`, docs/privacy.md; a model trained from scratch needs about 1)
     distributed_lr: float = 16.0
 
     def validate(self) -> None:

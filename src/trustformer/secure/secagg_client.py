@@ -271,7 +271,7 @@ class SecAggClient:
             raise SecAggError(f"{self._where(step)}: this client is listed as dropped in its own unmask request")
         why = self.params.too_few(len(alive))
         if why:
-            raise SecAggError(f"{self._where(step)} refuses to unmask: {why}")
+            raise SecAggError(f"{self._where(step)} refuses to unmask: {len(alive)} survivors, {why}")
         assert self._own_shares is not None
         held = dict(self._received)
         held[self.client_id] = self._own_shares

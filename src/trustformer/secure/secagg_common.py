@@ -36,11 +36,11 @@ class SecAggParams:
     def too_few(self, survivors: int) -> str | None:
         """Why a sum of ``survivors`` inputs must not be unmasked (None: it may)."""
         if survivors < self.threshold:
-            return f"{survivors} survivors, threshold is {self.threshold}"
+            return f"threshold is {self.threshold}"
         if survivors < self.min_survivors:
             return (
-                f"{survivors} survivors, fewer than the {self.min_survivors} whose noise shares make the "
-                "privacy guarantee (privacy.dropout_tolerance)"
+                f"fewer than the {self.min_survivors} whose noise shares make the privacy guarantee "
+                "(privacy.dropout_tolerance)"
             )
         return None
 

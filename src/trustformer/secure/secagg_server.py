@@ -109,7 +109,7 @@ class SecAggServer:
         why = self.params.too_few(len(survivors))
         if why:
             raise SecAggError(
-                f"secagg {step}: masked inputs arrived from {why}; too many clients dropped "
+                f"secagg {step}: {len(survivors)} masked inputs arrived, {why}; too many clients dropped "
                 f"({sorted(set(self._u2) - set(survivors))})"
             )
         self._survivors = survivors
