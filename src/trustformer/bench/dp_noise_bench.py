@@ -51,8 +51,7 @@ def _payload(cfg: RunConfig, task, client: int, dp: RecordDP) -> np.ndarray:
     """Client ``client``'s payload after one DP-SGD step of ``dp`` (SGD, learning rate 1) from the initial model."""
     model = task.initial_model()
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    record_dp._ready()
-    record_dp._run(cfg, model, sgd, task.shard(client), dp, 1, 1000 + client, None, {}, None)
+    record_dp.run_steps(cfg, model, sgd, task.shard(client), dp, 1, 1000 + client, None, {}, None)
     return torch.cat([p.detach().double().flatten() for p in model.parameters() if p.requires_grad]).numpy()
 
 

@@ -277,7 +277,7 @@ def train(
     else:
         done, steps = optimizer_steps(optimizer), per_round
         before_step = _schedule(cfg, optimizer, t.lr, done, total, dp.expected_batch)
-    out = _run(
+    out = run_steps(
         cfg,
         model,
         optimizer,
@@ -317,7 +317,7 @@ def distributed_step(
     pooled = dp.expected_batch * (cfg.federation.clients_per_round or cfg.federation.clients)
     before_step = _schedule(cfg, sgd, cfg.privacy.distributed_lr, done, total, pooled)
     mine = share(cfg, dp)
-    out = _run(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries)
+    out = run_steps(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries)
     optimizer.param_groups[0][DISTRIBUTED_STEPS] = done + 1
     out = _with_accounting(out, dp, done + 1, sgd)
     out["dp_share_sigma"] = mine.noise_multiplier
@@ -345,8 +345,9 @@ def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, don
     return before_step
 
 
-def _run(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int, before_step, form, canaries):
+def run_steps(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int, before_step, form, canaries):
     """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources."""
+    _ready()
     t = cfg.train
     device = next(model.parameters()).device
     pad_id = model.config.pad_id
