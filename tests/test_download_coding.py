@@ -11,7 +11,7 @@ import torch
 from trustformer.config import ConfigError, load_config
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import ProtocolObserver, observe
-from trustformer.protocols.wrappers.download import HELD, CodedDownload
+from trustformer.protocols.wrappers.download import HELD, REPLAY, CodedDownload
 from trustformer.runtime.checkpoint import read_checkpoint, read_server_state
 from trustformer.runtime.store import DiskStore
 
@@ -67,20 +67,64 @@ def test_every_client_holds_exactly_the_servers_delivered_state(tmp_path):
         assert all(torch.equal(held[client][n], delivered[n]) for n in delivered), client
 
 
-def test_a_catch_up_decoded_against_the_wrong_reference_is_seen(tmp_path, monkeypatch):
-    """The planted bug: a client caught up keeps its stale held state (decodes the next download against it)."""
+def _some_client_differs(cfg) -> bool:
+    """Whether a client that applied the last exchange holds anything but the server's delivered state."""
+    delivered, rnd = delivered_state(cfg)
+    last = {x["client"] for x in lines(cfg) if x["round"] == rnd and x.get("sampled", True)}
+    held = held_states(cfg)
+    assert last and all(set(held[c]) == set(delivered) for c in last)
+    return any(not all(torch.equal(held[c][n], delivered[n]) for n in delivered) for c in last)
+
+
+def test_a_catch_up_in_float32_decoded_against_the_wrong_reference_is_seen(tmp_path, monkeypatch):
+    """The planted bug: a client caught up with the full state keeps its stale held state (decodes the next download
+    against it)."""
     original = CodedDownload.client_start_from
 
     def stale(self, session, model):
         return self.inner.client_start_from(session, model)  # the held state is not refreshed
 
+    monkeypatch.setattr(CodedDownload, "catch_up_from", lambda self, version: None)  # always the full state
     monkeypatch.setattr(CodedDownload, "client_start_from", stale)
     cfg, _summary = run(tmp_path, "stale", **{"federation.download_bits": 2, "federation.clients_per_round": 2})
     monkeypatch.setattr(CodedDownload, "client_start_from", original)
-    delivered, _ = delivered_state(cfg)
-    held = held_states(cfg)
-    caught_up = [c for c in held if set(held[c]) == set(delivered)]
-    assert any(not all(torch.equal(held[c][n], delivered[n]) for n in delivered) for c in caught_up)
+    assert _some_client_differs(cfg)
+
+
+def test_a_replayed_catch_up_decoded_against_the_wrong_reference_is_seen(tmp_path, monkeypatch):
+    """The planted bug: a client catching up with the coded messages it missed decodes them against the initial
+    model instead of the state it holds."""
+    original = CodedDownload.client_start_from
+
+    def from_initial(self, session, model):
+        if any(n.startswith(REPLAY) for n in model):
+            for name in [n for n in session.protocol_state if n.startswith(HELD)]:
+                del session.protocol_state[name]
+        return original(self, session, model)
+
+    monkeypatch.setattr(CodedDownload, "client_start_from", from_initial)
+    cfg, _summary = run(
+        tmp_path,
+        "stale",
+        **{"federation.download_bits": 2, "federation.clients_per_round": 1, "federation.rounds": 6},
+    )
+    monkeypatch.undo()
+    assert _some_client_differs(cfg)
+
+
+def test_a_client_that_missed_rounds_replays_the_coded_messages_when_they_are_fewer_bytes(tmp_path, monkeypatch):
+    """One client of three per round: the others catch up with the coded messages they missed, decoded in turn.
+    The run is the same, to the bit, as one whose catch-ups send the full state in float32, for fewer bytes."""
+    values = {"federation.download_bits": 2, "federation.clients_per_round": 1, "federation.rounds": 6}
+    cfg, replayed = run(tmp_path, "replayed", **values)
+    assert not _some_client_differs(cfg)
+    monkeypatch.setattr(CodedDownload, "catch_up_from", lambda self, version: None)
+    full_cfg, full = run(tmp_path, "full", **values)
+    assert replayed["test_loss"] == full["test_loss"]
+    assert all(
+        torch.equal(a, b) for a, b in zip(delivered_state(cfg)[0].values(), delivered_state(full_cfg)[0].values())
+    )
+    assert replayed["bytes"]["down_total"] < 0.8 * full["bytes"]["down_total"]
 
 
 class Aggregates(ProtocolObserver):

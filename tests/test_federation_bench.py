@@ -6,6 +6,9 @@ import math
 import pytest
 
 from trustformer.bench.federation_bench import gain_retained, mark_pareto, plan_runs
+from trustformer.bench.federation_plan import plan_download_runs
+from trustformer.bench.federation_run import curve
+from trustformer.bench.federation_table import _bytes_to_target
 from trustformer.cli import main
 
 
@@ -172,3 +175,86 @@ def test_a_run_the_configuration_refuses_stops_the_benchmark_before_anything_tra
     err = capsys.readouterr().err
     assert "benchmark run 'trustformer β=0.7'" in err and "trustformer.min_cluster_rows" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_download_rows_code_each_base_at_every_width_and_seed_the_target_widths():
+    runs = plan_download_runs([8, 4, 2], [0, 1], bits=[4, 2], beta=0.5, ranks=[4, 16], public=True)
+    labels = {(r.label, r.seed) for r in runs}
+    assert ("fedavg 2-bit", 0) in labels and ("fedavg 2-bit · down 8", 0) in labels
+    assert ("fedavg 2-bit · down 2", 1) in labels and ("fedavg 2-bit · down 4", 1) not in labels
+    assert ("trustformer β=0.5 4-bit · down 4", 1) in labels
+    assert ("public + fedavg lora r16 4-bit · down 4", 1) in labels and ("public + fedavg lora r4 4-bit", 0) in labels
+    coded = next(r for r in runs if r.label == "public + fedavg lora r4 4-bit · down 2")
+    assert coded.overrides["federation.download_bits"] == 2 and coded.overrides["model.lora_rank"] == 4
+    assert coded.overrides["federation.payload_bits"] == 4
+
+
+def test_the_curve_counts_both_ways_and_bytes_to_target_is_the_first_round_past_it(tmp_path):
+    lines = [
+        {"round": 1, "client": 0, "test_loss": 5.0, "bytes_up": 10, "bytes_down": 100},
+        {"round": 1, "client": 1, "test_loss": 4.0, "bytes_up": 10, "bytes_down": 100},
+        {"event": "dropped", "round": 1, "client": 2},
+        {"round": 2, "client": 0, "test_loss": 3.0, "bytes_up": 10, "bytes_down": 5},
+        {"round": 2, "client": 1, "test_loss": 3.0, "bytes_up": 10, "bytes_down": 5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    points = curve(tmp_path / "metrics.jsonl")
+    assert points == [[1, 4.5, 220], [2, 3.0, 250]]
+    local = {"seeds": [0, 1], "loss_per_seed": [5.0, 5.0]}
+    fedavg = {"seeds": [0, 1], "loss_per_seed": [3.0, 4.5]}  # targets: 3.2 (seed 0), 4.55 (seed 1)
+    row = {"seeds": [0, 1], "curves": [points, points]}
+    _bytes_to_target(row, local, fedavg)
+    assert row["bytes_to_target_per_seed"] == [250.0, 220.0] and row["bytes_to_target"] == 235.0
+    slow = {"seeds": [0], "curves": [[[1, 4.5, 220], [2, 3.5, 250]]]}
+    _bytes_to_target(slow, local, fedavg)
+    assert slow["bytes_to_target_per_seed"] == [None] and math.isnan(slow["bytes_to_target"])
+
+
+def test_tiny_download_rows_print_bytes_both_ways_and_draw_the_curves(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(
+        [
+            "bench",
+            "federation",
+            "--preset",
+            "tiny",
+            "--betas",
+            "0.5",
+            "--bits",
+            "4,2",
+            "--download-bits",
+            "2",
+            "--only",
+            "download",
+            "--no-attacks",
+            "--seeds",
+            "0",
+            "--rounds",
+            "2",
+            "--no-dp",
+            "--no-secagg",
+            "--jobs",
+            "1",
+            "--set",
+            "federation.finetune_epochs=0",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out),
+            "--curves",
+            str(tmp_path / "curves.png"),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "to 90% MB" in printed and "fedavg 2-bit · down 2" in printed
+    rows = {r["run"]: r for r in json.loads(out.read_text())["rows"]}
+    assert "fedavg + fine-tuning" not in rows  # no fine-tuning ran: no such rows
+    plain, coded = rows["fedavg 2-bit"], rows["fedavg 2-bit · down 2"]
+    assert plain["download_vs_fedavg"] == 1.0 and coded["download_vs_fedavg"] < 0.2
+    assert coded["upload_vs_fedavg"] == pytest.approx(plain["upload_vs_fedavg"], rel=0.01)
+    assert coded["total_bytes"] < 0.3 * plain["total_bytes"]
+    assert coded["download_code_s_per_round"] > 0 and plain["download_code_s_per_round"] == 0
+    assert math.isnan(coded["mia_advantage"])  # --no-attacks
+    assert rows["fedavg"]["bytes_to_target"] == rows["fedavg"]["total_bytes"]  # FedAvg reaches it in its last round
+    assert (tmp_path / "curves.png").stat().st_size > 10_000

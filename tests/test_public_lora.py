@@ -108,11 +108,16 @@ def test_public_model_is_trained_once_cached_and_every_client_starts_from_it(tmp
     assert all(torch.equal(start[n].cpu(), first.state[n]) for n in start)
     scratch = initial_tensors(tiny(tmp_path / "run").to_json())
     assert not torch.equal(scratch["embedding.weight"].cpu(), first.state["embedding.weight"])
-    # the key follows its data and recipe: another recipe or other pairs are another model
+    # the key follows its data and its own recipe: another public recipe or other pairs are another model; the
+    # federated run's recipe (train.*) is not its recipe, so a sweep of it keeps the same start
     workload = wl.load_workload(cfg)
     encoded = encode_pairs(pub.public_pairs(cfg, workload)[0], workload.tokenizer, max_len=cfg.model.max_len)
     assert pub.cache_key(cfg, workload, encoded) == first.report["key"]
-    assert pub.cache_key(tiny(**{**PUBLIC, "train.lr": 1e-3}), workload, encoded) != first.report["key"]
+    swept = tiny(**{**PUBLIC, "train.lr": 1e-3, "train.batch_tokens": 80, "train.warmup_steps": 9})
+    assert pub.cache_key(swept, workload, encoded) == first.report["key"]
+    assert pub.public_recipe(swept) == pub.public_recipe(cfg)
+    assert pub.cache_key(tiny(**{**PUBLIC, "train.public_lr": 1e-3}), workload, encoded) != first.report["key"]
+    assert pub.cache_key(tiny(**{**PUBLIC, "train.public_epochs": 2}), workload, encoded) != first.report["key"]
     assert pub.cache_key(cfg, workload, encoded[1:]) != first.report["key"]
 
 
@@ -305,3 +310,26 @@ def test_bench_plans_the_public_rows_and_gains_against_both_references():
     lora = next(r for r in rows if r["run"] == "public + fedavg lora r4")
     assert lora["gain_loss"] == pytest.approx(1.0) and lora["pgain_loss"] == pytest.approx(0.5)
     assert lora["upload_vs_fedavg"] == pytest.approx(0.01)
+
+
+def test_ffa_lora_trains_and_sends_only_b_with_a_frozen_at_the_same_start(tmp_path, lora_run):
+    """model.lora_train = "b" (FFA-LoRA): only the lora_B tensors train and travel, half the adapters' bytes, every
+    client keeps the same seeded lora_A, and the run still learns from the public start."""
+    cfg = tiny(tmp_path / "ffa", **{**LORA, "model.lora_train": "b", "runtime.store": "disk"})
+    start = initial_tensors(cfg.to_json())
+    assert start and all(".lora_B." in n for n in start)
+    model = load_task(cfg).initial_model()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_A." in n}
+    assert frozen and not any(p.requires_grad for n, p in model.named_parameters() if ".lora_A." in n)
+    summary = run_in_process(cfg)
+    lora_cfg, lora_summary, _ = lora_run
+    assert summary["bytes"]["fedavg_model_bytes"] < 0.6 * lora_summary["bytes"]["fedavg_model_bytes"]
+    public_loss = load_task(cfg).public().report["test_loss"]
+    assert max(summary["test_loss"]) < public_loss  # it learns beyond the public start
+    from trustformer.runtime.store import DiskStore
+
+    store = DiskStore(next((Path(cfg.out) / "client-state").iterdir()))
+    for client in range(cfg.federation.clients):  # every client ends with the seeded lora_A it started with
+        state = store.load(f"client-{client}").model
+        assert all(torch.equal(state[name], tensor) for name, tensor in frozen.items())
+        assert not all(torch.equal(state[n], start[n]) for n in start)  # and B trained

@@ -336,3 +336,92 @@ def test_bench_plans_the_record_level_rows_public_first_and_the_papers_reading()
     assert [r.overrides["federation.strategy"] for r in paper] == ["dp-fedavg", "dp-fedsam", "dp-blur-lus"]
     assert all(r.overrides["privacy.delta"] == 1e-3 for r in paper)
     assert all(r.overrides["privacy.delta"] == 1e-5 for r in runs if " dp ε=" in r.label)
+
+
+def _sent(run) -> list[tuple[int, int, dict[str, torch.Tensor]]]:
+    return [(ex.round, c, p) for ex in run.exchanges for c, p in sorted(ex.sent_payloads.items())]
+
+
+def _final_reports(summary: dict) -> dict:
+    """What the clients' final evaluation sent the server, but the fine-tuned model's own scores (ft_*, finetune_*)."""
+    keys = ("test_loss", "bleu", "chrf", "own_test_loss", "own_bleu")
+    return {k: summary[k] for k in keys if k in summary}
+
+
+def test_free_fine_tuning_spends_nothing_and_nothing_of_it_leaves_the_machine(tmp_path, monkeypatch):
+    """privacy.finetune = 'free': the same σ and ε as a run without fine-tuning, and every message a client sends
+    (each round's payload, the final evaluation's scores) equal to that run's, bit for bit (noise seeded for the
+    comparison). Fine-tuning the held model in place and keeping it, so that the fine-tuned weights reach the
+    final scores the server asks for next, fails it."""
+    from trustformer.attack.harness import observed_run
+    from trustformer.runtime import client as client_module
+
+    def run(out, finetune_epochs, **extra):
+        values = {
+            "privacy.noise_source": "seeded-not-private",
+            "privacy.epsilon": 8.0,
+            "privacy.delta": 1e-5,
+            "federation.finetune_epochs": finetune_epochs,
+            "federation.finetune_lr_scale": 1.0,
+            **extra,
+        }
+        return observed_run(tiny(out, **values))
+
+    plain, tuned = run(tmp_path / "plain", 0), run(tmp_path / "tuned", 2)
+    assert tuned.summary["privacy"]["finetune"].startswith("free")
+    assert tuned.summary["privacy"]["clients"] == plain.summary["privacy"]["clients"]  # σ, q, steps, ε
+    assert "finetune_record_epsilon" not in json.dumps(tuned.summary)
+    assert tuned.summary["ft_test_loss"] != tuned.summary["test_loss"]  # the fine-tuning did train
+    assert _final_reports(tuned.summary) == _final_reports(plain.summary)
+    for (r1, c1, p1), (r2, c2, p2) in zip(_sent(plain), _sent(tuned), strict=True):
+        assert (r1, c1) == (r2, c2) and all(torch.equal(p1[n], p2[n]) for n in p1)
+    charged = run(tmp_path / "charged", 2, **{"privacy.finetune": "dp"})  # the owner who publishes: DP, charged
+    assert (
+        charged.summary["privacy"]["clients"]["0"]["noise_multiplier"]
+        > (plain.summary["privacy"]["clients"]["0"]["noise_multiplier"])
+    )
+    scores = client_module._finetuned_scores
+
+    def kept(env, session, rnd):  # planted: fine-tunes the held model itself and saves it as the round's state
+        monkeypatch.setattr(client_module.copy, "deepcopy", lambda model: model)
+        out = scores(env, session, rnd)
+        optimizer = client_module.SavedOptimizerState(env.task.new_optimizer(session.model).state_dict())
+        client_module.save_session(env, session, optimizer, client_module.ROUND_END)
+        return out
+
+    monkeypatch.setattr(client_module, "_finetuned_scores", kept)
+    leaked = run(tmp_path / "leaked", 2)
+    assert _final_reports(leaked.summary) != _final_reports(plain.summary)
+
+
+def _sampling_check(metrics: list[dict]) -> None:
+    """The rate the accountant charged (``dp_sample_rate``, ``dp_steps``, ``record_epsilon``) against what the
+    sampler did (``dp_records`` drawn over ``steps`` Poisson batches of ``num_examples`` records): within four
+    binomial standard deviations, the same step count, and the ε of the realized rate."""
+    by_client: dict[int, list[dict]] = {}
+    for r in metrics:
+        if "dp_records" in r:
+            by_client.setdefault(r["client"], []).append(r)
+    assert by_client
+    for rows in by_client.values():
+        draws = sum(r["steps"] * r["num_examples"] for r in rows)
+        realized = sum(r["dp_records"] for r in rows) / draws
+        last = max(rows, key=lambda r: r["round"])
+        q = last["dp_sample_rate"]
+        assert abs(realized - q) <= 4 * math.sqrt(q * (1 - q) / draws), (realized, q)
+        assert last["dp_steps"] == sum(r["steps"] for r in rows)
+        spent = epsilon_after(last["dp_sigma"], realized, last["dp_steps"], 1e-5)
+        assert last["record_epsilon"] == pytest.approx(spent, rel=0.15)
+
+
+def test_the_accountants_sampling_rate_is_the_samplers(tmp_path, monkeypatch):
+    values = {"privacy.epsilon": 4.0, "privacy.delta": 1e-5, "privacy.batch_size": 8, "federation.rounds": 3}
+    run_in_process(tiny(tmp_path / "ok", **values))
+    rows = [json.loads(x) for x in (tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()]
+    _sampling_check(rows)
+    draw = dpsgd.poisson_indices  # planted: the sampler takes each record at twice the rate the accountant charges
+    monkeypatch.setattr(dpsgd, "poisson_indices", lambda n, rate, g: draw(n, min(1.0, 2 * rate), g))
+    run_in_process(tiny(tmp_path / "bug", **values))
+    rows = [json.loads(x) for x in (tmp_path / "bug" / "metrics.jsonl").read_text().splitlines()]
+    with pytest.raises(AssertionError):
+        _sampling_check(rows)

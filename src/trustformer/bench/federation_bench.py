@@ -16,13 +16,20 @@ The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
   (``--lora-ranks``, at 32 bits and each width of ``--bits``), public + Trustformer per β over the full model and
   over the adapters of the largest rank. Their gains are reported against both references: from scratch (local = 0,
   FedAvg = 1) and from the public start (``pgain``: public + local = 0, public + FedAvg = 1). ``--only public`` runs
-  just these (with the four references).
+  just these (with the four references);
+- with ``--download-bits`` (:func:`plan_download_runs`), the coded-download rows: FedAvg at the narrowest ``--bits``,
+  Trustformer at the largest β and the widest ``--bits`` and (with ``--public``) LoRA at each rank, each at 32 bits
+  and at every download width. ``--only download`` runs just these (with the references).
 
 Measured per row: test loss and BLEU on the shared test set and on each client's own held-out data (its
 domains), the **gain retained** (X − local) / (FedAvg − local) on each of the four, upload and download bytes
 per client per round relative to FedAvg's, what the server recovers of the clients' models (``attack
 reconstruct``) and its **membership advantage** on their data (``attack membership``: the best server score's
-AUC − 0.5, and its TPR at 1% FPR). The **Pareto front** of (gain on pooled test loss ↑, upload ↓, advantage ↓)
+AUC − 0.5, and its TPR at 1% FPR; ``--no-attacks`` skips both). A second table gives the **bytes both
+ways**: the total bytes (up + down, all clients, all rounds) and the bytes until the mean shared-test loss first
+reaches 90% of FedAvg's final gain over training alone (per seed, against the same seed's references), and the
+server's time per round (``--curves FILE.png`` draws each run's loss against its cumulative bytes).
+The **Pareto front** of (gain on pooled test loss ↑, upload ↓, advantage ↓)
 is marked ``*`` (on own-data gain: ``†``); a difference smaller than the seed-to-seed spread is a tie. Printed as
 one table; ``--json FILE`` writes it with every measurement, ``--figure FILE.png`` draws the frontier.
 
@@ -49,7 +56,7 @@ from typing import Any
 
 from ..cli_options import add_config_options, resolve_config
 from ..config import RunConfig
-from .federation_figure import figure
+from .federation_figure import curves_figure, figure
 from .federation_plan import (
     BENCH_OPTIONS,
     DEFAULT_SETTING,
@@ -57,13 +64,15 @@ from .federation_plan import (
     SCRATCH,
     TINY_SETTING,
     BenchRun,
+    DOWN,
+    plan_download_runs,
     plan_extra_rows,
     plan_public_runs,
     plan_record_dp_runs,
     plan_runs,
 )
 from .federation_run import finished, run_configs, run_one
-from .federation_table import _mean, format_table, gain_retained, mark_pareto, table
+from .federation_table import _mean, format_bytes_table, format_table, gain_retained, mark_pareto, table
 
 # ------------------------------------------------------------------------------ the command
 
@@ -127,6 +136,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--public, from the public model with LoRA (largest --lora-ranks) and full; plus the DP "
         "baselines' record-level reading at ε = 1. '--only dp' runs just these",
     )
+    p.add_argument(
+        "--download-bits",
+        type=_widths,
+        default=None,
+        metavar="WIDTHS",
+        help="add the coded-download rows at these widths (e.g. 8,4,2): FedAvg at the narrowest --bits, "
+        "Trustformer at the largest --betas and widest --bits, and with --public LoRA at each --lora-ranks; "
+        "'--only download' runs just these",
+    )
+    p.add_argument(
+        "--no-attacks",
+        action="store_true",
+        help="skip the reconstruction and membership attacks (their columns read n/a): about 40%% faster",
+    )
+    p.add_argument("--curves", metavar="FILE.png", help="also draw each run's test loss against its cumulative bytes")
     p.add_argument(
         "--row",
         action="append",
@@ -199,17 +223,30 @@ def main(argv: list[str] | None = None) -> int:
             beta=max(float(b) for b in args.betas.split(",")),
             bits=min(args.bits),
         )
+    if args.download_bits:  # its base rows run as it plans them (32 bits down: once, as a reference curve)
+        downloads = plan_download_runs(
+            args.download_bits,
+            seeds,
+            bits=args.bits,
+            beta=max(float(b) for b in args.betas.split(",")),
+            ranks=[int(r) for r in args.lora_ranks.split(",") if r.strip()],
+            public=args.public,
+        )
+        runs = [r for r in runs if r.label not in {d.label for d in downloads}] + downloads
+    runs = [r for i, r in enumerate(runs) if (r.label, r.seed) not in {(p.label, p.seed) for p in runs[:i]}]
     if args.only:
         wanted = {x.strip() for x in args.only.split(",") if x.strip()}
         keep = {"local", "fedavg", *wanted}
-        if PUBLIC_PREFIX in wanted:
+        if PUBLIC_PREFIX in wanted or ("download" in wanted and args.public):
             keep |= {"public + local", "public + fedavg"}  # the public-start references (pgain)
+        download = {r.label.partition(DOWN)[0] for r in runs if DOWN in r.label} if "download" in wanted else set()
         runs = [
             r
             for r in runs
             if r.label in keep
             or (PUBLIC_PREFIX in wanted and r.label.startswith(PUBLIC_PREFIX))
             or ("dp" in wanted and (" dp ε=" in r.label or " record ε=" in r.label))
+            or r.label.partition(DOWN)[0] in download
         ]
     out = Path(cfg.out)
     d, f = cfg.data, cfg.federation
@@ -223,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = run_configs(cfg, runs)
     results: list[dict[str, Any] | None] = [None] * len(runs)
     if args.reuse:
-        results = [finished(run_cfg) for _, run_cfg in jobs]
+        results = [finished(run_cfg, not args.no_attacks) for _, run_cfg in jobs]
         if reused := sum(r is not None for r in results):
             print(f"reusing {reused} finished runs from {out}", file=sys.stderr, flush=True)
     todo = [i for i, r in enumerate(results) if r is None]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, jobs[i][0], False, runs[i].kind): i for i in todo}
+        futures = {pool.submit(run_one, jobs[i][0], False, runs[i].kind, not args.no_attacks): i for i in todo}
         for done, future in enumerate(as_completed(futures), start=1):
             i = futures[future]
             results[i] = r = future.result()
@@ -244,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     rows = table(runs, results)
     print(format_table(rows))
+    print("\n" + format_bytes_table(rows))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
     print(
         f"FedAvg − local: {local['loss'] - fedavg['loss']:.3f} nats of pooled test loss, "
@@ -268,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.figure:
         print(f"figure: {figure(rows, args.figure)}", file=sys.stderr)
+    if args.curves:
+        print(f"curves: {curves_figure(rows, args.curves)}", file=sys.stderr)
     return 0
 
 

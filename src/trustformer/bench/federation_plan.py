@@ -171,6 +171,62 @@ def plan_public_runs(seeds: list[int], ranks: list[int], widths: list[int], beta
     ]
 
 
+DOWN = " · down "
+"""The label of a coded-download row: its base row's label, then this, then the width (``fedavg 2-bit · down 4``)."""
+
+
+def plan_download_runs(
+    downloads: list[int],
+    seeds: list[int],
+    *,
+    bits: list[int],
+    beta: float,
+    ranks: list[int],
+    public: bool,
+) -> list[BenchRun]:
+    """The coded-download rows (``--download-bits``), each at 32 bits (the base row) and at every width of
+    ``downloads``: FedAvg at the narrowest upload width, Trustformer β at the widest and, with ``public``, public +
+    FedAvg of LoRA adapters at each rank of ``ranks`` at the widest. The width a target is stated at runs with every
+    seed: 2 for FedAvg (both ways ≤ 0.08×), 4 for Trustformer and LoRA (≤ 0.08× and ≤ 0.03× down); the others once."""
+    narrow, wide = min(bits), max(bits)
+    bases: list[tuple[str, dict[str, Any], float | None, int]] = [
+        (f"fedavg {narrow}-bit", {"federation.strategy": "fedavg", "federation.payload_bits": narrow}, None, 2),
+        (
+            f"trustformer β={beta:g} {wide}-bit",
+            {"federation.strategy": "trustformer", "trustformer.beta": beta, "federation.payload_bits": wide},
+            beta,
+            4,
+        ),
+    ]
+    if public:
+        bases += [
+            (
+                f"public + fedavg lora r{rank} {wide}-bit",
+                {
+                    **PUBLIC,
+                    "model.adapters": "lora",
+                    "model.lora_rank": rank,
+                    "model.lora_alpha": 2.0 * rank,
+                    "federation.strategy": "fedavg",
+                    "federation.payload_bits": wide,
+                },
+                None,
+                4,
+            )
+            for rank in sorted(ranks, reverse=True)
+        ]
+    runs = []
+    for label, overrides, b, deciding in bases:
+        runs += [BenchRun(label, overrides, seed, b, False) for seed in seeds[:1]]
+        for down in downloads:
+            row = f"{label}{DOWN}{down}"
+            values = {**overrides, "federation.download_bits": down}
+            runs += [
+                BenchRun(row, values, seed, b, down == deciding) for seed in (seeds if down == deciding else seeds[:1])
+            ]
+    return runs
+
+
 RECORD_DP: dict[str, Any] = {"privacy.unit": "record", "privacy.delta": 1e-5, "privacy.batch_size": 256}
 """Every record-level DP row: DP-SGD with δ = 1e-5 (below 1/records) and an expected Poisson batch of 256 pairs
 (large batches are what make DP-SGD's noise small against the signal; Li et al. 2022)."""
@@ -236,7 +292,9 @@ __all__ = [
     "RECORD_DP",
     "SCRATCH",
     "TINY_SETTING",
+    "DOWN",
     "BenchRun",
+    "plan_download_runs",
     "plan_extra_rows",
     "plan_public_runs",
     "plan_record_dp_runs",

@@ -17,12 +17,15 @@ def _load(values: dict[str, Any]) -> RunConfig:
     return load_config(values["preset"], None, {k: v for k, v in values.items() if k != "preset"})
 
 
-def finished(cfg: RunConfig) -> dict[str, Any] | None:
-    """The measurements an earlier invocation left for exactly this configuration (``--reuse``), or None."""
+def finished(cfg: RunConfig, attacks: bool = True) -> dict[str, Any] | None:
+    """The measurements an earlier invocation left for exactly this configuration (``--reuse``), or None; one
+    measured with ``--no-attacks`` is not taken where the attacks are wanted."""
     done = Path(cfg.out) / "bench.json"
     if not done.exists():
         return None
     previous = json.loads(done.read_text(encoding="utf-8"))
+    if attacks and not previous.get("attacks", True):
+        return None
     try:  # read through today's defaults: a run measured before an option existed ran with its default
         config = build_config(previous.get("config") or {}).to_dict()
     except ConfigError:
@@ -30,29 +33,40 @@ def finished(cfg: RunConfig) -> dict[str, Any] | None:
     return previous if config == cfg.to_dict() else None
 
 
-def run_one(values: dict[str, Any], reuse: bool, kind: str = "run") -> dict[str, Any]:
+def run_one(values: dict[str, Any], reuse: bool, kind: str = "run", attacks: bool = True) -> dict[str, Any]:
     """One benchmark run in this process (a worker's job): the federation under the attack harness, then what the
-    server learns. Returns the run's measurements (and writes them to ``<out>/bench.json``)."""
+    server learns (``attacks``; without, the federation alone). Returns the run's measurements (and writes them to
+    ``<out>/bench.json``), with its curve: (round, mean shared-test loss, cumulative bytes up + down)."""
     from ..attack.lira import REFERENCE_MODELS
     from ..attack.membership import membership
     from ..attack.harness import observed_run, run_attack
+    from ..engine.inprocess import run_in_process
 
     cfg = _load(values)
-    if reuse and (previous := finished(cfg)) is not None:
+    if reuse and (previous := finished(cfg, attacks)) is not None:
         return previous
     if kind == "public-model":
         return _public_model_alone(cfg)
     started = time.perf_counter()
-    run = observed_run(cfg)
-    # training alone: the server holds nothing, and each LiRA reference model would repeat a whole training; LiRA's
-    # check on true local models is the exchanging rows' true-local view (and `attack membership`)
-    lira = REFERENCE_MODELS if run.protocol.spec.exchanges else 0
+    if attacks:
+        run = observed_run(cfg)
+        # training alone: the server holds nothing, and each LiRA reference model would repeat a whole training;
+        # LiRA's check on true local models is the exchanging rows' true-local view (and `attack membership`)
+        lira = REFERENCE_MODELS if run.protocol.spec.exchanges else 0
+        summary, wall_s = run.summary, time.perf_counter() - started
+        attack, member = _attack_fields(run_attack(run.cfg, run)), membership(run, reference_models=lira)
+    else:
+        summary = run_in_process(cfg)
+        wall_s = time.perf_counter() - started
+        attack, member = {k: math.nan for k in ATTACK_FIELDS}, {}
     result = {
         "config": cfg.to_dict(),
-        "summary": _summary_fields(run.summary),
-        "wall_s": time.perf_counter() - started,
-        "attack": _attack_fields(run_attack(run.cfg, run)),
-        "membership": membership(run, reference_models=lira),
+        "attacks": attacks,
+        "summary": _summary_fields(summary),
+        "curve": curve(Path(cfg.out) / "metrics.jsonl"),
+        "wall_s": wall_s,
+        "attack": attack,
+        "membership": member,
     }
     (Path(cfg.out) / "bench.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return result
@@ -135,13 +149,35 @@ def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
         "bytes",
         "samples",
         "time_s",
+        "server_time_s",
+        "rounds",
         "privacy",
     )
     return {k: summary[k] for k in keys if k in summary}
 
 
+def curve(metrics: Path) -> list[list[float]]:
+    """[round, mean shared-test loss over the clients scored that round, cumulative bytes up + down of all clients]
+    after every round of ``metrics.jsonl``."""
+    if not metrics.exists():
+        return []
+    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = [r for r in records if "event" not in r and "round" in r]
+    points, total = [], 0
+    for rnd in sorted({int(r["round"]) for r in records}):
+        these = [r for r in records if int(r["round"]) == rnd]
+        total += sum(int(r.get("bytes_up", 0)) + int(r.get("bytes_down", 0)) for r in these)
+        losses = [float(r["test_loss"]) for r in these if r.get("test_loss") is not None]
+        if losses:
+            points.append([rnd, sum(losses) / len(losses), total])
+    return points
+
+
+ATTACK_FIELDS = ("recovered_fraction_mean", "relative_error_mean", "initial_error_mean")
+
+
 def _attack_fields(attack: dict[str, Any]) -> dict[str, Any]:
-    return {k: attack[k] for k in ("recovered_fraction_mean", "relative_error_mean", "initial_error_mean")}
+    return {k: attack[k] for k in ATTACK_FIELDS}
 
 
-__all__ = ["finished", "run_configs", "run_one"]
+__all__ = ["ATTACK_FIELDS", "curve", "finished", "run_configs", "run_one"]

@@ -41,6 +41,8 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
         for tuned in (False, True):
             if tuned and label in ("local", "public model"):  # nothing to fine-tune after / scored untrained
                 continue
+            if tuned and not any("ft_test_loss" in res["summary"] for _, res in group):  # finetune_epochs = 0
+                continue
             rows.append(_row(label + (" + fine-tuning" if tuned else ""), group, tuned))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")
     up, down = fedavg["up_bytes"], fedavg["down_bytes"]
@@ -68,9 +70,36 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
                 ]
                 row[f"pgain_{name}_per_seed"] = per_seed
                 row[f"pgain_{name}"] = _mean(per_seed)
+    for row in rows:
+        _bytes_to_target(row, local, fedavg)
     mark_pareto(rows, "gain_loss", "pareto")
     mark_pareto(rows, "gain_own_loss", "pareto_own")
     return rows
+
+
+TARGET_SHARE = 0.9
+"""The bytes-to-target column's target: this share of FedAvg's final gain over training alone (shared test loss)."""
+
+
+def _bytes_to_target(row: dict[str, Any], local: dict[str, Any], fedavg: dict[str, Any]) -> None:
+    """``row["bytes_to_target_per_seed"]``: per seed, the cumulative bytes (up + down, all clients) after the first
+    round whose mean shared-test loss is at most local − 0.9·(local − FedAvg), the same seed's final losses; None
+    where the run never gets there. ``bytes_to_target``: their mean when every seed got there, else NaN."""
+    refs = {
+        seed: (lv, fv)
+        for seed, lv, fv in zip(local["seeds"], local["loss_per_seed"], fedavg["loss_per_seed"])
+        if seed in fedavg["seeds"]
+    }
+    reached: list[float | None] = []
+    for seed, points in zip(row["seeds"], row["curves"]):
+        if seed not in refs or not points:
+            reached.append(None)
+            continue
+        lv, fv = refs[seed]
+        target = lv - TARGET_SHARE * (lv - fv)
+        reached.append(next((float(b) for _rnd, loss, b in points if loss <= target), None))
+    row["bytes_to_target_per_seed"] = reached
+    row["bytes_to_target"] = _mean(reached) if reached and all(b is not None for b in reached) else math.nan
 
 
 def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) -> dict[str, Any]:
@@ -89,6 +118,10 @@ def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) 
         row[f"{name}_per_seed"] = per_seed
         row[name] = _mean(per_seed)
         row[f"{name}_spread"] = (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan
+    row["curves"] = [res.get("curve") or [] for _, res in group]
+    row["total_bytes"] = _mean([_total_bytes(res["summary"]) for _, res in group])
+    row["server_s_per_round"] = _mean([_server_s(res["summary"]) for _, res in group])
+    row["download_code_s_per_round"] = _mean([_server_s(res["summary"], "download_code_s") for _, res in group])
     bytes_ = first["summary"]["bytes"]
     row["up_bytes"], row["down_bytes"] = bytes_["up_per_client_per_round"], bytes_["down_per_client_per_round"]
     mia = [res["membership"].get("advantage") or {} for _, res in group]
@@ -104,6 +137,19 @@ def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) 
     row["relative_error"] = _mean([res["attack"]["relative_error_mean"] for _, res in group])
     row["samples"] = (first["summary"].get("samples") or {}).get("0", [])[:2]
     return row
+
+
+def _total_bytes(summary: dict[str, Any]) -> float:
+    per_round = (summary.get("bytes") or {}).get("per_round")
+    return float(sum(r["up"] + r["down"] for r in per_round)) if per_round else math.nan
+
+
+def _server_s(summary: dict[str, Any], phase: str | None = None) -> float:
+    """The server's seconds per round: every phase it timed, or one (``download_code_s``)."""
+    times, rounds = summary.get("server_time_s") or {}, summary.get("rounds") or 0
+    if not rounds or not times:
+        return math.nan
+    return (sum(times.values()) if phase is None else times.get(phase, 0.0)) / rounds
 
 
 def _best(view: dict[str, Any]) -> float:
@@ -146,7 +192,7 @@ def mark_pareto(rows: list[dict[str, Any]], gain_key: str, flag: str) -> None:
 def format_table(rows: list[dict[str, Any]]) -> str:
     public = any("pgain_loss" in r for r in rows)
     head = (
-        f"{'run':<40} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
+        f"{'run':<48} {'loss':>6} {'±':>5} {'BLEU':>5} {'own':>6} {'gain':>5} {'±':>4} {'gBLEU':>5} {'g own':>5} "
         + (f"{'pgain':>5} {'pgown':>5} " if public else "")
         + f"{'up':>6} {'down':>5} {'MIA':>5} {'TPR1%':>5} {'ε':>5} {'ε_lb':>5} {'rec.':>6} {'front':>5}"
     )
@@ -164,7 +210,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         front = ("*" if r["pareto"] else "") + ("†" if r["pareto_own"] else "")
         lines.append(
-            f"{r['run']:<40} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
+            f"{r['run']:<48} {num(r['loss'], 6, 3)} {num(r['loss_spread'], 5, 3)} {num(r['bleu'], 5, 1)} "
             f"{num(r['own_loss'], 6, 3)} {num(r['gain_loss'], 5, 2)} {num(r['gain_loss_spread'], 4, 2)} "
             f"{num(r['gain_bleu'], 5, 2)} {num(r['gain_own_loss'], 5, 2)} "
             + (
@@ -197,4 +243,40 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["METRICS", "format_table", "gain_retained", "mark_pareto", "table"]
+def format_bytes_table(rows: list[dict[str, Any]]) -> str:
+    """Bytes both ways: per run (fine-tuning rows left out: same bytes), the total bytes of the run and the bytes
+    to the target (:data:`TARGET_SHARE` of FedAvg's gain), each also against FedAvg's, and the server's time."""
+    fedavg = next(r for r in rows if r["run"] == "fedavg")
+    head = (
+        f"{'run':<44} {'loss':>6} {'gain':>5} {'up':>6} {'down':>6} {'total MB':>9} {'× FedAvg':>8} "
+        f"{'to 90% MB':>9} {'× FedAvg':>8} {'seeds':>5} {'server ms/rnd':>13} {'coding ms/rnd':>13}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["run"].endswith(" + fine-tuning") or r["run"] in ("local", "public model"):
+            continue
+        got = sum(b is not None for b in r["bytes_to_target_per_seed"])
+        to_target = (
+            f"{r['bytes_to_target'] / 1e6:>9.1f}" if not math.isnan(r["bytes_to_target"]) else f"{'not reached':>9}"
+        )
+        ratio = r["bytes_to_target"] / fedavg["bytes_to_target"] if fedavg["bytes_to_target"] else math.nan
+        shown_ratio = "" if math.isnan(ratio) else f"{ratio:.4f}"
+        seeds = f"{got}/{len(r['seeds'])}"
+        lines.append(
+            f"{r['run']:<44} {r['loss']:>6.3f} {r['gain_loss']:>5.2f} {r['upload_vs_fedavg']:>6.4f} "
+            f"{r['download_vs_fedavg']:>6.4f} {r['total_bytes'] / 1e6:>9.1f} "
+            f"{r['total_bytes'] / fedavg['total_bytes']:>8.4f} {to_target} "
+            f"{shown_ratio:>8} {seeds:>5} "
+            f"{r['server_s_per_round'] * 1e3:>13.1f} {r['download_code_s_per_round'] * 1e3:>13.1f}"
+        )
+    lines.append(
+        "gain: retained over training alone on the shared test loss (from-scratch FedAvg = 1); up / down: bytes per "
+        "client per round / FedAvg's; total: up + down, all clients, all rounds; to 90%: the total until the mean "
+        f"shared-test loss first reaches {TARGET_SHARE:.0%} of FedAvg's final gain (seeds: how many got there; the "
+        "mean needs all); server: its timed phases per round (aggregation, coding, checks); coding: the download "
+        "coding's share of it"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["METRICS", "TARGET_SHARE", "format_bytes_table", "format_table", "gain_retained", "mark_pareto", "table"]

@@ -90,6 +90,10 @@ class ModelConfig:
     # layers that get adapters: attention (q/k/v/out projections), ffn (fc1, fc2), embedding (the tied
     # embedding, which is also the output projection)
     lora_targets: tuple[str, ...] = ("attention", "ffn")
+    # which adapter factor trains: "ab" = both (LoRA) | "b" = B only, A frozen at its seeded random start, the same on
+    # every client (FFA-LoRA, Sun et al. 2024: half the bytes and half the coordinates DP-SGD adds noise to, and the
+    # mean of the B's is exactly the mean of the updates B·A)
+    lora_train: str = "ab"
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
@@ -100,6 +104,7 @@ class ModelConfig:
         _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         _choice("model.adapters", self.adapters, ADAPTERS)
         _at_least("model.lora_rank", self.lora_rank, 1)
+        _choice("model.lora_train", self.lora_train, ("ab", "b"))
         _positive("model.lora_alpha", self.lora_alpha)
         _in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
         if not self.lora_targets:
@@ -131,13 +136,17 @@ class TrainConfig:
     # of its data and configuration (docs/protocols.md "Public start and LoRA adapters")
     init: str = "scratch"
     public_data: str = ""  # init = "public": a TSV of public pairs instead of the corpus's public split (--public-data)
-    public_epochs: int = 20  # init = "public": passes over the public pairs (this recipe, its own cosine schedule)
+    # init = "public": the public model's own recipe is the preset's train section with these two on top, whatever
+    # this run's train.* says (a sweep of the federated recipe keeps its starting point)
+    public_epochs: int = 20  # init = "public": the public model's passes over its pairs (a cosine schedule over all)
+    public_lr: float = 0.0  # init = "public": the public model's peak learning rate; 0 = the preset's train.lr
 
     def validate(self) -> None:
         _choice("train.init", self.init, INITS)
         if self.public_data and self.init != "public":
             raise ConfigError(f"train.public_data = {self.public_data!r} applies only with train.init = 'public'")
         _at_least("train.public_epochs", self.public_epochs, 1)
+        _at_least("train.public_lr", self.public_lr, 0.0)
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _positive("train.lr", self.lr)
         _at_least("train.weight_decay", self.weight_decay, 0.0)
@@ -299,6 +308,11 @@ class PrivacyConfig:
     # noise = distributed: the learning rate of the round's SGD step on the pooled mean (16: best of 1, 4, 16, 64 for
     # the public start with LoRA r16 on `small`, docs/privacy.md; a model trained from scratch needs about 1)
     distributed_lr: float = 16.0
+    # unit = record, federation.finetune_epochs > 0: how the owner's fine-tuning after the last exchange runs. free:
+    # plain training that spends nothing (the fine-tuned model never leaves the owner's machine, so the statement
+    # "everything that left my machine is (epsilon, delta)-DP" holds) | dp: DP-SGD charged to epsilon, for an owner
+    # who will publish its fine-tuned model
+    finetune: str = "free"
 
     def validate(self) -> None:
         _choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -323,6 +337,9 @@ class PrivacyConfig:
         _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
         _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
+        _choice("privacy.finetune", self.finetune, ("free", "dp"))
+        if self.finetune == "dp" and self.unit != "record":
+            raise ConfigError("privacy.finetune = 'dp' applies to privacy.unit = 'record' (DP-SGD fine-tuning)")
         self._validate_distributed()
 
     def _validate_distributed(self) -> None:

@@ -25,11 +25,19 @@ LORA_MODULES = {
 
 
 def add_lora(
-    model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], seed: int
+    model: nn.Module,
+    *,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: tuple[str, ...],
+    seed: int,
+    train: str = "ab",
 ) -> nn.Module:
     """Inject LoRA adapters into ``model`` (in place; returned) and freeze every other parameter. The adapters'
     random ``lora_A`` initialisation is drawn from ``seed`` (``lora_B`` starts at zero, so the adapted model is
-    the base model until it trains), the same on every client."""
+    the base model until it trains), the same on every client. ``train = "b"``: ``lora_A`` stays frozen at that
+    start too, only ``lora_B`` trains (FFA-LoRA, Sun et al. 2024)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     modules = sorted({name for group in targets for name in LORA_MODULES[group]})
@@ -38,7 +46,7 @@ def add_lora(
         torch.manual_seed(seed)
         model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
-        param.requires_grad_(is_adapter(name))
+        param.requires_grad_(is_adapter(name) and (train == "ab" or "_B." in name or name.endswith("_B")))
     return model
 
 

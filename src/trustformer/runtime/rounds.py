@@ -316,12 +316,23 @@ class RoundIO:
         """Add ``fields`` to every line of the round."""
         self.fields.update(fields)
 
-    def behind(self, nodes: list[int], held: tuple[int, Tensors] | None) -> dict[int, Tensors] | None:
+    def behind(
+        self,
+        nodes: list[int],
+        held: tuple[int, Tensors] | None,
+        cheaper: Callable[[int], Tensors | None] | None = None,
+    ) -> dict[int, Tensors] | None:
         """For catch-up (``held`` = the round of the protocol's last global model and the model): each of ``nodes``
-        whose client last applied an aggregate before that round, with the model it must start from."""
+        whose client last applied an aggregate before that round, with what it must start from: ``cheaper(version)``
+        of the round its state is from where that gives something (the missed coded downloads), else the model."""
         if held is None:
             return None
-        return {n: held[1] for n in nodes if self.synced.get(self.clients[n], 0) < held[0]}
+        models = {}
+        for n in nodes:
+            version = self.synced.get(self.clients[n], 0)
+            if version < held[0]:
+                models[n] = (cheaper(version) if cheaper is not None else None) or held[1]
+        return models
 
     def event(self, **fields: Any) -> None:
         self.server.recorder.event(round=self.rnd, **fields)

@@ -5,11 +5,12 @@ the pairs of ``train.public_data`` (``--public-data FILE.tsv``). Either way, eve
 sentence is also in a client's data (its training shard or its own held-out pairs) or in the shared test set is
 dropped first (:func:`public_pairs`), so nothing of a client's data reaches it and its test loss is honest.
 
-It is trained once with the run's recipe (``train.*``: optimizer, learning rate, batches, warm-up, and a cosine
-schedule of its own over ``train.public_epochs`` passes), from the run seed's initial model, and cached under
-``<cache>/public-models/<key>/`` where the key hashes the encoded public pairs (so the tokenizer too), the model's
-sizes, the recipe and the seed: every client, every protocol and training alone then start from the same weights,
-and a second run loads them. Its own scores on the shared test set (loss, BLEU, chrF) are kept beside it and
+It is trained once with a recipe of its own (:func:`public_recipe`: the preset's ``train`` section, not the
+run's, with ``train.public_lr`` and a cosine schedule over ``train.public_epochs`` passes), from the run seed's
+initial model, and cached under ``<cache>/public-models/<key>/`` where the key hashes the encoded public pairs (so
+the tokenizer too), the model's sizes, that recipe and the seed: every client, every protocol and training alone
+then start from the same weights, a second run loads them, and a sweep of the federated run's ``train.*`` keeps
+its starting point. Its own scores on the shared test set (loss, BLEU, chrF) are kept beside it and
 recorded in every run's ``summary.json`` (``data.public_*``).
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from .. import workload as wl
-from ..config import RunConfig
+from ..config import RunConfig, TrainConfig, load_config
 from ..core.shared import derive_seed
 from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
@@ -81,21 +82,40 @@ def public_pairs(cfg: RunConfig, workload: wl.Workload) -> tuple[list[tuple[str,
     return kept, len(pairs) - len(kept)
 
 
+def public_recipe(cfg: RunConfig) -> TrainConfig:
+    """The public model's training recipe: the ``train`` section of ``cfg``'s preset (what every run of that preset
+    starts from, whatever its own ``train.*`` says), with ``train.public_lr`` when set; one epoch per call."""
+    preset = load_config(cfg.preset, None, {}).train
+    lr = cfg.train.public_lr or preset.lr
+    return dataclasses.replace(
+        preset,
+        lr=lr,
+        local_epochs=1,
+        decay_steps=0,
+        init=cfg.train.init,
+        public_data=cfg.train.public_data,
+        public_epochs=cfg.train.public_epochs,
+        public_lr=cfg.train.public_lr,
+    )
+
+
 def _pretrain_config(cfg: RunConfig) -> RunConfig:
-    """The run's recipe for pretraining: one epoch per call, ``train.public_epochs`` calls (the cosine schedule
-    spans them all)."""
+    """The configuration pretraining runs under: :func:`public_recipe`, ``train.public_epochs`` calls of one epoch
+    (the cosine schedule spans them all)."""
     return dataclasses.replace(
         cfg,
-        train=dataclasses.replace(cfg.train, local_epochs=1, decay_steps=0),
+        train=public_recipe(cfg),
         federation=dataclasses.replace(cfg.federation, rounds=cfg.train.public_epochs),
     )
 
 
 def cache_key(cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]]) -> str:
-    """Hash of what determines the public model: its encoded pairs (data and tokenizer), the model's sizes, the
-    training recipe and the seed."""
+    """Hash of what determines the public model: its encoded pairs (data and tokenizer), the model's sizes, its
+    recipe (:func:`public_recipe`) and the seed."""
     recipe = {
-        k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("init", "public_data", "local_epochs")
+        k: v
+        for k, v in dataclasses.asdict(public_recipe(cfg)).items()
+        if k not in ("init", "public_data", "local_epochs", "public_lr")
     }
     head = json.dumps(
         {
@@ -200,4 +220,4 @@ def _train(
     return state, report
 
 
-__all__ = ["PublicModel", "cache_key", "private_sentences", "public_model", "public_pairs"]
+__all__ = ["PublicModel", "cache_key", "private_sentences", "public_model", "public_pairs", "public_recipe"]

@@ -69,12 +69,20 @@ def share_count(cfg: RunConfig) -> int:
     return (fed.clients_per_round or fed.clients) - cfg.privacy.dropout_tolerance
 
 
+def finetune_under_dp(cfg: RunConfig) -> bool:
+    """``privacy.finetune = "dp"``: the owner's fine-tuning after the last exchange is DP-SGD, charged to ε. By
+    default it is plain training that spends nothing: the fine-tuned model never leaves the owner's machine."""
+    return cfg.privacy.finetune == "dp"
+
+
 def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
-    """(DP steps per round, DP steps of the client's whole run: every round plus fine-tuning). Distributed noise
-    takes one step per round: the next needs the pooled noisy gradient of this one."""
+    """(DP steps per round, DP steps of the client's whole run: every round, plus fine-tuning under
+    ``privacy.finetune = "dp"``). Distributed noise takes one step per round: the next needs the pooled noisy
+    gradient of this one."""
     per_epoch = max(1, round(1.0 / sample_rate(n_records, expected_batch(cfg))))
     per_round = 1 if distributed(cfg) else per_epoch * cfg.train.local_epochs
-    return per_round, per_round * cfg.federation.rounds + per_epoch * cfg.federation.finetune_epochs
+    tuning = per_epoch * cfg.federation.finetune_epochs if finetune_under_dp(cfg) else 0
+    return per_round, per_round * cfg.federation.rounds + tuning
 
 
 @lru_cache(maxsize=256)
@@ -416,7 +424,8 @@ def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[
 
 def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """``summary.json["privacy"]`` of a record-level run: per client the ε its DP-SGD steps spent (fine-tuning
-    included), σ, q and steps, from what each client reported; ``epsilon`` is the largest."""
+    included under ``privacy.finetune = "dp"``), σ, q and steps, from what each client reported; ``epsilon`` is the
+    largest. ``finetune`` says what the guarantee covers of the owners' fine-tuning."""
     per: dict[int, dict[str, Any]] = {}
     for r in records:
         if "record_epsilon" in r and "client" in r:
@@ -445,13 +454,27 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
         "noise_source": p.noise_source,
         "private": p.noise_source == "os" and not p.audit_canaries,
         "audit_canaries": p.audit_canaries,
+        "finetune": _finetune_statement(cfg),
     }
+
+
+def _finetune_statement(cfg: RunConfig) -> str:
+    if not cfg.federation.finetune_epochs:
+        return "none"
+    if finetune_under_dp(cfg):
+        return "DP-SGD, charged to epsilon (privacy.finetune = 'dp'): the fine-tuned model may be published"
+    return (
+        "free (privacy.finetune = 'free'): plain training after the last exchange, charged nothing; epsilon covers "
+        "everything that left each owner's machine, and the fine-tuned model must not leave it (its ft_* scores "
+        "here are measured for the report)"
+    )
 
 
 __all__ = [
     "AUDITED_CLIENT",
     "audit_canaries",
     "expected_batch",
+    "finetune_under_dp",
     "generators",
     "plan",
     "planned_steps",

@@ -139,6 +139,7 @@ class TranslationTask:
                 dropout=m.lora_dropout,
                 targets=m.lora_targets,
                 seed=derive_seed(cfg.seed, "lora-init"),
+                train=m.lora_train,
             )
         return model
 
@@ -254,9 +255,9 @@ class TranslationTask:
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
     ) -> dict[str, float]:
-        if self.cfg.privacy.unit == "record":  # DP fine-tuning: its steps are in the client's planned budget
-            from . import record_dp
+        from . import record_dp
 
+        if self.cfg.privacy.unit == "record" and record_dp.finetune_under_dp(self.cfg):  # in the planned budget
             out = record_dp.train(
                 self.cfg,
                 model,

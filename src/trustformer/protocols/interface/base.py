@@ -19,7 +19,7 @@ aggregation, payload coding, the attack harness's observer) subclasses
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -44,7 +44,12 @@ class RoundMessages(Protocol):
     def client(self, node: int) -> int: ...
     def initial(self) -> Tensors: ...
     def prepare(self, participants: list[int], *, sampled: bool = False) -> list[int]: ...
-    def behind(self, nodes: list[int], held: tuple[int, Tensors] | None) -> dict[int, Tensors] | None: ...
+    def behind(
+        self,
+        nodes: list[int],
+        held: tuple[int, Tensors] | None,
+        cheaper: Callable[[int], Tensors | None] | None = None,
+    ) -> dict[int, Tensors] | None: ...
     def train(
         self,
         nodes: list[int],
@@ -163,6 +168,11 @@ class FederatedProtocol:
         round it is from; None: a client left out continues from its own state."""
         return None
 
+    def catch_up_from(self, version: int) -> Tensors | None:
+        """A cheaper catch-up for a client whose state is from round ``version`` (the download coding's missed coded
+        messages); None: it gets :meth:`catch_up`'s model."""
+        return None
+
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
         """Adopt the model a ``train`` message carries before training (a client catching up; Phong's model
         passed from worker to worker). Default: apply it as an aggregate."""
@@ -257,7 +267,7 @@ def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
         return
     participants = io.prepare([n for n in io.nodes if io.client(n) in set(chosen)], sampled=protocol.samples_clients())
     held = protocol.catch_up()
-    payloads = io.train(participants, payload=io.exchange, models=io.behind(participants, held))
+    payloads = io.train(participants, payload=io.exchange, models=io.behind(participants, held, protocol.catch_up_from))
     io.require("train")
     if not io.exchange:
         return

@@ -94,6 +94,9 @@ class ProtocolWrapper(FederatedProtocol):
     def catch_up(self) -> tuple[int, Tensors] | None:
         return self.inner.catch_up()
 
+    def catch_up_from(self, version: int) -> Tensors | None:
+        return self.inner.catch_up_from(version)
+
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
         return self.inner.client_start_from(session, model)
 

@@ -12,8 +12,10 @@ grids, stochastic rounding seeded from the run seed and the round).
 
 Layers inside see the decoded state as the round's aggregate (``aggregate_delivered``): the upload coding's
 reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
-clients hold. A client that missed an exchange (client sampling, a dropout) is caught up with the full delivered
-state in float32 with its next ``train`` message: exact, and counted in its bytes.
+clients hold. A client that missed exchanges (client sampling, a dropout) is caught up with its next ``train``
+message, exactly and with its bytes counted: with the coded messages it missed, which it decodes in turn as every
+synced client did (:meth:`CodedDownload.catch_up_from`), when they are fewer bytes than the delivered state and the
+server still keeps them; else with the delivered state in float32.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ CODES, GRID = "download/codes", "download/grid"  # the coded state's arrays: pac
 MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor
 HELD = "download/held/"  # client state: the decoded global state it holds
 REFRESH = "download/refresh/"  # catch-up tensors that only refresh the held state (the protocol does not catch up)
+REPLAY = "download/replay/"  # catch-up: the k-th missed coded message's arrays under REPLAY + "<k>/"
+
+
+def nbytes(tensors: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def per_row(shape: Sequence[int], scale: str) -> bool:
@@ -81,8 +88,9 @@ def decode(
 class CodedDownload(ProtocolWrapper):
     """``inner`` with what it sends down after an exchange coded to ``bits`` bits (see the module docstring)."""
 
-    # server: the decoded global state every synced client holds, and the round it is from
-    state_attrs = ("delivered", "delivered_round")
+    # server: the decoded global state every synced client holds, the round it is from, and the latest coded
+    # messages (each with the round it applies to and the round it starts from) while they are fewer bytes than it
+    state_attrs = ("delivered", "delivered_round", "recent")
     scratch_attrs = ("initial", "round")  # the identical initial model (expected_payload); the round
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
@@ -90,6 +98,7 @@ class CodedDownload(ProtocolWrapper):
         self.bits, self.scale = bits, scale
         self.delivered: Tensors | None = None
         self.delivered_round = 0
+        self.recent: list[dict] = []
         self.initial: Tensors = {}
         self.round = 0
 
@@ -150,10 +159,22 @@ class CodedDownload(ProtocolWrapper):
         message = {**rest, CODES: torch.cat(codes), GRID: torch.cat(grid).to(torch.float32)}
         shapes = {n: tuple(t.shape) for n, t in view.items()}
         decoded = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
+        self._remember(message)
         self.delivered = self.inner.coding_unview(decoded, rest, self.initial)
         self.delivered_round = self.round
         self.inner.aggregate_delivered(self.delivered)
         return message, {**phases, "download_code_s": time.perf_counter() - started}
+
+    def _remember(self, message: Tensors) -> None:
+        """Keep this round's message for catch-ups while the kept ones weigh less than the delivered state; none
+        where the difference is from the protocol's own reference (a client that missed it cannot decode it)."""
+        if self.inner.server_payload_reference(self.round) is not None:
+            self.recent = []
+            return
+        self.recent.append({"from": self.delivered_round, "round": self.round, "message": dict(message)})
+        full = nbytes(self.delivered) if self.delivered else nbytes(message) * 32 // self.bits
+        while self.recent and sum(nbytes(m["message"]) for m in self.recent) >= full:
+            self.recent.pop(0)
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         """The delivered state, in float32: as the model to adopt where the protocol catches clients up, else only
@@ -165,12 +186,35 @@ class CodedDownload(ProtocolWrapper):
             return self.delivered_round, {n: t.clone() for n, t in self.delivered.items()}
         return self.delivered_round, {REFRESH + n: t.clone() for n, t in self.delivered.items()}
 
+    def catch_up_from(self, version: int) -> Tensors | None:
+        """The coded messages a client whose state is from round ``version`` missed, in order, when the server keeps
+        them all and they are fewer bytes than the delivered state; else None (the delivered state in float32)."""
+        missed = [m for m in self.recent if m["round"] > version]
+        if not missed or missed[0]["from"] != version or self.inner.catch_up() is None or self.delivered is None:
+            return None
+        if sum(nbytes(m["message"]) for m in missed) >= nbytes(self.delivered):
+            return None
+        return {f"{REPLAY}{k}/{n}": t for k, m in enumerate(missed) for n, t in m["message"].items()}
+
     # ------------------------------------------------------------------ client
     def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
-        """The protocol's own catch-up model, or the delivered state to refresh (see :meth:`catch_up`)."""
+        """The protocol's own catch-up model, or the delivered state to refresh (see :meth:`catch_up`), or 1, 2, …
+        missed coded messages (as many as may weigh less than the state)."""
         spec = self.inner.payload_spec(session)
-        refresh = [{REFRESH + n: s for n, s in spec.items()}] if spec is not None else []
-        return [*self.inner.catch_up_specs(session), *refresh]
+        if spec is None:
+            return self.inner.catch_up_specs(session)
+        refresh = {REFRESH + n: s for n, s in spec.items()}
+        coded = self.payload_spec(session) or {}
+        full = sum(int(torch.tensor(shape).prod()) * 4 for shape, _ in spec.values())
+        one = sum(
+            int(torch.tensor(shape).prod()) * torch.empty((), dtype=getattr(torch, d)).element_size()
+            for shape, d in coded.values()
+        )
+        replays = [
+            {f"{REPLAY}{k}/{n}": s for k in range(count) for n, s in coded.items()}
+            for count in range(1, max(1, full // max(one, 1)) + 1)
+        ]
+        return [*self.inner.catch_up_specs(session), refresh, *replays]
 
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         spec = self.inner.payload_spec(session)
@@ -179,8 +223,8 @@ class CodedDownload(ProtocolWrapper):
         shapes, rest = self._shapes(spec, session.initial_tensors())
         return {**{n: spec[n] for n in rest}, **coded_spec(shapes, self.bits, self.scale)}
 
-    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
-        started = time.perf_counter()
+    def _decoded(self, session: ClientSession, message: Tensors) -> Tensors:
+        """The global state one coded message gives, decoded against what the client holds; held from now on."""
         spec = self.inner.payload_spec(session)
         if spec is None:
             raise PayloadError("coded download: the protocol gives no layout of what it receives")
@@ -189,13 +233,29 @@ class CodedDownload(ProtocolWrapper):
         state = session.protocol_state
         held = {n[len(HELD) :]: t for n, t in state.items() if n.startswith(HELD)}
         reference = self._reference(self.inner.payload_reference(session), held or None, initial, shapes)
-        view = decode(aggregate[CODES], aggregate[GRID], shapes, reference, self.bits, self.scale)
-        decoded = self.inner.coding_unview(view, {n: aggregate[n] for n in rest_spec}, initial)
+        view = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
+        decoded = self.inner.coding_unview(view, {n: message[n] for n in rest_spec}, initial)
         self._hold(session, decoded)
+        return decoded
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        started = time.perf_counter()
+        decoded = self._decoded(session, aggregate)
         decode_s = time.perf_counter() - started
         return {**self.inner.client_apply(session, decoded), "download_decode_s": decode_s}
 
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        if model and all(n.startswith(REPLAY) for n in model):  # the missed coded messages, decoded in turn
+            steps: dict[int, Tensors] = {}
+            for name, tensor in model.items():
+                index, _, inner_name = name[len(REPLAY) :].partition("/")
+                steps.setdefault(int(index), {})[inner_name] = tensor
+            if sorted(steps) != list(range(len(steps))):
+                raise PayloadError(f"coded catch-up: its steps are {sorted(steps)}, not 0..{len(steps) - 1}")
+            state: Tensors = {}
+            for step in range(len(steps)):
+                state = self._decoded(session, steps[step])
+            return self.client_start_from(session, state)
         if model and all(n.startswith(REFRESH) for n in model):
             self._hold(session, {n[len(REFRESH) :]: t for n, t in model.items()})
             return {}
@@ -210,4 +270,4 @@ class CodedDownload(ProtocolWrapper):
             session.protocol_state[HELD + name] = tensor.detach().clone()
 
 
-__all__ = ["CODES", "GRID", "CodedDownload", "decode"]
+__all__ = ["CODES", "GRID", "REPLAY", "CodedDownload", "decode"]
