@@ -123,6 +123,7 @@ NEEDED_BY = {
     ("CodedPayload", "reference"): "fedavg + 4-bit",
     ("CodedDownload", "delivered"): "fedavg + down 4-bit",
     ("CodedDownload", "delivered_round"): "fedavg + down 4-bit + 2 of 3",
+    ("CodedDownload", "recent"): "fedavg + down 4-bit + 2 of 3",
     ("RobustAggregation", "_start"): "fedavg + sign-flip",
     ("RobustAggregation", "_start_round"): "fedavg + 2 of 3 + median",
     ("DifferentialPrivacy", "ledger"): "dp-fedavg",

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["build_optimizer", "lr_at", "optimizer_steps", "set_lr", "split_decay"]
+__all__ = ["AdamWBiasCorrected", "build_optimizer", "lr_at", "optimizer_steps", "set_lr", "split_decay"]
 
 
 def split_decay(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -38,6 +38,47 @@ def split_decay(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter
     return decay, keep
 
 
+class AdamWBiasCorrected(torch.optim.Optimizer):
+    """AdamW whose second-moment estimate has the DP noise's variance taken out (DP-AdamBC, Tang et al. 2024,
+    Algorithm 1): θ ← θ(1 − ηλ) − η·m̂ / sqrt(max(v̂ − Φ, γ·Φ)), Φ = (σC/B)² the variance the noise adds to every
+    coordinate of the privatized mean gradient (``noise_variance``, set by DP-SGD before it steps) and γ
+    (``floor``) the share of it that bounds the step where the noise dominates. Without it, v̂ ≈ Φ everywhere and
+    DP-Adam is DP-SGD with a learning rate of η/σ_noise. ``noise_variance`` = 0 is AdamW exactly (test); the state
+    keeps AdamW's names."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.98), eps: float = 1e-8, weight_decay: float = 0.0):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, {**defaults, "noise_variance": 0.0, "floor": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            phi, lr = float(group["noise_variance"]), float(group["lr"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = float(state["step"])
+                p.mul_(1 - lr * group["weight_decay"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = state["exp_avg"] / (1 - beta1**t)
+                v_hat = state["exp_avg_sq"] / (1 - beta2**t)
+                if phi > 0:
+                    denom = (v_hat - phi).clamp(min=group["floor"] * phi).sqrt()
+                else:
+                    denom = v_hat.sqrt().add_(group["eps"])
+                p.add_(m_hat / denom, alpha=-lr)
+        return loss
+
+
 def build_optimizer(
     model: nn.Module,
     *,
@@ -45,14 +86,18 @@ def build_optimizer(
     lr: float = 1e-3,
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.98),
+    noise_corrected: bool = False,
 ) -> torch.optim.Optimizer:
-    """``adamw``: decoupled decay on matrices only; ``adam``: L2-coupled decay on every parameter."""
+    """``adamw``: decoupled decay on matrices only; ``adam``: L2-coupled decay on every parameter.
+    ``noise_corrected`` (adamw): :class:`AdamWBiasCorrected`, for DP-SGD's noisy gradients."""
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     if name != "adamw":
         raise ValueError(f"unknown optimizer {name!r} (train.optimizer: adamw | adam)")
     decay, keep = split_decay(model)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    if noise_corrected:
+        return AdamWBiasCorrected([g for g in groups if g["params"]], lr=lr, betas=betas)
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 

@@ -206,8 +206,11 @@ def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:
 
 
 def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    t = cfg.train
-    return build_optimizer(model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
+    t, p = cfg.train, cfg.privacy
+    corrected = p.unit == "record" and p.adam_correction and p.noise == "local"  # DP-AdamBC (optim.py)
+    return build_optimizer(
+        model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, noise_corrected=corrected
+    )
 
 
 def training_batches(

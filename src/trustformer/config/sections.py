@@ -313,6 +313,10 @@ class PrivacyConfig:
     # "everything that left my machine is (epsilon, delta)-DP" holds) | dp: DP-SGD charged to epsilon, for an owner
     # who will publish its fine-tuned model
     finetune: str = "free"
+    # unit = record, train.optimizer = adamw: take DP-SGD's noise variance Phi = (sigma C / B)^2 out of Adam's second
+    # moment (DP-AdamBC, Tang et al. 2024); without it DP-Adam acts as a slow DP-SGD
+    adam_correction: bool = False
+    adam_floor: float = 0.1  # adam_correction: the corrected second moment's floor, as a share of Phi
 
     def validate(self) -> None:
         _choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -338,6 +342,9 @@ class PrivacyConfig:
         _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
         _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
         _choice("privacy.finetune", self.finetune, ("free", "dp"))
+        _positive("privacy.adam_floor", self.adam_floor)
+        if self.adam_correction and self.unit != "record":
+            raise ConfigError("privacy.adam_correction applies to privacy.unit = 'record' (DP-SGD's noisy gradients)")
         if self.finetune == "dp" and self.unit != "record":
             raise ConfigError("privacy.finetune = 'dp' applies to privacy.unit = 'record' (DP-SGD fine-tuning)")
         self._validate_distributed()

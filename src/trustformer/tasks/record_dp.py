@@ -27,7 +27,7 @@ from ..core.dp import noise_generator, os_seed
 from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, epsilon_spent, sample_rate
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
-from ..optim import lr_at, optimizer_steps, set_lr
+from ..optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
 
 AUDITED_CLIENT = 0  # privacy.audit_canaries: the client whose data holds the canaries
 
@@ -285,6 +285,10 @@ def train(
     else:
         done, steps = optimizer_steps(optimizer), per_round
         before_step = _schedule(cfg, optimizer, t.lr, done, total, dp.expected_batch)
+    if isinstance(optimizer, AdamWBiasCorrected):  # DP-AdamBC: the noise's variance per mean-gradient coordinate
+        for group in optimizer.param_groups:
+            group["noise_variance"] = (dp.noise_multiplier * dp.clip_norm / dp.expected_batch) ** 2
+            group["floor"] = cfg.privacy.adam_floor
     out = run_steps(
         cfg,
         model,
