@@ -136,6 +136,10 @@ class TrainConfig:
     # of its data and configuration (docs/protocols.md "Public start and LoRA adapters")
     init: str = "scratch"
     public_data: str = ""  # init = "public": a TSV of public pairs instead of the corpus's public split (--public-data)
+    # init = "public": what the public model trains on without a train.public_data file. split: the corpus's public
+    # split | debian-ui: that split plus Debian's Russian UI message catalogs (LibreOffice's, about 19,000 pairs;
+    # fetched with apt-get once and cached; docs/protocols.md "Public start and LoRA adapters")
+    public_source: str = "split"
     # init = "public": the public model's own recipe is the preset's train section with these two on top, whatever
     # this run's train.* says (a sweep of the federated recipe keeps its starting point)
     public_epochs: int = 20  # init = "public": the public model's passes over its pairs (a cosine schedule over all)
@@ -145,6 +149,12 @@ class TrainConfig:
         _choice("train.init", self.init, INITS)
         if self.public_data and self.init != "public":
             raise ConfigError(f"train.public_data = {self.public_data!r} applies only with train.init = 'public'")
+        _choice("train.public_source", self.public_source, ("split", "debian-ui"))
+        if self.public_data and self.public_source != "split":
+            raise ConfigError(
+                f"train.public_data = {self.public_data!r} and train.public_source = {self.public_source!r} both "
+                "name the public model's data: give one"
+            )
         _at_least("train.public_epochs", self.public_epochs, 1)
         _at_least("train.public_lr", self.public_lr, 0.0)
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)

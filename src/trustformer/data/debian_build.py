@@ -46,21 +46,21 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
 
 def build_libreoffice_corpus(corpus_root: Path, report: Progress) -> tuple[list[Pair], list[str]]:
     """Download, unpack and align the help packages; write the cache; return the pairs and modules."""
-    _require_tools()
+    require_tools()
     corpus_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=corpus_root, prefix=".build-") as tmp:
         work = Path(tmp)
         report(f"downloading {' and '.join(LIBREOFFICE_PACKAGES)} with apt-get…")
-        debs = _apt_download(LIBREOFFICE_PACKAGES, work)
-        versions = {name: _deb_version(deb) for name, deb in debs.items()}
-        target_dir = corpus_root / _version_folder(versions)
+        debs = apt_download(LIBREOFFICE_PACKAGES, work)
+        versions = {name: deb_version(deb) for name, deb in debs.items()}
+        target_dir = corpus_root / version_folder(versions)
         if (target_dir / "pairs.tsv").is_file() and _has_domain_column(target_dir / "pairs.tsv"):
             report(f"using cached corpus {target_dir / 'pairs.tsv'}")  # built meanwhile by another process
             pairs, domains = load_tsv_domains(target_dir / "pairs.tsv")
             return pairs, domains or []
         report("extracting help pages…")
         for deb in debs.values():
-            _run(["dpkg-deb", "-x", str(deb), str(work / "tree")], what=f"unpacking {deb.name}")
+            run_tool(["dpkg-deb", "-x", str(deb), str(work / "tree")], what=f"unpacking {deb.name}")
         help_root = work / "tree" / HELP_ROOT
         triples = align_help_modules(help_root / "ru", help_root / "en-US")
         if not triples:
@@ -76,7 +76,7 @@ def build_libreoffice_corpus(corpus_root: Path, report: Progress) -> tuple[list[
     return pairs, domains
 
 
-def _require_tools() -> None:
+def require_tools() -> None:
     """Fail early when apt-get or dpkg-deb is missing."""
     missing = [tool for tool in ("apt-get", "dpkg-deb") if shutil.which(tool) is None]
     if missing:
@@ -86,7 +86,7 @@ def _require_tools() -> None:
         )
 
 
-def _run(
+def run_tool(
     cmd: list[str],
     *,
     what: str,
@@ -130,13 +130,13 @@ def _stale_lists_hint(output: str) -> str:
     )
 
 
-def _apt_download(packages: Sequence[str], dest: Path) -> dict[str, Path]:
+def apt_download(packages: Sequence[str], dest: Path) -> dict[str, Path]:
     """``apt-get download`` the packages into ``dest``; map package name to its .deb file."""
     cmd = ["apt-get", "download"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd += ["-o", "APT::Sandbox::User=root"]  # the private temp folder is not readable by _apt
     cmd += list(packages)
-    _run(cmd, what=f"downloading {', '.join(packages)}", cwd=dest, hint=_stale_lists_hint)
+    run_tool(cmd, what=f"downloading {', '.join(packages)}", cwd=dest, hint=_stale_lists_hint)
     debs: dict[str, Path] = {}
     for name in packages:
         found = sorted(dest.glob(f"{name}_*.deb"))
@@ -148,13 +148,13 @@ def _apt_download(packages: Sequence[str], dest: Path) -> dict[str, Path]:
     return debs
 
 
-def _deb_version(deb: Path) -> str:
+def deb_version(deb: Path) -> str:
     """The ``Version`` field of a .deb file."""
-    result = _run(["dpkg-deb", "--field", str(deb), "Version"], what=f"reading the version of {deb.name}")
+    result = run_tool(["dpkg-deb", "--field", str(deb), "Version"], what=f"reading the version of {deb.name}")
     return result.stdout.strip()
 
 
-def _version_folder(versions: dict[str, str]) -> str:
+def version_folder(versions: dict[str, str]) -> str:
     """Folder name for a package version: filesystem-safe (``:`` becomes ``_``)."""
     distinct = sorted(set(versions.values()))
     label = distinct[0] if len(distinct) == 1 else "+".join(f"{name}={versions[name]}" for name in sorted(versions))
@@ -184,6 +184,11 @@ __all__ = [
     "LIBREOFFICE_PACKAGES",
     "RU_PACKAGE",
     "Progress",
+    "apt_download",
     "build_libreoffice_corpus",
+    "deb_version",
     "find_cached_corpus",
+    "require_tools",
+    "run_tool",
+    "version_folder",
 ]

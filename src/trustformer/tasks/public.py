@@ -32,6 +32,7 @@ from ..config import RunConfig, TrainConfig, load_config
 from ..core.shared import derive_seed
 from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
+from ..data.ui_catalogs import load_ui_corpus
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,24 @@ def private_sentences(workload: wl.Workload) -> set[str]:
 
 def public_pairs(cfg: RunConfig, workload: wl.Workload) -> tuple[list[tuple[str, str]], int]:
     """(the pairs the public model trains on, how many were dropped because a client or the test set holds one
-    of their sentences). From ``train.public_data`` when set (at most ``data.max_words`` words per side, like the
-    corpus split), else the corpus's public split."""
+    of their sentences). From ``train.public_data`` when set, else the corpus's public split and, with
+    ``train.public_source = "debian-ui"``, Debian's Russian UI catalogs (``data/ui_catalogs.py``); pairs from a
+    file or the catalogs keep at most ``data.max_words`` words per side, like the corpus split."""
+    limit = cfg.data.max_words
+
+    def short(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
+
     if cfg.train.public_data:
         try:
-            pairs = load_tsv(cfg.train.public_data)
+            pairs = short(load_tsv(cfg.train.public_data))
         except (OSError, ValueError) as exc:
             raise wl.DataError(f"train.public_data = {cfg.train.public_data!r}: {exc}") from exc
-        limit = cfg.data.max_words
-        pairs = [p for p in pairs if not limit or (len(p[0].split()) <= limit and len(p[1].split()) <= limit)]
     else:
         pairs = list(workload.splits.public)
+        if cfg.train.public_source == "debian-ui":
+            catalogs = load_ui_corpus(wl.cache_dir(cfg), lambda text: log.info("public corpus: %s", text))
+            pairs = list(dict.fromkeys(pairs + short(catalogs)))
     private = private_sentences(workload)
     kept = [p for p in pairs if p[0] not in private and p[1] not in private]
     if not kept:
@@ -94,6 +102,7 @@ def public_recipe(cfg: RunConfig) -> TrainConfig:
         decay_steps=0,
         init=cfg.train.init,
         public_data=cfg.train.public_data,
+        public_source=cfg.train.public_source,
         public_epochs=cfg.train.public_epochs,
         public_lr=cfg.train.public_lr,
     )
@@ -205,7 +214,8 @@ def _train(
         "key": key,
         "pairs": len(encoded),
         "dropped": dropped,
-        "source": cfg.train.public_data or "public split",
+        "source": cfg.train.public_data
+        or {"split": "public split", "debian-ui": "public split + Debian UI catalogs"}[cfg.train.public_source],
         "epochs": cfg.train.public_epochs,
         "train_s": train_s,
         "train_loss": result.get("train_loss"),
