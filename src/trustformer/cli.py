@@ -139,6 +139,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         setup_logging(quiet=True)
         return dp_noise_main(args.rest)
+    if args.what == "dp-recipe":
+        from .bench.dp_recipe_bench import main as dp_recipe_main
+
+        setup_logging(quiet=True)
+        return dp_recipe_main(args.rest)
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
@@ -404,7 +409,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale", "dp-noise"])
+    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale", "dp-noise", "dp-recipe"])
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)

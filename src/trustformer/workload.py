@@ -207,7 +207,7 @@ def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:
 
 def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     t, p = cfg.train, cfg.privacy
-    corrected = p.unit == "record" and p.adam_correction and p.noise == "local"  # DP-AdamBC (optim.py)
+    corrected = p.unit == "record" and p.adam_correction and p.noise != "distributed"  # DP-AdamBC (optim.py)
     return build_optimizer(
         model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, noise_corrected=corrected
     )
