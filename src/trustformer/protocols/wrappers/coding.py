@@ -13,9 +13,9 @@ grid; FedPAQ), and keeps the coding error for its next upload (error feedback, E
   public aggregates), or else the last aggregate (before the first exchange: the identical initial model)
   when it has the payload's layout (FedAvg: the last global model); else nothing (an update, e.g. top-k's, is a
   difference already);
-- **the grid**: one per row of a tensor whose rows hold at least :data:`MIN_ROW` values (``federation.payload_scale
-  = "row"``), else one per tensor; its offset and step travel as float32 (``grid``), the codes packed
-  ``8 / b`` per byte (``codes``): the bytes counted are those of the real message;
+- **the grid**: one per row of a tensor whose rows hold at least 16 values (``coded_arrays.MIN_ROW``;
+  ``federation.payload_scale = "row"``), else one per tensor; its offset and step travel as float32 (``grid``),
+  the codes packed ``8 / b`` per byte (``codes``): the bytes counted are those of the real message;
 - **error feedback** where a payload coordinate means the same thing from round to round
   (``stable_payload_layout``): FedAvg, top-k, Trustformer with ``shared`` memberships. Trustformer's other
   membership modes regroup the rows every exchange, so last round's error would land on other rows: no
@@ -36,12 +36,12 @@ import torch
 
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
-from ...wire import PayloadError, TensorSpec
+from ...wire import TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from .base import ProtocolWrapper
+from .coded_arrays import coded_spec, decode, per_row
 
 CODES, GRID = "codes", "grid"  # the coded payload's arrays: packed codes (uint8), each grid's offset and step
-MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor (8 bytes of grid per row)
 RESIDUAL, REFERENCE = "coded/residual/", "coded/reference/"  # client state: error feedback, the last aggregate
 
 
@@ -63,7 +63,7 @@ class CodedPayload(ProtocolWrapper):
 
     # ------------------------------------------------------------------ layout
     def _per_row(self, shape: Sequence[int]) -> bool:
-        return self.scale == "row" and len(shape) >= 2 and int(torch.tensor(shape[1:]).prod()) >= MIN_ROW
+        return per_row(shape, self.scale)
 
     def _split(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
         view = self.inner.coding_view(payload, initial)
@@ -133,11 +133,7 @@ class CodedPayload(ProtocolWrapper):
         view, rest = self._split(zeros, initial)
         self.view_spec = {n: tuple(t.shape) for n, t in view.items()}
         self.rest_spec = {n: spec[n] for n in rest}
-        nbytes = sum(
-            q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, self.bits) for s in self.view_spec.values()
-        )
-        rows = sum(q.num_rows(s, self._per_row(s)) for s in self.view_spec.values())
-        return {**self.rest_spec, CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
+        return {**self.rest_spec, **coded_spec(self.view_spec, self.bits, self.scale, CODES, GRID)}
 
     def participants(self, rnd, clients, exchange):
         self.round = rnd
@@ -156,30 +152,7 @@ class CodedPayload(ProtocolWrapper):
         """A client's payload as the protocol sent it: reference + dequantized difference (PayloadError if
         malformed)."""
         reference = self._server_reference()
-        codes, grid = payload[CODES], payload[GRID].double()
-        view, at_byte, at_row = {}, 0, 0
-        try:
-            for name, shape in self.view_spec.items():
-                per_row, count = self._per_row(shape), int(torch.tensor(shape).prod()) if shape else 1
-                nbytes, rows = q.packed_nbytes(count, self.bits), q.num_rows(shape, self._per_row(shape))
-                pairs = grid[2 * at_row : 2 * (at_row + rows)].reshape(rows, 2)
-                coded = q.Quantized(
-                    codes[at_byte : at_byte + nbytes],
-                    pairs[:, 1].float(),
-                    pairs[:, 0].float(),
-                    shape,
-                    self.bits,
-                    per_row,
-                )
-                value = q.dequantize(coded).double()
-                view[name] = (value + (reference[name].double() if name in reference else 0.0)).float()
-                at_byte, at_row = at_byte + nbytes, at_row + rows
-        except ValueError as exc:
-            raise PayloadError(f"coded payload: {exc}") from None
-        if at_byte != codes.numel() or 2 * at_row != grid.numel():
-            raise PayloadError("coded payload: more codes or grids than the configuration gives")
-        if not bool(torch.isfinite(grid).all()):
-            raise PayloadError("coded payload: a grid holds NaN or Inf")
+        view = decode(payload[CODES], payload[GRID], self.view_spec, reference, self.bits, self.scale, "coded payload")
         return self.inner.coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
 
     def check_payload(self, payload: Tensors) -> None:

@@ -29,10 +29,11 @@ from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
+from . import coded_arrays
 from .base import ProtocolWrapper
+from .coded_arrays import per_row
 
 CODES, GRID = "download/codes", "download/grid"  # the coded state's arrays: packed codes (uint8), grids (float32)
-MIN_ROW = 16  # a row shorter than this shares one grid with its whole tensor
 HELD = "download/held/"  # client state: the decoded global state it holds
 REFRESH = "download/refresh/"  # catch-up tensors that only refresh the held state (the protocol does not catch up)
 REPLAY = "download/replay/"  # catch-up: the k-th missed coded message's arrays under REPLAY + "<k>/"
@@ -40,18 +41,6 @@ REPLAY = "download/replay/"  # catch-up: the k-th missed coded message's arrays 
 
 def nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def per_row(shape: Sequence[int], scale: str) -> bool:
-    """One grid per row where rows hold at least :data:`MIN_ROW` values (``payload_scale = "row"``)."""
-    return scale == "row" and len(shape) >= 2 and int(torch.tensor(shape[1:]).prod()) >= MIN_ROW
-
-
-def coded_spec(shapes: dict[str, tuple[int, ...]], bits: int, scale: str) -> TensorSpec:
-    """The names/shapes/dtypes of the coded arrays for views of ``shapes``."""
-    nbytes = sum(q.packed_nbytes(int(torch.tensor(s).prod()) if s else 1, bits) for s in shapes.values())
-    rows = sum(q.num_rows(s, per_row(s, scale)) for s in shapes.values())
-    return {CODES: ((nbytes,), "uint8"), GRID: ((2 * rows,), "float32")}
 
 
 def decode(
@@ -63,26 +52,7 @@ def decode(
     scale: str,
 ) -> Tensors:
     """``reference + deq(codes)`` per view tensor, computed the same way on the server and on every client."""
-    out, at_byte, at_row = {}, 0, 0
-    grid = grid.double()
-    try:
-        for name, shape in shapes.items():
-            rows_per, count = per_row(shape, scale), int(torch.tensor(shape).prod()) if shape else 1
-            nbytes, rows = q.packed_nbytes(count, bits), q.num_rows(shape, rows_per)
-            pairs = grid[2 * at_row : 2 * (at_row + rows)].reshape(rows, 2)
-            coded = q.Quantized(
-                codes[at_byte : at_byte + nbytes], pairs[:, 1].float(), pairs[:, 0].float(), shape, bits, rows_per
-            )
-            base = reference[name].double() if name in reference else 0.0
-            out[name] = (base + q.dequantize(coded).double()).float()
-            at_byte, at_row = at_byte + nbytes, at_row + rows
-    except ValueError as exc:
-        raise PayloadError(f"coded download: {exc}") from None
-    if at_byte != codes.numel() or 2 * at_row != grid.numel():
-        raise PayloadError("coded download: more codes or grids than the configuration gives")
-    if not bool(torch.isfinite(grid).all()):
-        raise PayloadError("coded download: a grid holds NaN or Inf")
-    return out
+    return coded_arrays.decode(codes, grid, shapes, reference, bits, scale, "coded download")
 
 
 class CodedDownload(ProtocolWrapper):
@@ -221,7 +191,7 @@ class CodedDownload(ProtocolWrapper):
         if spec is None:
             return None
         shapes, rest = self._shapes(spec, session.initial_tensors())
-        return {**{n: spec[n] for n in rest}, **coded_spec(shapes, self.bits, self.scale)}
+        return {**{n: spec[n] for n in rest}, **coded_arrays.coded_spec(shapes, self.bits, self.scale, CODES, GRID)}
 
     def _decoded(self, session: ClientSession, message: Tensors) -> Tensors:
         """The global state one coded message gives, decoded against what the client holds; held from now on."""
