@@ -19,7 +19,8 @@ The runs (one configuration, ``--seeds`` for the runs that decide the verdict):
   just these (with the four references);
 - with ``--download-bits`` (:func:`plan_download_runs`), the coded-download rows: FedAvg at the narrowest ``--bits``,
   Trustformer at the largest β and the widest ``--bits`` and (with ``--public``) LoRA at each rank, each at 32 bits
-  and at every download width. ``--only download`` runs just these (with the references).
+  and at every download width. ``--only download`` runs just these (with local and FedAvg; add ``public`` to
+  ``--only`` for the public-start references).
 
 Measured per row: test loss and BLEU on the shared test set and on each client's own held-out data (its
 domains), the **gain retained** (X − local) / (FedAvg − local) on each of the four, upload and download bytes
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         wanted = {x.strip() for x in args.only.split(",") if x.strip()}
         keep = {"local", "fedavg", *wanted}
-        if PUBLIC_PREFIX in wanted or ("download" in wanted and args.public):
+        if PUBLIC_PREFIX in wanted:
             keep |= {"public + local", "public + fedavg"}  # the public-start references (pgain)
         download = {r.label.partition(DOWN)[0] for r in runs if DOWN in r.label} if "download" in wanted else set()
         runs = [
