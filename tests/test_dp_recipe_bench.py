@@ -35,7 +35,7 @@ def test_a_tiny_sweep_prints_the_gap_closed_per_lever(tmp_path, capsys):
             "--levers",
             "baseline,adam-bc",
             "--rounds",
-            "2",
+            "1",
             "--jobs",
             "1",
             "--out",
@@ -44,6 +44,8 @@ def test_a_tiny_sweep_prints_the_gap_closed_per_lever(tmp_path, capsys):
             str(out),
             "--set",
             "train.public_epochs=1",
+            "--set",
+            "federation.finetune_epochs=0",
         ]
     )
     assert code == 0
