@@ -93,7 +93,7 @@ def _round_one_noise(tmp_path, name: str, **values) -> tuple[float, float]:
     sigma = record_dp.plan(cfg, task_sizes[0], tuple(task_sizes)).noise_multiplier
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     lr = next(r["lr"] for r in rows if "lr" in r)
-    return float(diff.std()), lr * sigma * cfg.privacy.clip_norm / record_dp.expected_batch(cfg)
+    return float(diff.std()), lr * sigma * cfg.privacy.clip_norm / record_dp.expected_batch(cfg, task_sizes[0])
 
 
 def _shards(cfg):

@@ -68,10 +68,11 @@ def test_a_record_level_run_steps_with_dp_sgds_noise_variance(tmp_path, monkeypa
         "privacy.epsilon": 8.0,
         "privacy.delta": 1e-5,
         "privacy.adam_correction": True,
+        "privacy.batch_size": 16,
         "out": str(tmp_path),
     }
     summary = run_in_process(load_config("tiny", None, values))
     assert summary["privacy"]["epsilon"] <= 8.0 + 1e-6
     row = summary["privacy"]["clients"]["0"]
-    sigma, batch = row["noise_multiplier"], 16  # the tiny preset's train.batch_size
+    sigma, batch = row["noise_multiplier"], 16  # privacy.batch_size
     assert seen and all(v == (sigma * 0.5 / batch) ** 2 for v in seen[:1])  # (σ C / B)², C = privacy.clip_norm

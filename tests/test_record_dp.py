@@ -425,3 +425,19 @@ def test_the_accountants_sampling_rate_is_the_samplers(tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "bug" / "metrics.jsonl").read_text().splitlines()]
     with pytest.raises(AssertionError):
         _sampling_check(rows)
+
+
+def test_the_dp_steps_run_at_lr_scale_times_the_rate_and_a_batch_above_the_records_takes_them_all(tmp_path):
+    """``privacy.lr_scale`` multiplies the DP steps' rate (the recipe sweep's lever), and an expected batch above an
+    owner's records is that owner's records: rate 1, and the noisy sum divided by what it holds."""
+    base = {"privacy.epsilon": 8.0, "privacy.delta": 1e-5, "privacy.batch_size": 16, "federation.rounds": 2}
+    rates = {}
+    for scale in (1.0, 4.0):
+        out = tmp_path / f"scale-{scale:g}"
+        run_in_process(tiny(out, **base, **{"privacy.lr_scale": scale}))
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rates[scale] = [r["lr"] for r in rows if "lr" in r]
+    assert any(rates[1.0]) and rates[4.0] == pytest.approx([4 * r for r in rates[1.0]])
+    cfg = tiny(tmp_path, **{"privacy.batch_size": 10_000})
+    plan = record_dp.plan(cfg, 300)
+    assert record_dp.expected_batch(cfg, 300) == plan.expected_batch == 300 and plan.sample_rate == 1.0

@@ -2,7 +2,9 @@
 the frontier's setting (``bench federation``'s rows, so every row has the same columns and references).
 
 Every row is public + FedAvg of LoRA adapters (``--rank``) under record-level DP-SGD at ``--epsilon`` (δ = 1e-5),
-with one lever changed from the baseline (Poisson batches of 256, the run's recipe):
+with one lever changed from the baseline (the recipe before the sweep: Poisson batches of 256 at the run's learning
+rate, ``RECIPE_BEFORE_SWEEP``; the benchmark's record rows now run the ``lr×4`` row's recipe as
+``privacy.batch_size = 1024`` with ``privacy.lr_scale = 4``):
 
 - ``B=1024``, ``B=full``: larger Poisson batches and fewer noisy steps (Li et al. 2022; De et al. 2022);
 - ``lr×0.5``, ``lr×4``: the learning rate, at the larger batch (a DP step needs its own);
@@ -26,7 +28,7 @@ import shlex
 from typing import Any
 
 from .federation_bench import main as federation_main
-from .federation_plan import PUBLIC, RECORD_DP
+from .federation_plan import PUBLIC, RECIPE_BEFORE_SWEEP, RECORD_DP
 
 LEVERS: dict[str, dict[str, Any]] = {
     "baseline": {},
@@ -85,6 +87,7 @@ def federation_argv(args: argparse.Namespace, *, lr: float, client_size: int) ->
     base = {
         **PUBLIC,
         **RECORD_DP,
+        **RECIPE_BEFORE_SWEEP,
         "privacy.epsilon": args.epsilon,
         "model.adapters": "lora",
         "model.lora_rank": args.rank,

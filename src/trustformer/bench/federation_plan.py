@@ -227,15 +227,24 @@ def plan_download_runs(
     return runs
 
 
-RECORD_DP: dict[str, Any] = {"privacy.unit": "record", "privacy.delta": 1e-5, "privacy.batch_size": 256}
-"""Every record-level DP row: DP-SGD with δ = 1e-5 (below 1/records) and an expected Poisson batch of 256 pairs
-(large batches are what make DP-SGD's noise small against the signal; Li et al. 2022)."""
+RECORD_DP: dict[str, Any] = {
+    "privacy.unit": "record",
+    "privacy.delta": 1e-5,
+    "privacy.batch_size": 1024,
+    "privacy.lr_scale": 4.0,
+}
+"""Every record-level DP row: DP-SGD with δ = 1e-5 (below 1/records) and the best recipe of ``trustformer bench
+dp-recipe`` at ε = 8: Poisson batches of 1,024 pairs at 4 × the run's learning rate (docs/privacy.md)."""
+
+RECIPE_BEFORE_SWEEP: dict[str, Any] = {"privacy.batch_size": 256, "privacy.lr_scale": 1.0}
+"""The record-level recipe before the sweep (Poisson batches of 256 at the run's learning rate): the sweep's baseline
+and the paper's DP reading."""
 
 PAPER_DP_READING: dict[str, Any] = {
     "privacy.unit": "record",
     "privacy.epsilon": 1.0,
     "privacy.delta": 1e-3,
-    "privacy.batch_size": 256,
+    **RECIPE_BEFORE_SWEEP,
 }
 """The DP baselines' record-level reading at the paper's ε = 1 and δ = 1e-3 (per-record clip C = 0.5)."""
 
@@ -289,6 +298,7 @@ __all__ = [
     "PAPER_DP_READING",
     "PUBLIC",
     "PUBLIC_PREFIX",
+    "RECIPE_BEFORE_SWEEP",
     "RECORD_DP",
     "SCRATCH",
     "TINY_SETTING",

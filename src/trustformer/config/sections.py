@@ -287,7 +287,9 @@ class PrivacyConfig:
     delta: float = 1e-3  # the delta of (epsilon, delta)-DP
     clip_norm: float = 0.5  # C: every client update (unit = client) or every record's gradient (record) clipped to it
     noise_multiplier: float = -1.0  # sigma (noise std = sigma * C); -1 = solve from (epsilon, delta)
-    batch_size: int = 0  # unit = record: expected Poisson batch (sentence pairs); 0 = train.batch_size
+    # unit = record: expected Poisson batch (sentence pairs), at most the owner's records; 0 = train.batch_size.
+    # 1024 with lr_scale 4 was the best of the recipe sweep at epsilon = 8 (docs/privacy.md "The recipe, measured")
+    batch_size: int = 0
     # unit = record, audit runs only: gradient canaries planted in client 0's training (attack/audit.py); they and
     # their coin flips derive from the run seed so the auditor can score them
     audit_canaries: int = 0
@@ -327,6 +329,9 @@ class PrivacyConfig:
     # moment (DP-AdamBC, Tang et al. 2024); without it DP-Adam acts as a slow DP-SGD
     adam_correction: bool = False
     adam_floor: float = 0.1  # adam_correction: the corrected second moment's floor, as a share of Phi
+    # unit = record, noise = local: the DP-SGD steps' peak learning rate is train.lr x lr_scale (a large noisy
+    # batch takes a larger step; fine-tuning keeps train.lr x federation.finetune_lr_scale)
+    lr_scale: float = 1.0
 
     def validate(self) -> None:
         _choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -353,6 +358,7 @@ class PrivacyConfig:
         _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
         _choice("privacy.finetune", self.finetune, ("free", "dp"))
         _positive("privacy.adam_floor", self.adam_floor)
+        _positive("privacy.lr_scale", self.lr_scale)
         if self.adam_correction and self.unit != "record":
             raise ConfigError("privacy.adam_correction applies to privacy.unit = 'record' (DP-SGD's noisy gradients)")
         if self.finetune == "dp" and self.unit != "record":

@@ -54,8 +54,10 @@ def _ready() -> bool:
     return True
 
 
-def expected_batch(cfg: RunConfig) -> int:
-    return cfg.privacy.batch_size or cfg.train.batch_size
+def expected_batch(cfg: RunConfig, n_records: int) -> int:
+    """The expected Poisson batch: ``privacy.batch_size`` (``train.batch_size`` when 0), at most the owner's
+    ``n_records`` (a rate of 1 draws every record, and the noisy sum is divided by what it holds)."""
+    return min(cfg.privacy.batch_size or cfg.train.batch_size, n_records)
 
 
 def distributed(cfg: RunConfig) -> bool:
@@ -79,7 +81,7 @@ def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
     """(DP steps per round, DP steps of the client's whole run: every round, plus fine-tuning under
     ``privacy.finetune = "dp"``). Distributed noise takes one step per round: the next needs the pooled noisy
     gradient of this one."""
-    per_epoch = max(1, round(1.0 / sample_rate(n_records, expected_batch(cfg))))
+    per_epoch = max(1, round(1.0 / sample_rate(n_records, expected_batch(cfg, n_records))))
     per_round = 1 if distributed(cfg) else per_epoch * cfg.train.local_epochs
     tuning = per_epoch * cfg.federation.finetune_epochs if finetune_under_dp(cfg) else 0
     return per_round, per_round * cfg.federation.rounds + tuning
@@ -90,14 +92,16 @@ def _sigma(cfg_json: str, n_records: int) -> float:
     """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``."""
     cfg = RunConfig.from_json(cfg_json)
     p = cfg.privacy
-    return calibrate(p.epsilon, p.delta, sample_rate(n_records, expected_batch(cfg)), planned_steps(cfg, n_records)[1])
+    return calibrate(
+        p.epsilon, p.delta, sample_rate(n_records, expected_batch(cfg, n_records)), planned_steps(cfg, n_records)[1]
+    )
 
 
 @lru_cache(maxsize=64)
 def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
     cfg = RunConfig.from_json(cfg_json)
     p = cfg.privacy
-    rate = sample_rate(n_records, expected_batch(cfg))
+    rate = sample_rate(n_records, expected_batch(cfg, n_records))
     _per_round, total = planned_steps(cfg, n_records)
     if p.noise_multiplier >= 0:
         sigma = p.noise_multiplier
@@ -107,14 +111,14 @@ def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> R
     if p.noise_multiplier >= 0 and spent > p.epsilon and p.on_exceed == "refuse":
         raise PrivacyBudgetError(
             f"record-level DP: {total} DP-SGD steps at noise multiplier {sigma:g} and sampling rate {rate:.4g} "
-            f"({n_records} records, expected batch {expected_batch(cfg)}) spend epsilon = {spent:.4g} at delta = "
-            f"{p.delta:g}, more than privacy.epsilon = {p.epsilon:g}; set privacy.noise_multiplier = -1 to solve "
-            "it, or lower federation.rounds / train.local_epochs"
+            f"({n_records} records, expected batch {expected_batch(cfg, n_records)}) spend epsilon = {spent:.4g} at "
+            f"delta = {p.delta:g}, more than privacy.epsilon = {p.epsilon:g}; set privacy.noise_multiplier = -1 to "
+            "solve it, or lower federation.rounds / train.local_epochs"
         )
     return RecordDP(
         noise_multiplier=sigma,
         clip_norm=p.clip_norm,
-        expected_batch=expected_batch(cfg),
+        expected_batch=expected_batch(cfg, n_records),
         sample_rate=rate,
         delta=p.delta,
     )
@@ -284,7 +288,7 @@ def train(
         before_step = None
     else:
         done, steps = optimizer_steps(optimizer), per_round
-        before_step = _schedule(cfg, optimizer, t.lr, done, total, dp.expected_batch)
+        before_step = _schedule(cfg, optimizer, t.lr * cfg.privacy.lr_scale, done, total, dp.expected_batch)
     if isinstance(optimizer, AdamWBiasCorrected):  # DP-AdamBC: the noise's variance per mean-gradient coordinate
         for group in optimizer.param_groups:
             group["noise_variance"] = (dp.noise_multiplier * dp.clip_norm / dp.expected_batch) ** 2
@@ -452,7 +456,7 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
         "target_epsilon": p.epsilon,
         "delta": p.delta,
         "clip_norm": p.clip_norm,
-        "expected_batch": expected_batch(cfg),
+        "expected_batch": cfg.privacy.batch_size or cfg.train.batch_size,  # configured; each client at most its records
         "accountant": "opacus RDP (Mironov et al. 2019)",
         "clients": {str(c): per[c] for c in sorted(per)},
         "noise_source": p.noise_source,
