@@ -190,3 +190,32 @@ def test_fault_plans_are_validated(faults, pattern):
         load_config("tiny", None, {"federation.faults": ["client=0,round=1,kind=nan"], "federation.strategy": "local"})
     with pytest.raises(ConfigError, match="federation.max_examples"):
         load_config("tiny", None, {"federation.max_examples": 0})
+
+
+def test_a_reply_that_arrived_while_a_pull_blocked_past_the_deadline_still_counts():
+    """A pull can block for seconds (it fetches one reply's tensors while the client is still uploading them);
+    the replies that reached the SuperLink meanwhile are taken by one more pull, not dropped as late."""
+    import time
+    from types import SimpleNamespace
+
+    from trustformer.runtime.rounds import exchange
+
+    class SlowFirstPull:
+        def __init__(self):
+            self.pulls = 0
+
+        def push_messages(self, messages):
+            return [f"m{m.metadata.dst_node_id}" for m in messages]
+
+        def pull_messages(self, ids):
+            self.pulls += 1
+            if self.pulls == 1:  # blocks past the deadline; node 2's reply arrives meanwhile
+                time.sleep(0.3)
+                return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))]
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
+
+    messages = [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=n)) for n in (1, 2)]
+    grid = SlowFirstPull()
+    replies = exchange(grid, messages, timeout=0.1)
+    assert sorted(replies) == [1, 2]
+    assert grid.pulls == 2  # the last pull started after the deadline, and there was no other

@@ -8,6 +8,8 @@ rate, ``RECIPE_BEFORE_SWEEP``; the benchmark's record rows now run the ``lr×4``
 
 - ``B=1024``, ``B=full``: larger Poisson batches and fewer noisy steps (Li et al. 2022; De et al. 2022);
 - ``lr×0.5``, ``lr×4``: the learning rate, at the larger batch (a DP step needs its own);
+- ``recipe``: the winner as the benchmark runs it (``RECORD_DP``): ``lr×4`` on the DP steps only
+  (``privacy.lr_scale``), the free fine-tuning at the run's own rate;
 - ``C=0.1``, ``C=2``: the clip norm;
 - ``adam-bc``: DP-AdamBC, the noise's variance out of Adam's second moment (``privacy.adam_correction``);
 - ``ffa``: FFA-LoRA, only the adapters' B trains (``model.lora_train = "b"``);
@@ -36,6 +38,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "B=full": {"privacy.batch_size": -1},  # -1: the client's whole shard (data.client_size)
     "lr×0.5": {"privacy.batch_size": 1024, "train.lr": 0.5},  # train.lr values here: factors of the run's lr
     "lr×4": {"privacy.batch_size": 1024, "train.lr": 4.0},
+    "recipe": {"privacy.batch_size": 1024, "privacy.lr_scale": 4.0},  # lr×4 on the DP steps only: RECORD_DP
     "C=0.1": {"privacy.clip_norm": 0.1},
     "C=2": {"privacy.clip_norm": 2.0},
     "adam-bc": {"privacy.adam_correction": True},

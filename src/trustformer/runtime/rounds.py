@@ -89,7 +89,11 @@ def ttl(timeout: float | None) -> float | None:
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict[int, Message]:
-    """Push the messages, then pull their replies until all came or ``timeout`` seconds passed."""
+    """Push the messages, then pull their replies until all came or ``timeout`` seconds passed.
+
+    Every reply the SuperLink holds when the wait ends counts: the last pull starts after the deadline. One pull
+    can block for many seconds (it fetches a reply's tensors while the client is still uploading them), and
+    replies that arrived meanwhile were not in its answer."""
     if not messages:
         return {}
     ids = list(grid.push_messages(messages))
@@ -98,12 +102,13 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: dict[int, Message] = {}
     while pending:
+        last = deadline is not None and time.monotonic() >= deadline  # taken before the pull, not after
         for reply in grid.pull_messages(list(pending)):
             mid = reply.metadata.reply_to_message_id
             if mid in pending:
                 pending.discard(mid)
                 replies[node_of[mid]] = reply
-        if not pending or (deadline is not None and time.monotonic() >= deadline):
+        if not pending or last:
             break
         time.sleep(POLL_S)
     return replies
