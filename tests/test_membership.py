@@ -127,3 +127,20 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
         "calibrated-global",
         "lira",
     )
+
+
+def test_clients_that_send_identical_payloads_are_each_matched_to_what_the_server_received():
+    """Two owners can send the same tensors (a round that moved nothing): each is still one received payload,
+    so the attack scores every client, not the last one to send."""
+    import torch
+
+    from trustformer.attack.run_observer import RunRecorder
+
+    recorder = RunRecorder()
+    same = {"w": torch.ones(2, 2)}
+    other = {"w": torch.zeros(2, 2)}
+    for client, payload in ((0, same), (1, {"w": same["w"].clone()}), (2, other)):
+        recorder.client_trained(1, client, payload, 10)
+        recorder.client_sent(1, client, payload)
+    recorder.server_received([same, {"w": same["w"].clone()}, other], [10, 10, 10])
+    assert sorted(recorder.exchanges[1].received) == [0, 1, 2]

@@ -441,3 +441,13 @@ def test_the_dp_steps_run_at_lr_scale_times_the_rate_and_a_batch_above_the_recor
     cfg = tiny(tmp_path, **{"privacy.batch_size": 10_000})
     plan = record_dp.plan(cfg, 300)
     assert record_dp.expected_batch(cfg, 300) == plan.expected_batch == 300 and plan.sample_rate == 1.0
+
+
+def test_every_dp_step_charged_to_epsilon_has_a_learning_rate_above_zero(tmp_path):
+    """With one full batch per round, the cosine reaches its floor after the run's last DP step, not at it: that
+    step is charged to ε like the others, and at a rate of 0 it would move nothing."""
+    out = tmp_path / "full-batch"
+    run_in_process(tiny(out, **{"privacy.batch_size": 10_000, "federation.rounds": 2, "train.warmup_steps": 0}))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last_round = [r["lr"] for r in rows if "lr" in r and r.get("round") == 2]
+    assert last_round and all(lr > 0 for lr in last_round)

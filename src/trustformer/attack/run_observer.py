@@ -30,7 +30,7 @@ class Exchange:
     round: int
     trained: dict[int, Tensors] = field(default_factory=dict)  # ground truth (never sent)
     num_examples: dict[int, int] = field(default_factory=dict)
-    sent: dict[str, int] = field(default_factory=dict)  # fingerprint of a client's payload -> client
+    sent: dict[str, list[int]] = field(default_factory=dict)  # fingerprint of a payload -> the clients that sent it
     sent_payloads: dict[int, Tensors] = field(default_factory=dict)  # client -> the payload it built
     received: dict[int, Tensors] | None = None  # what the aggregation received, by client (None: secagg)
     aggregate: Tensors | None = None  # what the server sent back
@@ -70,14 +70,16 @@ class RunRecorder(ProtocolObserver):
         ex.num_examples[client] = num_examples
 
     def client_sent(self, rnd: int, client: int, payload: Tensors) -> None:
-        self._exchange(rnd).sent[_fingerprint(payload)] = client
+        self._exchange(rnd).sent.setdefault(_fingerprint(payload), []).append(client)
         self._exchange(rnd).sent_payloads[client] = payload
 
     def server_received(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> None:
         ex = self._exchange(self._round)  # in process, the aggregation follows the round's clients
         received: dict[int, Tensors] = {}
+        unclaimed = {fp: list(clients) for fp, clients in ex.sent.items()}  # identical payloads: one client each
         for payload in payloads:
-            client = ex.sent.get(_fingerprint(payload))
+            same = unclaimed.get(_fingerprint(payload))
+            client = same.pop(0) if same else None
             if client is None:  # coded payloads arrive decoded, within the coding error: the nearest one sent
                 client = _nearest(payload, ex.sent_payloads)
             if client is None:

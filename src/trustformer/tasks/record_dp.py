@@ -341,7 +341,10 @@ def distributed_step(
 
 
 def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, done: int, total: int, batch: int):
-    """The run's learning-rate schedule per DP step, its warm-up covering as many records as without DP."""
+    """The run's learning-rate schedule per DP step, its warm-up covering as many records as without DP. The
+    cosine reaches ``train.min_lr`` one step after the run's last DP step, not at it: every step is charged to ε,
+    and a step at a learning rate of 0 would spend budget and move nothing (with few large batches, a tenth of
+    the run's ε or more)."""
     t = cfg.train
     warmup = round(t.warmup_steps * t.batch_size / batch)
 
@@ -353,7 +356,7 @@ def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, don
                 lr=peak,
                 schedule=t.schedule,
                 warmup_steps=warmup,
-                decay_steps=t.decay_steps or total,
+                decay_steps=t.decay_steps or total + 1,
                 min_lr=t.min_lr,
             ),
         )
