@@ -38,7 +38,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "B=full": {"privacy.batch_size": -1},  # -1: the client's whole shard (data.client_size)
     "lr×0.5": {"privacy.batch_size": 1024, "train.lr": 0.5},  # train.lr values here: factors of the run's lr
     "lr×4": {"privacy.batch_size": 1024, "train.lr": 4.0},
-    "recipe": {"privacy.batch_size": 1024, "privacy.lr_scale": 4.0},  # lr×4 on the DP steps only: RECORD_DP
+    "recipe": {k: RECORD_DP[k] for k in ("privacy.batch_size", "privacy.lr_scale")},  # lr×4 on the DP steps only
     "C=0.1": {"privacy.clip_norm": 0.1},
     "C=2": {"privacy.clip_norm": 2.0},
     "adam-bc": {"privacy.adam_correction": True},

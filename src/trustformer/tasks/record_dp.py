@@ -101,7 +101,8 @@ def _sigma(cfg_json: str, n_records: int) -> float:
 def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
     cfg = RunConfig.from_json(cfg_json)
     p = cfg.privacy
-    rate = sample_rate(n_records, expected_batch(cfg, n_records))
+    batch = expected_batch(cfg, n_records)
+    rate = sample_rate(n_records, batch)
     _per_round, total = planned_steps(cfg, n_records)
     if p.noise_multiplier >= 0:
         sigma = p.noise_multiplier
@@ -111,14 +112,14 @@ def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> R
     if p.noise_multiplier >= 0 and spent > p.epsilon and p.on_exceed == "refuse":
         raise PrivacyBudgetError(
             f"record-level DP: {total} DP-SGD steps at noise multiplier {sigma:g} and sampling rate {rate:.4g} "
-            f"({n_records} records, expected batch {expected_batch(cfg, n_records)}) spend epsilon = {spent:.4g} at "
+            f"({n_records} records, expected batch {batch}) spend epsilon = {spent:.4g} at "
             f"delta = {p.delta:g}, more than privacy.epsilon = {p.epsilon:g}; set privacy.noise_multiplier = -1 to "
             "solve it, or lower federation.rounds / train.local_epochs"
         )
     return RecordDP(
         noise_multiplier=sigma,
         clip_norm=p.clip_norm,
-        expected_batch=expected_batch(cfg, n_records),
+        expected_batch=batch,
         sample_rate=rate,
         delta=p.delta,
     )
