@@ -333,3 +333,33 @@ def test_ffa_lora_trains_and_sends_only_b_with_a_frozen_at_the_same_start(tmp_pa
         state = store.load(f"client-{client}").model
         assert all(torch.equal(state[name], tensor) for name, tensor in frozen.items())
         assert not all(torch.equal(state[n], start[n]) for n in start)  # and B trained
+
+
+@pytest.mark.parametrize("params", ["all", "trainable"])
+def test_fine_tuning_trains_every_weight_by_default_and_only_the_adapters_when_asked(tmp_path, monkeypatch, params):
+    """federation.finetune_params: "all" fine-tunes the plain model (adapters merged in), every weight of it;
+    "trainable" only the adapters, the frozen public weights left as they were. Fine-tuning the adapted copy in
+    "all" mode (no merge) fails the first case."""
+    from trustformer.tasks.translation import TranslationTask
+
+    seen: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+    real = TranslationTask.finetune
+
+    def recording(self, model, shard, **kwargs):
+        before = {n: t.detach().clone() for n, t in model.named_parameters()}
+        out = real(self, model, shard, **kwargs)
+        seen.append((before, {n: t.detach().clone() for n, t in model.named_parameters()}))
+        return out
+
+    monkeypatch.setattr(TranslationTask, "finetune", recording)
+    cfg = tiny(tmp_path, **LORA, **{"federation.finetune_epochs": 1, "federation.finetune_params": params})
+    summary = run_in_process(cfg)
+    assert len(seen) == cfg.federation.clients and "ft_test_loss" in summary
+    for before, after in seen:
+        changed = {n for n in before if not torch.equal(before[n], after[n])}
+        adapters = {n for n in before if ".lora_" in n}
+        if params == "all":  # the public weights LoRA adapts (their base layers) and the embedding trained too
+            assert not adapters and {n for n in before if n.endswith(("fc1.weight", "q_proj.weight"))} <= changed
+            assert any("embedding" in n for n in changed)
+        else:
+            assert adapters and changed and changed <= adapters

@@ -139,6 +139,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         setup_logging(quiet=True)
         return dp_noise_main(args.rest)
+    if args.what == "finetune":
+        from .bench.finetune_bench import main as finetune_main
+
+        setup_logging(quiet=True)
+        return finetune_main(args.rest)
     if args.what == "dp-recipe":
         from .bench.dp_recipe_bench import main as dp_recipe_main
 
@@ -409,7 +414,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
-    b.add_argument("what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale", "dp-noise", "dp-recipe"])
+    b.add_argument(
+        "what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale", "dp-noise", "dp-recipe", "finetune"]
+    )
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)
     _reproduce_parser(sub)

@@ -186,6 +186,9 @@ class FederationConfig:
     # (constant learning rate train.lr x finetune_lr_scale) and is scored again (ft_* fields); 0 = no fine-tuning
     finetune_epochs: int = 0
     finetune_lr_scale: float = 0.1  # fine-tuning's constant learning rate, as a fraction of train.lr
+    # what fine-tuning trains: all = every weight (LoRA adapters merged into their base layers first: the tuned copy
+    # never leaves the owner, so nothing more is sent) | trainable = only what the federation trained (the adapters)
+    finetune_params: str = "all"
     # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
     # quantized to this many bits with error feedback (protocols/wrappers/coding.py); 32 = float32, no coding
     payload_bits: int = 32
@@ -218,6 +221,7 @@ class FederationConfig:
         _in_range("federation.min_clients", self.min_clients, 0, self.clients)
         _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
         _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
+        _choice("federation.finetune_params", self.finetune_params, ("all", "trainable"))
         _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
         _positive("federation.node_wait_s", self.node_wait_s)
         _at_least("federation.max_examples", self.max_examples, 1)
