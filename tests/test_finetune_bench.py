@@ -46,6 +46,7 @@ def test_the_sweep_starts_from_what_the_run_scored_and_fine_tunes_every_owner(lo
     # epochs 0 is the saved model as the run scored it (merged adapters compute what the adapted model did)
     assert before["own_loss_per_owner"] == pytest.approx(summary["own_test_loss"], abs=1e-4)
     assert before["test_loss"] == pytest.approx(mean(summary["test_loss"]), abs=1e-4)
+    assert before["test_bleu"] == pytest.approx(mean(summary["bleu"]), abs=1e-6)
     # fine-tuning trained each owner's copy on its own shard: a no-op fine-tuning fails here
     assert all(a != b for a, b in zip(before["own_loss_per_owner"], tuned["own_loss_per_owner"], strict=True))
     assert rows["public", 0]["own_loss"] != before["own_loss"]  # the control starts elsewhere: the public model

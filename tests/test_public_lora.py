@@ -76,6 +76,10 @@ def test_public_pairs_never_hold_a_client_sentence(tmp_path):
     assert not {side for pair in pairs for side in pair} & _private(workload)
     # a public file that holds client pairs, test pairs and pairs of its own: only its own are kept
     leaked = workload.shard(0)[:5] + workload.own_test(1)[:3] + list(workload.splits.test[:2])
+    # the same sentences in other case and punctuation are the same sentences
+    leaked += [(f"  {a.upper()} !", "x") for a, _ in workload.shard(2)[:2]] + [
+        ("y", f"{b.lower()}...") for _, b in workload.splits.test[2:4]
+    ]
     own = [
         ("Совершенно новое предложение номер один.", "A brand new sentence number one."),
         ("Ещё одно новое предложение.", "Yet another new sentence."),

@@ -74,7 +74,8 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
 
 
 def sweep(run: Path, epochs: list[int], rates: list[float], clients: list[int], public: bool) -> list[dict]:
-    """One row per (start, epochs, rate): the owners' mean own-data loss and BLEU and shared test loss after it."""
+    """One row per (start, epochs, rate): the owners' mean own-data loss and BLEU, and shared test loss, BLEU and
+    chrF, after it."""
     from ..runtime.checkpoint import resume_config
     from ..tasks.run import load_task
 
@@ -102,7 +103,17 @@ def sweep(run: Path, epochs: list[int], rates: list[float], clients: list[int], 
                 own = task.own_metrics(model, client)
                 if not own:
                     raise SystemExit(f"{run}: the owners hold no own test data: rerun with data.own_test_size > 0")
-                scores.append((own["own_test_loss"], own["own_bleu"], task.test_loss(model), started))
+                quick = task.quick_scores(model)  # the shared test set's BLEU: judge on translations too
+                scores.append(
+                    (
+                        own["own_test_loss"],
+                        own["own_bleu"],
+                        task.test_loss(model),
+                        started,
+                        quick["bleu"],
+                        quick["chrf"],
+                    )
+                )
             rows.append(
                 {
                     "start": name,
@@ -111,6 +122,8 @@ def sweep(run: Path, epochs: list[int], rates: list[float], clients: list[int], 
                     "own_loss": mean(s[0] for s in scores),
                     "own_bleu": mean(s[1] for s in scores),
                     "test_loss": mean(s[2] for s in scores),
+                    "test_bleu": mean(s[4] for s in scores),
+                    "test_chrf": mean(s[5] for s in scores),
                     "seconds": time.perf_counter() - scores[0][3],
                     "own_loss_per_owner": [s[0] for s in scores],
                 }
@@ -121,8 +134,9 @@ def sweep(run: Path, epochs: list[int], rates: list[float], clients: list[int], 
 
 def _line(row: dict) -> str:
     return (
-        f"{row['start']:<7} {row['epochs']:>6} {row['rate']:>5.2f} {row['own_loss']:>9.3f} {row['own_bleu']:>8.1f}"
-        f" {row['test_loss']:>9.3f} {row['seconds']:>7.0f}  " + " ".join(f"{x:.3f}" for x in row["own_loss_per_owner"])
+        f"{row['start']:<7} {row['epochs']:>6} {row['rate']:>5.2f} {row['own_loss']:>9.3f} {row['own_bleu']:>9.1f}"
+        f" {row['test_loss']:>9.3f} {row['test_bleu']:>9.1f} {row['test_chrf']:>9.1f} {row['seconds']:>9.0f}  "
+        + " ".join(f"{x:.3f}" for x in row["own_loss_per_owner"])
     )
 
 
@@ -133,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     rates = _numbers(args.rate, float, "--rate")
     clients = _numbers(args.clients, int, "--clients", ids=True) if args.clients else []
     print(f"free fine-tuning of {run} (epochs 0 = the model as it is; own loss per owner at the end)")
-    print(f"{'start':<7} {'epochs':>6} {'rate':>5} {'own loss':>9} {'own BLEU':>8} {'test loss':>9} {'seconds':>7}")
+    names = ("own loss", "own BLEU", "test loss", "test BLEU", "test chrF", "seconds")
+    print(f"{'start':<7} {'epochs':>6} {'rate':>5} " + " ".join(f"{n:>9}" for n in names))
     rows = sweep(run, epochs, rates, clients, args.public)
     if args.json:
         Path(args.json).write_text(json.dumps({"run": str(run), "rows": rows}, indent=1) + "\n", encoding="utf-8")

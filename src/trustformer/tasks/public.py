@@ -3,7 +3,9 @@
 What it trains on: the corpus's ``public`` split (the pairs no client owns, which also train the tokenizer), or
 the pairs of ``train.public_data`` (``--public-data FILE.tsv``). Either way, every pair whose source or target
 sentence is also in a client's data (its training shard or its own held-out pairs) or in the shared test set is
-dropped first (:func:`public_pairs`), so nothing of a client's data reaches it and its test loss is honest.
+dropped first (:func:`public_pairs`), so nothing of a client's data reaches it and its test loss is honest. Sentences
+are compared by :func:`sentence_key` (case, punctuation and spacing ignored): "Create a new document." and "create
+a new document" are the same sentence.
 
 It is trained once with a recipe of its own (:func:`public_recipe`: the preset's ``train`` section, not the
 run's, with ``train.public_lr`` and a cosine schedule over ``train.public_epochs`` passes), from the run seed's
@@ -21,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -51,13 +54,21 @@ class PublicModel:
 _loaded: dict[str, PublicModel] = {}  # this process's copy, by key
 
 
+_NOT_A_WORD = re.compile(r"[\W_]+")
+
+
+def sentence_key(sentence: str) -> str:
+    """A sentence as deduplication compares it: lower case, every run of punctuation and spaces one space."""
+    return _NOT_A_WORD.sub(" ", sentence.casefold()).strip()
+
+
 def private_sentences(workload: wl.Workload) -> set[str]:
-    """Every source and target sentence of the clients' data (training shards, own held-out pairs) and of the
-    shared test set."""
+    """The :func:`sentence_key` of every source and target sentence of the clients' data (training shards, own
+    held-out pairs) and of the shared test set."""
     splits = workload.splits
     pairs = [p for shard in splits.clients for p in shard] + list(splits.test)
     pairs += [p for tests in (splits.client_tests or []) for p in tests]
-    return {side for pair in pairs for side in pair}
+    return {sentence_key(side) for pair in pairs for side in pair}
 
 
 def public_pairs(cfg: RunConfig, workload: wl.Workload) -> tuple[list[tuple[str, str]], int]:
@@ -81,7 +92,7 @@ def public_pairs(cfg: RunConfig, workload: wl.Workload) -> tuple[list[tuple[str,
             catalogs = load_ui_corpus(wl.cache_dir(cfg), lambda text: log.info("public corpus: %s", text))
             pairs = list(dict.fromkeys(pairs + short(catalogs)))
     private = private_sentences(workload)
-    kept = [p for p in pairs if p[0] not in private and p[1] not in private]
+    kept = [p for p in pairs if sentence_key(p[0]) not in private and sentence_key(p[1]) not in private]
     if not kept:
         raise wl.DataError(
             "the public model has no pair to train on: every public pair shares a sentence with a "
@@ -230,4 +241,12 @@ def _train(
     return state, report
 
 
-__all__ = ["PublicModel", "cache_key", "private_sentences", "public_model", "public_pairs", "public_recipe"]
+__all__ = [
+    "PublicModel",
+    "cache_key",
+    "private_sentences",
+    "sentence_key",
+    "public_model",
+    "public_pairs",
+    "public_recipe",
+]
