@@ -55,10 +55,13 @@ def _numbers(text: str, kind: type, option: str, *, ids: bool = False) -> list[A
 
 
 def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Module]:
-    """The run's saved final model (every owner's, when they differ), and with ``public`` the public start."""
+    """The run's saved final model (every owner's, when they differ), and with ``public`` the public model the run
+    began from (by the cache key its ``summary.json`` records)."""
     from ..export import load_translation_model
     from ..export.run_folders import find_models
+    from ..tasks.public import cached_state
     from ..tasks.run import load_task
+    from ..workload import initial_model
 
     starts: dict[str, torch.nn.Module] = {}
     for client, folder in find_models(run).items():
@@ -68,8 +71,14 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
     if public:
         if cfg.train.init != "public":
             raise SystemExit(f"--public: {run} did not start from the public model (train.init = {cfg.train.init!r})")
-        plain = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, adapters="none"))
-        starts["public"] = load_task(plain).initial_model()
+        keys = {
+            c.get("public_model") for c in json.loads((run / "summary.json").read_text())["data"]["clients"].values()
+        }
+        if len(keys) != 1 or None in keys:
+            raise SystemExit(f"--public: {run}/summary.json does not name the one public model its owners began from")
+        start = initial_model(cfg, load_task(cfg).workload)  # the model's shape; its weights are replaced next
+        start.load_state_dict(cached_state(cfg, keys.pop()))
+        starts["public"] = start
     return starts
 
 

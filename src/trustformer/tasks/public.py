@@ -190,6 +190,15 @@ def public_model(cfg: RunConfig, workload: wl.Workload) -> PublicModel:
     return _loaded[key]
 
 
+def cached_state(cfg: RunConfig, key: str) -> dict[str, torch.Tensor]:
+    """The weights of the public model cached under ``key`` (a run's ``summary.json`` data ``public_model``):
+    the very start a finished run began from, even where today's code would build another one."""
+    path = wl.cache_dir(cfg) / "public-models" / key / WEIGHTS
+    if not path.is_file():
+        raise wl.DataError(f"the public model {key} is not in the cache ({path}): it was trained on another machine")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def _train(
     cfg: RunConfig, workload: wl.Workload, encoded: list[tuple[list[int], list[int]]], key: str, dropped: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
