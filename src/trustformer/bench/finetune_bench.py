@@ -60,8 +60,7 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
     from ..export import load_translation_model
     from ..export.run_folders import find_models
     from ..tasks.public import cached_state
-    from ..tasks.run import load_task
-    from ..workload import initial_model
+    from ..workload import initial_model, load_workload
 
     starts: dict[str, torch.nn.Module] = {}
     for client, folder in find_models(run).items():
@@ -76,7 +75,7 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
         }
         if len(keys) != 1 or None in keys:
             raise SystemExit(f"--public: {run}/summary.json does not name the one public model its owners began from")
-        start = initial_model(cfg, load_task(cfg).workload)  # the model's shape; its weights are replaced next
+        start = initial_model(cfg, load_workload(cfg))  # the model's shape; its weights are replaced next
         start.load_state_dict(cached_state(cfg, keys.pop()))
         starts["public"] = start
     return starts
