@@ -66,6 +66,7 @@ ALLOWED = {
         "models",
         "evaluation",
         "secure",  # dp-noise: the noise measured through the real secure aggregation
+        "export",  # finetune: a finished run's saved models
     },
     "reproduce": {"config", "engine", "metrics", "report", "tasks", "core"},
     "reproduce_fedpc": {"config", "reproduce", "report"},  # FedPC's grid, run by reproduce's grid runner

@@ -383,7 +383,7 @@ def test_free_fine_tuning_spends_nothing_and_nothing_of_it_leaves_the_machine(tm
     scores = client_module._finetuned_scores
 
     def kept(env, session, rnd):  # planted: fine-tunes the held model itself and saves it as the round's state
-        monkeypatch.setattr(client_module.copy, "deepcopy", lambda model: model)
+        monkeypatch.setattr(env.task, "personal_copy", lambda model: model)
         out = scores(env, session, rnd)
         optimizer = client_module.SavedOptimizerState(env.task.new_optimizer(session.model).state_dict())
         client_module.save_session(env, session, optimizer, client_module.ROUND_END)

@@ -84,10 +84,13 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
 def sweep(run: Path, epochs: list[int], rates: list[float], clients: list[int], public: bool) -> list[dict]:
     """One row per (start, epochs, rate): the owners' mean own-data loss and BLEU, and shared test loss, BLEU and
     chrF, after it."""
-    from ..runtime.checkpoint import resume_config
+    from ..config.load import build_config
     from ..tasks.run import load_task
 
-    cfg = resume_config(run)
+    summary = run / "summary.json"
+    if not summary.is_file():
+        raise SystemExit(f"{run} has no summary.json: pass the folder of a finished run")
+    cfg = build_config(json.loads(summary.read_text(encoding="utf-8"))["config"])
     if cfg.task != "translation":
         raise SystemExit(f"{run}: bench finetune scores translation runs (own held-out pairs); this is {cfg.task}")
     cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, finetune="free"))

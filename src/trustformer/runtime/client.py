@@ -14,7 +14,6 @@ hooks, saves the state and replies. Handlers see plain records only: the secure 
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import sys
@@ -31,7 +30,6 @@ from ..config import CONFIG_KEY, DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfi
 from ..core.poisoning import poisoned_model
 from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
-from ..models.adapters import has_adapters, merged
 from ..protocols import ProtocolObserver, active_observer, make_protocol
 from ..protocols.interface.base import ClientSession, FederatedProtocol
 from ..secure.mod import SecureClient
@@ -453,13 +451,12 @@ def query(msg: Message, context: Context) -> Message:
 
 def _finetuned_scores(env: ClientEnv, session: ClientSession, rnd: int) -> dict[str, float]:
     """``federation.finetune_epochs`` > 0: a copy of the final model fine-tuned on the client's own shard, scored
-    on the shared test set and on the client's own held-out data (``ft_*``). ``federation.finetune_params =
-    "all"``: the copy is the plain model, adapters merged in, and every weight trains."""
+    on the shared test set and on the client's own held-out data (``ft_*``). Which weights train is the task's
+    :meth:`~trustformer.tasks.run.RunTask.personal_copy` (``federation.finetune_params``)."""
     fed = env.cfg.federation
     if not fed.finetune_epochs:
         return {}
-    whole = fed.finetune_params == "all" and has_adapters(session.model)
-    tuned = merged(session.model) if whole else copy.deepcopy(session.model)
+    tuned = env.task.personal_copy(session.model)
     out = env.task.finetune(
         tuned,
         env.shard,

@@ -16,6 +16,7 @@ process builds the same shards).
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +95,11 @@ class RunTask(Protocol):
 
     def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
         """The task's first scores on the shared test set, without writing anything (after fine-tuning)."""
+        ...
+
+    def personal_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The copy of the final model an owner fine-tunes after the last round (``federation.finetune_params``:
+        ``all`` = every weight trains, LoRA adapters merged in first; ``trainable`` = a copy as it is)."""
         ...
 
     def finetune(
@@ -299,6 +305,9 @@ class ImageRunTask:
     def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
         first = FINAL_METRICS[self.name][0]
         return {first: float(self.task.final_metrics(model)[first])}
+
+    def personal_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        return copy.deepcopy(model)  # image models carry no adapters: every weight already trains
 
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int

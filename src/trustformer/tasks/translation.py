@@ -7,6 +7,7 @@ run gives the same numbers as before the task layer existed.
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,13 @@ class TranslationTask:
             reference = self._encode(public_pairs(self.cfg, self.workload)[0][:64])
             self._canaries = record_dp.audit_canaries(self.cfg, self.initial_model(), reference)
         return self._canaries
+
+    def personal_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        from ..models.adapters import has_adapters, merged
+
+        if self.cfg.federation.finetune_params == "all" and has_adapters(model):
+            return merged(model)  # the plain model, adapters merged in, every weight trainable
+        return copy.deepcopy(model)
 
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
