@@ -116,10 +116,10 @@ def test_the_public_corpus_drops_every_pair_a_client_or_a_test_set_holds(tmp_pat
     private = pub.private_sentences(workload)
     pairs, dropped = pub.public_pairs(cfg, workload)
     assert own[0] in pairs and dropped >= len(leaked)
-    assert not {side for pair in pairs for side in pair} & private
+    assert not {pub.sentence_key(side) for pair in pairs for side in pair} & private
     monkeypatch.setattr(pub, "private_sentences", lambda workload: set())  # planted: no deduplication
     pairs, dropped = pub.public_pairs(cfg, workload)
-    assert dropped == 0 and {side for pair in pairs for side in pair} & private
+    assert dropped == 0 and {pub.sentence_key(side) for pair in pairs for side in pair} & private
 
 
 def test_the_public_source_and_a_public_file_are_one_choice():
