@@ -62,11 +62,12 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
     from ..tasks.public import cached_state
     from ..workload import initial_model, load_workload
 
+    loaded: dict[Path, torch.nn.Module] = {}  # owners holding the same model share its folder: load it once
     starts: dict[str, torch.nn.Module] = {}
     for client, folder in find_models(run).items():
-        model, _tokenizer, _meta = load_translation_model(folder)
-        starts.setdefault(f"run:{folder.name}", model)
-        starts[f"client-{client}"] = starts[f"run:{folder.name}"]
+        if folder not in loaded:
+            loaded[folder] = load_translation_model(folder)[0]
+        starts[f"client-{client}"] = loaded[folder]
     if public:
         if cfg.train.init != "public":
             raise SystemExit(f"--public: {run} did not start from the public model (train.init = {cfg.train.init!r})")
