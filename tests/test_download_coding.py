@@ -137,27 +137,28 @@ class Aggregates(ProtocolObserver):
         self.seen.append({n: t.detach().clone() for n, t in aggregate.items()})
 
 
-def test_the_servers_error_feedback_keeps_the_coded_run_on_the_uncoded_runs_track(tmp_path, monkeypatch):
-    """2-bit downloads: with the server's error feedback the loss stays near the uncoded run's. The planted bug codes
-    each round's difference from the exact last aggregate instead of the delivered state (the residual dropped): the
-    coding errors add up round after round."""
+def test_the_servers_residual_keeps_what_clients_hold_near_the_uncoded_model(tmp_path, monkeypatch):
+    """2-bit downloads, 6 rounds: the server adds the coding error it has not delivered yet to the next difference
+    (EF21-P), so the state the clients hold stays within about one round's coding error of the uncoded run's model.
+    The planted bug drops that residual: each round's error stays in the clients' model, and they add up."""
     rounds = {"federation.rounds": 6}
-    _cfg, plain = run(tmp_path, "plain", **rounds)
-    _cfg, coded = run(tmp_path, "coded", **rounds, **{"federation.download_bits": 2})
-    honest = CodedDownload.server_reference
     with observe(Aggregates()) as aggregates:
+        _cfg, plain = run(tmp_path, "plain", **rounds)
+    uncoded = aggregates.seen[-1]
 
-        def without_feedback(self, view):
-            if len(aggregates.seen) < 2:
-                return honest(self, view)
-            return self._view(aggregates.seen[-2], self.initial)[0]  # the last exact aggregate, not the delivered
+    def distance(cfg) -> float:
+        delivered, _rnd = delivered_state(cfg)
+        return float(sum(((delivered[n].double() - uncoded[n].double()) ** 2).sum() for n in delivered).sqrt())
 
-        monkeypatch.setattr(CodedDownload, "server_reference", without_feedback)
-        _cfg, drifting = run(tmp_path, "drifting", **rounds, **{"federation.download_bits": 2})
-    honest_gap = abs(coded["test_loss"][0] - plain["test_loss"][0])
-    planted_gap = abs(drifting["test_loss"][0] - plain["test_loss"][0])
-    print(f"|coded - uncoded| = {honest_gap:.4f}, without the server's error feedback {planted_gap:.4f}")
-    assert planted_gap > 3 * honest_gap, (honest_gap, planted_gap)
+    coded_cfg, coded = run(tmp_path, "coded", **rounds, **{"federation.download_bits": 2})
+    monkeypatch.setattr(CodedDownload, "exact_model", lambda self, view: {n: t.double() for n, t in view.items()})
+    dropped_cfg, dropped = run(tmp_path, "dropped", **rounds, **{"federation.download_bits": 2})
+    honest, planted = distance(coded_cfg), distance(dropped_cfg)
+    print(
+        f"|delivered - uncoded|: {honest:.3f} with the residual, {planted:.3f} without; test loss "
+        f"{plain['test_loss'][0]:.4f} uncoded, {coded['test_loss'][0]:.4f}, {dropped['test_loss'][0]:.4f}"
+    )
+    assert planted > 3 * honest, (honest, planted)
 
 
 def test_the_download_bytes_are_the_coded_messages(tmp_path):

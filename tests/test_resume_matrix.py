@@ -124,6 +124,7 @@ NEEDED_BY = {
     ("CodedDownload", "delivered"): "fedavg + down 4-bit",
     ("CodedDownload", "delivered_round"): "fedavg + down 4-bit + 2 of 3",
     ("CodedDownload", "recent"): "fedavg + down 4-bit + 2 of 3",
+    ("CodedDownload", "residual"): "fedavg + down 4-bit",
     ("RobustAggregation", "_start"): "fedavg + sign-flip",
     ("RobustAggregation", "_start_round"): "fedavg + 2 of 3 + median",
     ("DifferentialPrivacy", "ledger"): "dp-fedavg",

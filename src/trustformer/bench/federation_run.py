@@ -30,7 +30,20 @@ def finished(cfg: RunConfig, attacks: bool = True) -> dict[str, Any] | None:
         config = build_config(previous.get("config") or {}).to_dict()
     except ConfigError:
         return None
-    return previous if config == cfg.to_dict() else None
+    return previous if comparable(config) == comparable(cfg.to_dict()) else None
+
+
+RECORD_DP_ONLY = ("batch_size", "lr_scale")
+"""Privacy options only record-level DP-SGD reads (their defaults changed with its recipe sweep)."""
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as ``--reuse`` compares it: without record-level DP, the options only it reads are left out
+    (a run measured before their defaults changed ran the same)."""
+    privacy = config.get("privacy") or {}
+    if privacy.get("unit") == "record":
+        return config
+    return {**config, "privacy": {k: v for k, v in privacy.items() if k not in RECORD_DP_ONLY}}
 
 
 def run_one(values: dict[str, Any], reuse: bool, kind: str = "run", attacks: bool = True) -> dict[str, Any]:

@@ -5,10 +5,15 @@ The server keeps ``delivered``, the decoded global state every synced client hol
 identical initial model, where it has the aggregate's layout). After aggregating it sends
 ``c_t = Q(w_{t+1} − R_t)`` and both ends set ``delivered = R_t + deq(c_t)`` with the same arithmetic, so every client
 holds exactly the server's copy. ``R_t`` is the protocol's shared reference where it has one (Trustformer's
-reference centroids, which follow the delivered centroids), else ``delivered`` itself: the coding error of one round
-stays in ``w − delivered`` and goes into the next round's difference, so it never accumulates (EF21-P,
-Gruntkowska et al. 2023; DoubleSqueeze, Tang et al. 2019). The codec is the upload's (``core/quantize.py``, per-row
-grids, stochastic rounding seeded from the run seed and the round).
+reference centroids, which follow the delivered centroids), else ``delivered`` itself.
+
+The server's error feedback: the aggregate ``w_{t+1}`` is computed from clients that trained from ``delivered``, so
+it holds none of the last round's coding error. The server keeps that error, ``e_t = (w_t + e_{t−1}) − delivered_t``
+(``residual``), and adds it to the next difference, ``c_t = Q(w_{t+1} + e_t − R_t)``. The exact model
+``x_t = delivered_t + e_t`` then follows the uncoded update ``x_{t+1} = x_t + (w_{t+1} − delivered_t)``, and what
+the clients hold stays within one round's coding error of it, whatever the number of rounds (EF21-P, Gruntkowska
+et al. 2023, Alg. 1; DoubleSqueeze, Tang et al. 2019, Alg. 1). The codec is the upload's (``core/quantize.py``,
+per-row grids, stochastic rounding seeded from the run seed and the round).
 
 Layers inside see the decoded state as the round's aggregate (``aggregate_delivered``): the upload coding's
 reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
@@ -58,9 +63,10 @@ def decode(
 class CodedDownload(ProtocolWrapper):
     """``inner`` with what it sends down after an exchange coded to ``bits`` bits (see the module docstring)."""
 
-    # server: the decoded global state every synced client holds, the round it is from, and the latest coded
-    # messages (each with the round it applies to and the round it starts from) while they are fewer bytes than it
-    state_attrs = ("delivered", "delivered_round", "recent")
+    # server: the decoded global state every synced client holds, the round it is from, the coding error not yet
+    # delivered (error feedback), and the latest coded messages (each with the round it applies to and the round
+    # it starts from) while they are fewer bytes than it
+    state_attrs = ("delivered", "delivered_round", "residual", "recent")
     scratch_attrs = ("initial", "round")  # the identical initial model (expected_payload); the round
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
@@ -68,6 +74,7 @@ class CodedDownload(ProtocolWrapper):
         self.bits, self.scale = bits, scale
         self.delivered: Tensors | None = None
         self.delivered_round = 0
+        self.residual: Tensors = {}
         self.recent: list[dict] = []
         self.initial: Tensors = {}
         self.round = 0
@@ -117,10 +124,11 @@ class CodedDownload(ProtocolWrapper):
         started = time.perf_counter()
         view, rest = self._view(aggregate, self.initial)
         reference = self.server_reference(view)
+        exact = self.exact_model(view)
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "download", self.round))
         codes, grid = [], []
-        for name, tensor in view.items():
-            target = tensor.detach().double() - (reference[name].double() if name in reference else 0.0)
+        for name, tensor in exact.items():
+            target = tensor - (reference[name].double() if name in reference else 0.0)
             coded = q.quantize(
                 target.float(), self.bits, per_row=per_row(tensor.shape, self.scale), generator=generator
             )
@@ -129,11 +137,20 @@ class CodedDownload(ProtocolWrapper):
         message = {**rest, CODES: torch.cat(codes), GRID: torch.cat(grid).to(torch.float32)}
         shapes = {n: tuple(t.shape) for n, t in view.items()}
         decoded = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
+        self.residual = {n: (exact[n] - decoded[n].double()).float() for n in exact}
         self._remember(message)
         self.delivered = self.inner.coding_unview(decoded, rest, self.initial)
         self.delivered_round = self.round
         self.inner.aggregate_delivered(self.delivered)
         return message, {**phases, "download_code_s": time.perf_counter() - started}
+
+    def exact_model(self, view: Tensors) -> Tensors:
+        """``w_{t+1} + e_t`` in float64: this round's aggregate plus the coding error not yet delivered (none on the
+        first exchange, or where the layout changed)."""
+        residual = self.residual
+        if set(residual) != set(view) or any(residual[n].shape != view[n].shape for n in view):
+            residual = {}
+        return {n: t.detach().double() + (residual[n].double() if residual else 0.0) for n, t in view.items()}
 
     def _remember(self, message: Tensors) -> None:
         """Keep this round's message for catch-ups while the kept ones weigh less than the delivered state; none
