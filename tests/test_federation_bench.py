@@ -7,9 +7,10 @@ import pytest
 
 from trustformer.bench.federation_bench import gain_retained, mark_pareto, plan_runs
 from trustformer.bench.federation_plan import plan_download_runs
-from trustformer.bench.federation_run import curve
+from trustformer.bench.federation_run import curve, finished
 from trustformer.bench.federation_table import _bytes_to_target
 from trustformer.cli import main
+from trustformer.config import load_config
 
 
 def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
@@ -258,3 +259,23 @@ def test_tiny_download_rows_print_bytes_both_ways_and_draw_the_curves(tmp_path, 
     assert math.isnan(coded["mia_advantage"])  # --no-attacks
     assert rows["fedavg"]["bytes_to_target"] == rows["fedavg"]["total_bytes"]  # FedAvg reaches it in its last round
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_reuse_takes_a_run_measured_before_a_record_dp_default_changed_only_where_dp_is_off(tmp_path):
+    """``--reuse``: privacy.batch_size only changes record-level DP-SGD, so a FedAvg run measured at its old default
+    is taken; a record-DP run at another batch size, or a run of another protocol, is not."""
+
+    def stored(cfg, **privacy):
+        config = cfg.to_dict()
+        config["privacy"] = {**config["privacy"], **privacy}
+        (tmp_path / "bench.json").write_text(json.dumps({"config": config, "attacks": False}), encoding="utf-8")
+
+    fedavg = load_config("tiny", None, {"out": str(tmp_path), "federation.strategy": "fedavg"})
+    stored(fedavg, batch_size=0)
+    assert finished(fedavg, attacks=False) is not None
+    assert finished(load_config("tiny", None, {"out": str(tmp_path), "federation.strategy": "local"}), False) is None
+    record = load_config("tiny", None, {"out": str(tmp_path), "privacy.unit": "record", "privacy.delta": 1e-5})
+    stored(record, batch_size=0)
+    assert finished(record, attacks=False) is None
+    stored(record)
+    assert finished(record, attacks=False) is not None

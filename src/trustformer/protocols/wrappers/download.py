@@ -13,7 +13,8 @@ it holds none of the last round's coding error. The server keeps that error, ``e
 ``x_t = delivered_t + e_t`` then follows the uncoded update ``x_{t+1} = x_t + (w_{t+1} − delivered_t)``, and what
 the clients hold stays within one round's coding error of it, whatever the number of rounds (EF21-P, Gruntkowska
 et al. 2023, Alg. 1; DoubleSqueeze, Tang et al. 2019, Alg. 1). The codec is the upload's (``core/quantize.py``,
-per-row grids, stochastic rounding seeded from the run seed and the round).
+per-row grids) with rounding to nearest: the error feedback makes up for its bias, and its error is half the
+stochastic rounding's (on ``tiny``, 2-bit, 6 rounds: 0.12 from the uncoded model against 0.22).
 
 Layers inside see the decoded state as the round's aggregate (``aggregate_delivered``): the upload coding's
 reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ...core import quantize as q
-from ...core.shared import Tensors, derive_seed
+from ...core.shared import Tensors
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from . import coded_arrays
@@ -125,12 +126,14 @@ class CodedDownload(ProtocolWrapper):
         view, rest = self._view(aggregate, self.initial)
         reference = self.server_reference(view)
         exact = self.exact_model(view)
-        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "download", self.round))
         codes, grid = [], []
         for name, tensor in exact.items():
             target = tensor - (reference[name].double() if name in reference else 0.0)
             coded = q.quantize(
-                target.float(), self.bits, per_row=per_row(tensor.shape, self.scale), generator=generator
+                target.float(),
+                self.bits,
+                per_row=per_row(tensor.shape, self.scale),
+                generator=None,  # round to nearest (the residual makes up for the bias)
             )
             codes.append(coded.codes)
             grid.append(torch.stack([coded.offset, coded.scale], 1).reshape(-1))
