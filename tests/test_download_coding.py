@@ -161,6 +161,17 @@ def test_the_servers_residual_keeps_what_clients_hold_near_the_uncoded_model(tmp
     assert planted > 3 * honest, (honest, planted)
 
 
+@pytest.mark.parametrize(("memberships", "kept"), [("rotating", False), ("shared", True)])
+def test_the_residual_is_kept_only_where_a_coordinate_means_the_same_thing_every_round(tmp_path, memberships, kept):
+    """Trustformer's centroids regroup at every exchange unless memberships are shared: a residual carried to the
+    next round would land on another group, so the server keeps none there (and rounds stochastically)."""
+    values = {"federation.strategy": "trustformer", "trustformer.memberships": memberships}
+    cfg, _summary = run(tmp_path, memberships, **values, **{"federation.download_bits": 2, "federation.rounds": 2})
+    state = read_server_state(cfg.out, read_checkpoint(cfg.out))["protocol"]["state"]
+    assert bool(state["residual"]) is kept
+    assert not _some_client_differs(cfg)
+
+
 def test_the_download_bytes_are_the_coded_messages(tmp_path):
     _cfg, plain = run(tmp_path, "plain", **{"federation.rounds": 2})
     _cfg, coded = run(tmp_path, "coded", **{"federation.rounds": 2, "federation.download_bits": 2})
