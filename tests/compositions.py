@@ -41,6 +41,7 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
         "8-bit": {"federation.payload_bits": 8},
         "4-bit": {"federation.payload_bits": 4},
         "2-bit": {"federation.payload_bits": 2},
+        "2-bit nearest": {"federation.payload_bits": 2, "federation.payload_rounding": "nearest"},
     },
     "download": {"down 4-bit": {"federation.download_bits": 4}},
     "sampling": {"2 of 3": {"federation.clients_per_round": 2}},

@@ -35,6 +35,8 @@ class _Federation(Protocol):
     @property
     def payload_bits(self) -> int: ...
     @property
+    def payload_rounding(self) -> str: ...
+    @property
     def download_bits(self) -> int: ...
     @property
     def clients_per_round(self) -> int: ...
@@ -114,6 +116,11 @@ def _check_coding_and_sampling(fed: _Federation) -> None:
         raise ConfigError(
             f"federation.payload_bits = {fed.payload_bits} does not apply to federation.strategy "
             f"= {fed.strategy!r}: {_refusal(fed.strategy, 'coding')}; set 32"
+        )
+    if fed.payload_bits != 32 and fed.payload_rounding == "nearest" and _refusal(fed.strategy, "nearest_rounding"):
+        raise ConfigError(
+            f"federation.payload_rounding = 'nearest' does not apply to federation.strategy = {fed.strategy!r}: "
+            f"{_refusal(fed.strategy, 'nearest_rounding')}; set 'stochastic'"
         )
     if fed.download_bits != 32:
         spec = protocol_spec(fed.strategy)

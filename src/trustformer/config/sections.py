@@ -192,10 +192,13 @@ class FederationConfig:
     # payload coding: what a client uploads is the difference from what both ends already hold, uniformly
     # quantized to this many bits with error feedback (protocols/wrappers/coding.py); 32 = float32, no coding
     payload_bits: int = 32
+    # how coded uploads round: stochastic (unbiased, QSGD) | nearest (half the squared error; needs error
+    # feedback, which makes up for its bias: refused where the payload's coordinates change meaning every round)
+    payload_rounding: str = "stochastic"
     # download coding: the new global state each client receives, as a difference from the version it holds,
-    # quantized to this many bits; the server keeps the decoded copy every client holds and codes the next
-    # difference against it, so no coding error accumulates (error feedback on the server, EF21-P);
-    # 32 = float32, no coding (docs/protocols.md "Download coding")
+    # quantized to this many bits; the server keeps the decoded copy every client holds and adds the coding error
+    # not yet delivered to the next difference (error feedback on the server, EF21-P), so no coding error
+    # accumulates; 32 = float32, no coding (docs/protocols.md "Download coding")
     download_bits: int = 32
     payload_scale: str = "row"  # coded payloads: one grid per row (of 16 values or more) | tensor (one per tensor)
     # client sampling: this many clients, drawn anew each round from the run seed, train and exchange; 0 = every
@@ -232,6 +235,12 @@ class FederationConfig:
         _choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
         _choice("federation.download_bits", self.download_bits, (32, 16, 8, 4, 2))
         _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
+        _choice("federation.payload_rounding", self.payload_rounding, ("stochastic", "nearest"))
+        if self.payload_rounding == "nearest" and self.payload_bits == 32:
+            raise ConfigError(
+                "federation.payload_rounding = 'nearest' rounds coded uploads, and federation.payload_bits = 32 "
+                "codes none: set payload_bits to 16, 8, 4 or 2, or payload_rounding to 'stochastic'"
+            )
         _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
         if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
             raise ConfigError(

@@ -43,7 +43,8 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
     if cfg.federation.payload_bits != 32:
         from .wrappers.coding import CodedPayload
 
-        protocol = CodedPayload(protocol, cfg.federation.payload_bits, cfg.federation.payload_scale)
+        fed = cfg.federation
+        protocol = CodedPayload(protocol, fed.payload_bits, fed.payload_scale, fed.payload_rounding)
     if cfg.federation.download_bits != 32:
         from .wrappers.download import CodedDownload
 

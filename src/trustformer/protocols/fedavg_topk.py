@@ -62,8 +62,10 @@ class FedAvgTopK(FederatedProtocol):
         section=TopKConfig,
         renamed={"federation.topk_keep": "keep", "federation.topk_error_feedback": "error_feedback"},
         refuses={
+            "nearest_rounding": "the values it sends are other coordinates every round, so no coding error is fed "
+            "back on the coordinate it came from",
             "robust_rule": "each client sends the coordinates of its own choosing, so a coordinate-wise rule "
-            "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)"
+            "would mostly see zeros; keep 'mean' (its updates are still bounded by robust.bound)",
         },
     )
     # server, client sampling: the global model clients left out catch up to, and the round it is from

@@ -127,6 +127,13 @@ def check_config(cfg: RunConfig) -> None:
             f"lower trustformer.beta, or set trustformer.min_cluster_rows = 1 to let rows leave verbatim "
             f"(beta = 1 is then exactly FedAvg)"
         )
+    fed = cfg.federation
+    if fed.payload_bits != 32 and fed.payload_rounding == "nearest" and tf.memberships != "shared":
+        raise ConfigError(
+            f"federation.payload_rounding = 'nearest' needs error feedback to make up for its bias, and "
+            f"trustformer.memberships = {tf.memberships!r} regroups the rows at every exchange (no feedback is "
+            "kept): set trustformer.memberships = 'shared' or federation.payload_rounding = 'stochastic'"
+        )
     if cfg.federation.clients_per_round and tf.memberships in ("tracked", "focused"):
         raise ConfigError(
             f"federation.clients_per_round needs memberships every client can compute from the "

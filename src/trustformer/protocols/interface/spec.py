@@ -13,6 +13,8 @@ from typing import Any
 # The compositions a protocol may refuse (keys of ProtocolSpec.refuses), with the option each one is set by.
 COMPOSITIONS: dict[str, str] = {
     "coding": "federation.payload_bits",  # coded uploads (protocols/wrappers/coding.py)
+    # coded uploads rounded to nearest: biased, so it needs error feedback on coordinates that mean the same thing
+    "nearest_rounding": "federation.payload_rounding",
     "client_sampling": "federation.clients_per_round",
     "secure_aggregation": "secure.mode",  # pairwise-masked sums (secure/secagg.py)
     "defences": "robust.bound / robust.aggregator",  # an update bound, a robust rule (wrappers/robust.py)

@@ -3,7 +3,9 @@ the way the secure channel wraps the exchange — the protocols themselves are u
 
 A client codes what it uploads as the difference from what both ends already hold, uniformly quantized to
 b bits with stochastic rounding (``core/quantize.py``: QSGD's unbiased quantizer on a per-row or per-tensor
-grid; FedPAQ), and keeps the coding error for its next upload (error feedback, EF-SGD):
+grid; FedPAQ) or, with ``federation.payload_rounding = "nearest"``, to the nearest level (half the squared
+error; biased, so only where the feedback below makes up for it), and keeps the coding error for its next
+upload (error feedback, EF-SGD):
 
 - **what is coded**: the protocol's payload seen as named float tensors (``coding_view``: Trustformer's one flat
   array of centroids as one k×f matrix per layer; top-k's ``values``; anything else, e.g. top-k's indices,
@@ -23,8 +25,8 @@ grid; FedPAQ), and keeps the coding error for its next upload (error feedback, E
 
 The server decodes every payload (reference + dequantized difference) before the protocol's ``check_payload``
 and ``aggregate`` see it. Rounding draws come from the run seed (client, round): reproducible. Downloads are
-not coded. Secure aggregation cannot carry coded payloads (each client's grid is its own; ``config.py`` refuses
-the combination).
+coded by their own layer (``download.py``). Secure aggregation cannot carry coded payloads (each client's grid
+is its own; ``config.py`` refuses the combination).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
+from ...config import ConfigError
 from ...wire import TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from .base import ProtocolWrapper
@@ -52,9 +55,15 @@ class CodedPayload(ProtocolWrapper):
     # server: the layout (from expected_payload), the round, and its reference computed once per round
     scratch_attrs = ("initial", "view_spec", "rest_spec", "round", "_reference_round", "_round_reference")
 
-    def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
+    def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
-        self.bits, self.scale = bits, scale
+        if rounding == "nearest" and not inner.stable_payload_layout():
+            raise ConfigError(
+                "federation.payload_rounding = 'nearest' needs error feedback to make up for its bias, and this "
+                "protocol's payload coordinates change meaning every round (no feedback is kept): set "
+                "federation.payload_rounding = 'stochastic' (or, for Trustformer, trustformer.memberships = 'shared')"
+            )
+        self.bits, self.scale, self.rounding = bits, scale, rounding
         self.view_spec: dict[str, tuple[int, ...]] = {}  # server: the coded tensors' shapes, from the configuration
         self.rest_spec: TensorSpec = {}  # server: payload arrays that travel uncoded
         self.initial: Tensors = {}
@@ -92,7 +101,11 @@ class CodedPayload(ProtocolWrapper):
             held = {n[len(REFERENCE) :]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
             reference = self._default_reference(held or initial, shapes)
         state, feedback = session.protocol_state, self.inner.stable_payload_layout()
-        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "coding", session.client, session.round))
+        generator = None  # federation.payload_rounding = "nearest"
+        if self.rounding == "stochastic":
+            generator = torch.Generator().manual_seed(
+                derive_seed(self.cfg.seed, "coding", session.client, session.round)
+            )
         codes, grid = [], []
         for name, tensor in view.items():
             target = tensor.detach().double() - (reference[name].double() if name in reference else 0.0)
