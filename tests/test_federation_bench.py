@@ -6,11 +6,11 @@ import math
 import pytest
 
 from trustformer.bench.federation_bench import gain_retained, mark_pareto, plan_runs
-from trustformer.bench.federation_plan import plan_download_runs
+from trustformer.bench.federation_plan import plan_download_runs, plan_extra_rows
 from trustformer.bench.federation_run import curve, finished
 from trustformer.bench.federation_table import _bytes_to_target
 from trustformer.cli import main
-from trustformer.config import load_config
+from trustformer.config import ConfigError, load_config
 
 
 def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():
@@ -279,3 +279,13 @@ def test_reuse_takes_a_run_measured_before_a_record_dp_default_changed_only_wher
     assert finished(record, attacks=False) is None
     stored(record)
     assert finished(record, attacks=False) is not None
+
+
+def test_a_row_runs_with_every_seed_or_with_its_own():
+    both = plan_extra_rows(["fedprox: federation.strategy=fedprox"], [0, 1])
+    assert [r.seed for r in both] == [0, 1] and both[0].overrides == {"federation.strategy": "fedprox"}
+    once = plan_extra_rows(["fedprox: federation.strategy=fedprox seeds=1"], [0, 1])
+    assert [r.seed for r in once] == [1] and once[0].overrides == {"federation.strategy": "fedprox"}
+    for bad in ("seeds=2", "seeds=x", "seeds="):
+        with pytest.raises(ConfigError, match="must name some of --seeds"):
+            plan_extra_rows([f"fedprox: federation.strategy=fedprox {bad}"], [0, 1])

@@ -159,7 +159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="'LABEL: key=value ...'",
         help="add a row of any protocol, decided with every seed: its label, a colon, then its options "
         "as space-separated key=value (e.g. 'fedprox μ=0.1: federation.strategy=fedprox "
-        "fedprox.mu=0.1'); repeatable",
+        "fedprox.mu=0.1'); seeds=0 among them runs it with those of --seeds only; repeatable",
     )
     p.add_argument(
         "--no-default-setting",

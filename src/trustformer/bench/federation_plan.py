@@ -103,17 +103,28 @@ def plan_runs(
 
 
 def plan_extra_rows(rows: list[str], seeds: list[int]) -> list[BenchRun]:
-    """``--row 'LABEL: key=value ...'``: a row of any protocol and options, run with every seed."""
+    """``--row 'LABEL: key=value ...'``: a row of any protocol and options, run with every seed, or with those of
+    its own ``seeds=0,1`` (each one of ``--seeds``)."""
     plans = []
     for text in rows:
         label, sep, options = text.partition(":")
-        overrides = dict(parse_override(item) for item in options.split())
+        items = options.split()
+        own = [item.partition("=")[2] for item in items if item.startswith("seeds=")]
+        overrides = dict(parse_override(item) for item in items if not item.startswith("seeds="))
         if not sep or not label.strip() or not overrides:
             raise ConfigError(
                 f"--row {text!r}: expected 'LABEL: key=value ...', e.g. "
-                "'fedprox μ=0.1: federation.strategy=fedprox fedprox.mu=0.1'"
+                "'fedprox μ=0.1: federation.strategy=fedprox fedprox.mu=0.1' (seeds=0 runs it with seed 0 only)"
             )
-        plans += [BenchRun(label.strip(), overrides, seed) for seed in seeds]
+        row_seeds = seeds
+        if own:
+            try:
+                row_seeds = [int(x) for x in own[-1].split(",") if x.strip()]
+            except ValueError:
+                row_seeds = []
+            if not row_seeds or not set(row_seeds) <= set(seeds):
+                raise ConfigError(f"--row {text!r}: seeds={own[-1]} must name some of --seeds {seeds}")
+        plans += [BenchRun(label.strip(), overrides, seed) for seed in row_seeds]
     return plans
 
 
