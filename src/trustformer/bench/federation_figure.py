@@ -85,6 +85,7 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 FAMILIES = (  # (label prefix, colour map): one colour family per protocol, a shade per upload width
     ("public + fedavg lora r", "Greens"),
+    ("public-ui + fedavg lora r", "Purples"),  # the public start with the UI catalogs (train.public_source)
     ("public + trustformer", "YlOrBr"),
     ("public", "Greys"),
     ("trustformer", "Oranges"),
