@@ -159,7 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="'LABEL: key=value ...'",
         help="add a row of any protocol, decided with every seed: its label, a colon, then its options "
         "as space-separated key=value (e.g. 'fedprox μ=0.1: federation.strategy=fedprox "
-        "fedprox.mu=0.1'); seeds=0 among them runs it with those of --seeds only; repeatable",
+        "fedprox.mu=0.1'); seeds=0 among them runs it with those of --seeds only; a row with a planned "
+        "row's label replaces it; repeatable",
     )
     p.add_argument(
         "--no-default-setting",
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         dp=not args.no_dp,
         secagg=not args.no_secagg,
     )
-    runs += plan_extra_rows(args.row, seeds)
+    extra = plan_extra_rows(args.row, seeds)  # a --row with a planned row's label replaces it (its seeds too)
+    runs = [r for r in runs if r.label not in {e.label for e in extra}] + extra
     if cfg.train.init != "scratch":  # a --public-data file given: the from-scratch rows still start from scratch
         for run in runs:
             run.overrides = {**SCRATCH, **run.overrides}
