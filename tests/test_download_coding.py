@@ -140,7 +140,8 @@ class Aggregates(ProtocolObserver):
 def test_the_servers_residual_keeps_what_clients_hold_near_the_uncoded_model(tmp_path, monkeypatch):
     """2-bit downloads, 6 rounds: the server adds the coding error it has not delivered yet to the next difference
     (EF21-P), so the state the clients hold stays within about one round's coding error of the uncoded run's model.
-    The planted bug drops that residual: each round's error stays in the clients' model, and they add up."""
+    The planted bug drops that residual: each round's error stays in the clients' model, they add up, and the test
+    loss drifts from the uncoded run's with them."""
     rounds = {"federation.rounds": 6}
     with observe(Aggregates()) as aggregates:
         _cfg, plain = run(tmp_path, "plain", **rounds)
@@ -159,6 +160,8 @@ def test_the_servers_residual_keeps_what_clients_hold_near_the_uncoded_model(tmp
         f"{plain['test_loss'][0]:.4f} uncoded, {coded['test_loss'][0]:.4f}, {dropped['test_loss'][0]:.4f}"
     )
     assert planted > 3 * honest, (honest, planted)
+    loss_gap = abs(coded["test_loss"][0] - plain["test_loss"][0])
+    assert abs(dropped["test_loss"][0] - plain["test_loss"][0]) > 3 * loss_gap  # the loss drifts with it
 
 
 @pytest.mark.parametrize(("memberships", "kept"), [("rotating", False), ("shared", True)])
