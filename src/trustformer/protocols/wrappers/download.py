@@ -132,7 +132,7 @@ class CodedDownload(ProtocolWrapper):
         view, rest = self._view(aggregate, self.initial)
         reference = self.server_reference(view)
         feedback = self.inner.stable_payload_layout()
-        exact = self.exact_model(view) if feedback else {n: t.detach().double() for n, t in view.items()}
+        exact = self.exact_model(view)  # no residual is kept without feedback
         # round to nearest where the residual makes up for the bias, else unbiased (seeded) stochastic rounding
         generator = None
         if not feedback:
