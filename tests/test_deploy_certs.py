@@ -123,7 +123,7 @@ def test_cli_certs_and_clear_errors(tmp_path, capsys):
     )
     assert "client-9.key does not exist" in capsys.readouterr().err
     assert main(["deploy", "local", "--resume", str(tmp_path / "never-ran")]) == 1
-    assert "completed no round" in capsys.readouterr().err
+    assert "never-ran does not exist" in capsys.readouterr().err
 
 
 def test_client_trains_on_its_own_tsv_file(tmp_path):

@@ -48,3 +48,24 @@ def test_disk_store_failed_write_keeps_previous_state(tmp_path, monkeypatch):
         raise AssertionError("the write should have failed")
     assert store.load("c0").rounds_done == 2
     assert [p.name for p in (tmp_path / "c0").iterdir()] == ["state.pt"]
+
+
+def test_a_client_that_sat_out_a_round_keeps_the_snapshot_a_resent_round_starts_from(tmp_path):
+    """Client sampling: a client trains rounds 1 and 3, not 2. A server resumed from its round-2 checkpoint sends
+    round 3 again, whose ``train`` loads the latest snapshot at or before (2, end): round 1's, which saving
+    round 3's snapshots must not have dropped. Only older rounds go."""
+    from trustformer.runtime.store import ROUND_END, TRAINED
+
+    def state(value: float) -> ClientState:
+        return ClientState(model={"w": torch.tensor(value)}, optimizer={}, protocol={}, rounds_done=0)
+
+    for store in (MemoryStore(), DiskStore(tmp_path)):
+        for rnd in (1, 3, 4, 6):
+            store.save("c", state(float(rnd)), at=(rnd, TRAINED))
+            if rnd == 3:  # killed after it trained round 3, before it applied: the resent round starts from round 1
+                assert store.load("c", upto=(2, ROUND_END)).model["w"].item() == 1.5
+            store.save("c", state(float(rnd) + 0.5), at=(rnd, ROUND_END))
+            if rnd == 3:  # and after it applied round 3, the same
+                assert store.load("c", upto=(2, ROUND_END)).model["w"].item() == 1.5
+        assert store.points("c") == [(4, TRAINED), (4, ROUND_END), (6, TRAINED), (6, ROUND_END)]
+        assert store.load("c", upto=(5, ROUND_END)).model["w"].item() == 4.5

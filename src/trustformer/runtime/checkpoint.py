@@ -1,6 +1,6 @@
 """The server's round checkpoint, and resuming a stopped run from it.
 
-After every completed round the server writes the protocol's server state (``server_state()``: the
+Before round 1 and after every completed round the server writes the protocol's server state (``server_state()``: the
 ``state_attrs`` every protocol and wrapper declares, nested wrapper by wrapper, tensors included) to
 ``<out>/server-state-r<round>.pt``, and then replaces the manifest ``<out>/checkpoint.json`` (each written
 to a temporary file, synced and renamed): the round number, the run's resolved configuration, every
@@ -137,9 +137,13 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if not Path(run_dir).is_dir():
+            raise CheckpointError(
+                f"{run_dir} does not exist: resume takes the output folder (--out) of an interrupted run"
+            ) from None
         raise CheckpointError(
-            f"{path} does not exist: the run in {run_dir} completed no round "
-            "(or was not started with runtime.checkpoint = true); start it again"
+            f"{run_dir} holds no {CHECKPOINT_FILE}: it is not the folder of a run started with "
+            "runtime.checkpoint = true (a run writes one before its first round); start it again"
         ) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from None
@@ -256,6 +260,12 @@ class Checkpointer:
             reason=f"resumed after round {checkpoint.round} from {CHECKPOINT_FILE}",
         )
 
+    def start(self, clients: dict[int, int]) -> None:
+        """Before round 1 of a new run: the checkpoint of round 0 (the server's state after ``server_begin``), so
+        that a run killed in its first round resumes too. The declared-state check starts from round 1's."""
+        if self.enabled and not self.cfg.runtime.resume:
+            self._write(0, clients, time.perf_counter())
+
     def round_done(self, rnd: int, clients: dict[int, int]) -> None:
         """After round ``rnd`` completed: write the checkpoint (when ``runtime.checkpoint`` is on)."""
         now = time.perf_counter()
@@ -265,6 +275,9 @@ class Checkpointer:
         if not self.enabled:
             return
         self._check_declared_state()
+        self._write(rnd, clients, now)
+
+    def _write(self, rnd: int, clients: dict[int, int], now: float) -> None:
         lines = [
             json.loads(line)
             for line in self.recorder.metrics_path.read_text(encoding="utf-8").splitlines()

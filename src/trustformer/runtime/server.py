@@ -85,6 +85,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         f" · resumed after round {checkpoints.completed}" if cfg.runtime.resume else "",
     )
     link.setup(nodes.connected(), nodes.needed)  # the secure channel: every client attests the aggregator
+    checkpoints.start(nodes.clients)  # round 0: a run killed in round 1 resumes too
     rounds_run = checkpoints.completed
     for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
         io = RoundIO(server, rnd, nodes.connected(), exchange=protocol.spec.exchanges and rnd % fed.agg_every == 0)

@@ -9,9 +9,11 @@ Snapshots make a re-sent message idempotent. A client saves its state at a point
 end of its round, and a message loads the latest snapshot at or before the point it starts from:
 ``train`` of round r loads ``(r - 1, ROUND_END)``, ``train.apply`` of round r loads ``(r, TRAINED)``,
 the final ``evaluate`` loads ``(last round, ROUND_END)``. Saving a snapshot drops every later one (a
-re-run of round r replaces what a first attempt left) and every one older than the previous round,
-so a store keeps at most the last two rounds. A server resumed from its round-r checkpoint can
-therefore send round r + 1 again to clients that had already trained it, and they compute the same.
+re-run of round r replaces what a first attempt left) and every one older than the last earlier round the
+client took part in, so a store keeps at most two rounds: the current one and the one a re-sent ``train``
+starts from (which, for a client that sat out rounds, is older than the previous round). A server resumed
+from its round-r checkpoint can therefore send round r + 1 again to clients that had already trained it, and
+they compute the same.
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ def _check_point(at: Point) -> Point:
 
 
 def _kept(points: list[Point], saved: Point) -> list[Point]:
-    """The points that stay after saving ``saved``: none later, none older than the previous round."""
-    return [p for p in points if p <= saved and p[0] >= saved[0] - 1]
+    """The points that stay after saving ``saved``: none later, and of the earlier rounds only the last one the
+    client saved in. A server resumed from its checkpoint of round ``saved[0] - 1`` sends round ``saved[0]`` again,
+    and its ``train`` loads the latest snapshot at or before ``(saved[0] - 1, ROUND_END)``: for a client that sat
+    out that round (client sampling), a snapshot of an older round, which must still be there."""
+    earlier = [p[0] for p in points if p[0] < saved[0]]
+    since = max(earlier, default=saved[0])
+    return [p for p in points if p <= saved and p[0] >= since]
 
 
 class MemoryStore:
