@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def checkout(tmp_path):
     """scripts/test.sh and .ci/ copied into an empty folder whose .venv/bin holds this Python (a wrapper)
     and stand-in ``flwr``, ``ruff`` and ``mypy`` commands (the lint and type gate passes)."""
-    for rel in ("scripts/test.sh", ".ci/run", ".ci/check_skips.py", ".ci/allowed-skips"):
+    for rel in ("scripts/test.sh", ".ci/run", ".ci/check_skips.py", ".ci/allowed-skips", "pyproject.toml"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, tmp_path / rel)
     bin_dir = tmp_path / ".venv" / "bin"
@@ -76,6 +76,28 @@ def test_ci_fails_when_a_test_fails_or_nothing_is_collected(checkout):
     (checkout / "tests" / "test_bad.py").write_text("# no tests here\n", encoding="utf-8")
     done = run(checkout, ".ci/run", "tests")
     assert done.returncode == 1 and "exit code 5" in done.stderr
+
+
+def test_the_readme_command_leaves_the_slow_tier_to_ci_which_runs_both(checkout):
+    (checkout / "tests" / "test_tiers.py").write_text(
+        "import pytest\n"
+        "def test_fast():\n    open('ran-fast', 'w').close()\n"
+        "@pytest.mark.slow\n"
+        "def test_slow():\n    open('ran-slow', 'w').close()\n",
+        encoding="utf-8",
+    )
+    done = run(checkout, "scripts/test.sh", "tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (checkout / "ran-fast").exists() and not (checkout / "ran-slow").exists()
+    (checkout / "ran-fast").unlink()
+    done = run(checkout, ".ci/run", "tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (checkout / "ran-fast").exists() and (checkout / "ran-slow").exists()
+    (checkout / "tests" / "test_tiers.py").write_text(
+        "import pytest\ndef test_fast():\n    pass\n@pytest.mark.slow\ndef test_slow():\n    assert False\n",
+        encoding="utf-8",
+    )
+    assert run(checkout, ".ci/run", "tests").returncode == 1  # a failure in the slow tier fails CI
 
 
 @pytest.mark.parametrize("tool", ["ruff", "mypy"])

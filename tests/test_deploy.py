@@ -159,6 +159,7 @@ def test_unregistered_client_is_refused(federation):
     assert len(nodes) == 3  # only the registered keys
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     fed = federation
     # each message starts a fresh ClientApp process: 20-45 s on 2 shared cores, so a 45 s wait dropped
@@ -202,6 +203,7 @@ def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     assert summary["client_ids"] == [0, 1, 2]
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_server_killed_after_round_1_resumes_to_the_same_result(federation, tmp_path):
     fed = federation
     cfg = tiny(tmp_path / "resumed", **{"federation.strategy": "trustformer"})

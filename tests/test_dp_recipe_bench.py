@@ -29,6 +29,7 @@ def test_each_lever_is_its_options_and_the_rows_share_the_baseline():
     assert "model.lora_train=b" in rows[1] and "privacy.adam_correction=true" in rows[2]
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_a_tiny_sweep_prints_the_gap_closed_per_lever(tmp_path, capsys):
     out = tmp_path / "sweep.json"
     code = main(

@@ -70,6 +70,7 @@ def test_the_pareto_front_calls_differences_below_the_seed_spread_ties():
     assert rows[2]["front_by"] == ["b", "d", "e"] and rows[4]["front_by"] == ["b"]
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_tiny_benchmark_prints_writes_and_draws_the_frontier(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(
@@ -211,6 +212,7 @@ def test_the_curve_counts_both_ways_and_bytes_to_target_is_the_first_round_past_
     assert slow["bytes_to_target_per_seed"] == [None] and math.isnan(slow["bytes_to_target"])
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_tiny_download_rows_print_bytes_both_ways_and_draw_the_curves(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(

@@ -76,6 +76,7 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_tiny_reproduction_writes_tables_2_to_4_and_fig6(tmp_path, progress_log, capsys):
     out = tmp_path / "results"
     assert main(["reproduce", "--paper", "fedpc", "--preset", "tiny", "--out", str(out), "--quiet"]) == 0

@@ -308,6 +308,7 @@ def test_the_bound_covers_coded_sparse_and_sealed_payloads(tmp_path, variant):
     assert defended < undefended - 0.5, (defended, undefended)
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
     from trustformer.bench.robustness_bench import main, malicious_clients
 

@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from trustformer.bench.scale_bench import main, tree_rss_mb
 
 
@@ -10,6 +12,7 @@ def test_tree_memory_counts_this_process():
     assert tree_rss_mb(os.getpid()) > 10
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_scale_bench_measures_each_size_in_a_process_of_its_own(tmp_path, capsys):
     out = tmp_path / "scale.json"
     assert (

@@ -69,6 +69,7 @@ def test_simulation_settings_are_checked_at_load(tmp_path):
     }
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_secure_aggregation_on_the_simulation_engine_gives_the_in_process_numbers(tmp_path):
     values = {"federation.strategy": "fedavg", "secure.mode": "secagg"}
     a = run(tiny(tmp_path, "inprocess", **values))
@@ -79,6 +80,7 @@ def test_secure_aggregation_on_the_simulation_engine_gives_the_in_process_number
     assert b["secure"]["secagg"]["measured_max_error"] is None
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path):
     from test_checkpoint import Crash, _crash_at  # the same crash as the checkpoint tests
 
@@ -95,6 +97,7 @@ def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path)
     assert resumed["test_loss"] == full["test_loss"] and resumed["resumed_after_rounds"] == [1]
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_a_poisoning_client_on_the_simulation_engine_is_refused_as_in_process(tmp_path):
     """Poisoning faults are the client's own doing, so they run on the Simulation Engine too, and the server's
     bound refuses the scaled update there exactly as in process."""
