@@ -108,3 +108,73 @@ def test_a_second_run_into_a_finished_runs_folder_is_refused_and_the_first_is_ke
     assert "holds an interrupted run" in capsys.readouterr().err
     assert main(["run", "--rounds", "2", "--overwrite", *quick]) == 0
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+
+
+def test_version_prints_the_installed_version(capsys):
+    import pytest
+
+    from trustformer import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"trustformer {__version__}\n"
+
+
+def test_out_at_or_under_a_file_is_a_configuration_error_naming_it_before_any_data_loads(tmp_path, capsys, monkeypatch):
+    import trustformer.engine
+
+    def no_run(cfg):
+        raise AssertionError("the run (and its data) started before --out was checked")
+
+    monkeypatch.setattr(trustformer.engine, "run", no_run)
+    plain = tmp_path / "somefile"
+    plain.write_text("not a folder\n")
+    for out, says in ((plain / "run", f"lies under {plain}, which is a file"), (plain, f"{plain} is a file")):
+        for extra in ([], ["--overwrite"]):
+            assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(out), *extra]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("trustformer: configuration error: --out (out):") and says in err, err
+            assert "Traceback" not in err
+    assert plain.read_text() == "not a folder\n"
+
+
+def _interrupted_run(folder, store):
+    from trustformer.runtime.checkpoint import Checkpoint, write_checkpoint
+
+    folder.mkdir()
+    cfg = load_config("tiny", None, {"out": str(folder), "runtime.store": store})
+    write_checkpoint(folder, Checkpoint(round=1, config=cfg.to_dict(), lines=[]))
+
+
+def test_an_interrupted_run_kept_in_memory_is_not_offered_resume(tmp_path, capsys):
+    memory, disk = tmp_path / "memory", tmp_path / "disk"
+    _interrupted_run(memory, "memory")
+    _interrupted_run(disk, "disk")
+    assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(memory)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be resumed" in err and "runtime.store = memory" in err and "--resume" not in err
+    assert "--out DIR" in err and "--overwrite" in err
+    assert main(["run", "--preset", "tiny", "--rounds", "1", "--out", str(disk)]) == 2
+    assert f"trustformer run --resume {disk}" in capsys.readouterr().err
+
+
+def test_a_deprecated_key_is_one_warning_line_without_python_source(capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["config", "--preset", "tiny", "--set", "federation.topk_keep=0.25"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "trustformer: warning: federation.topk_keep is deprecated and will be removed in the next release: "
+        "use fedavg-topk.keep\n"
+    )
+
+
+def test_a_deprecated_key_warns_at_the_callers_line():
+    import pytest
+
+    with pytest.warns(FutureWarning, match="federation.topk_keep is deprecated") as caught:
+        load_config("tiny", None, {"federation.topk_keep": 0.25})
+    assert [w.filename for w in caught] == [__file__]

@@ -81,3 +81,33 @@ def test_the_readme_is_short_and_names_the_two_commands():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 260
     assert "bash scripts/demo.sh" in text and "bash scripts/test.sh" in text
+
+
+def test_the_readmes_public_start_figures_are_the_measurements_they_name():
+    """The README quotes two pretrainings of the split's public model and the UI-catalog model on two scales: each
+    figure is the committed measurement (docs/bench/*.json) it says it is."""
+    import json
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+
+    def rows(name):
+        return json.loads((ROOT / "docs" / "bench" / name).read_text(encoding="utf-8"))["rows"]
+
+    def run(name, label):
+        return next(r for r in rows(name) if r.get("run") == label)
+
+    def alone(name):  # bench finetune: the public model before any fine-tuning
+        return next(r for r in rows(name) if r["start"] == "public" and r["epochs"] == 0)
+
+    bench = run("public.json", "public model")  # trustformer bench federation --public
+    assert f"BLEU {bench['bleu']:.1f}, test loss {bench['loss']:.3f}" in text
+    dp = alone("finetune-e8-bleu.json")  # the DP benchmarks' pretraining of the same split
+    assert f"separate pretraining of it: {dp['test_loss']:.3f}, BLEU {dp['test_bleu']:.1f}" in text
+    ui = alone("finetune-ui-dedup-e8.json")["test_loss"]
+    scratch = [run("dp-recipe-ui-attacked.json", r)["loss"] for r in ("local", "fedavg")]
+    public = [run("dp-recipe-ui-e8.json", r)["loss"] for r in ("public + local", "public + fedavg")]
+    gain, gap = (scratch[0] - ui) / (scratch[0] - scratch[1]), (public[0] - ui) / (public[0] - public[1])
+    assert f"gain {gain:.2f} on the from-scratch scale" in text and f"closes {gap:.2f} of the gap" in text
+    alone_own = run("dp-recipe-ui-e8.json", "public + local")["own_loss"]
+    eps1_own = run("dp-recipe-ui-attacked.json", "public-ui + lora r16 dp ε=1")["own_loss"]
+    assert eps1_own > alone_own and "only after that fine-tuning (ε = 1 before it: " in text

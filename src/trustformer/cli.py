@@ -6,10 +6,12 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from typing import Any
 
 from .cli_options import (
     add_config_options,
+    check_out_folder,
     float_list,
     int_list,
     interrupted_advice,
@@ -50,6 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
     from .runtime.node import keeps_state_on_disk
 
+    check_out_folder(cfg.out)  # before any data loads
     if not cfg.runtime.resume and not args.overwrite:
         refuse_existing_run(cfg.out)
 
@@ -389,9 +392,23 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (TrustformerError, FileNotFoundError, UnicodeDecodeError)
 
 
+def version() -> str:
+    """The installed distribution's version (``pip show trustformer``), else the package's ``__version__`` (a
+    source tree on ``sys.path`` without an installed distribution)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("trustformer")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def command_of(argv: list[str]) -> str | None:
     """The subcommand of a command line (None: none, e.g. ``--help``): its first word (the top-level parser
-    has no option but ``--help``)."""
+    has no option but ``--help`` and ``--version``)."""
     return argv[0] if argv and not argv[0].startswith("-") else None
 
 
@@ -403,6 +420,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="trustformer",
         description="Privacy-preserving, communication-efficient federated training of Transformers.",
     )
+    parser.add_argument("--version", action="version", version=f"trustformer {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     c = sub.add_parser("config", help="print the resolved configuration as TOML (a starting --config file)")
@@ -436,13 +454,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(shown: Any) -> Any:
+    """``warnings.showwarning`` for the command's duration: a deprecated configuration key is reported as one line,
+    its message, like the command's errors (Python's format adds the file, line and source of the call, which is
+    the command's own); every other warning as before."""
+    from .config.run import ConfigDeprecationWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigDeprecationWarning):
+            print(f"trustformer: warning: {message}", file=sys.stderr)
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(command_of(argv)).parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # restores the previous showwarning on the way out
+            warnings.showwarning = _show_warning(warnings.showwarning)
+            return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"trustformer: configuration error: {exc}", file=sys.stderr)
         return 2

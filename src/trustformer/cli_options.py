@@ -8,10 +8,12 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
+from .config.run import ConfigDeprecationWarning
 
 # options of add_config_options that --resume replaces with the checkpointed run's configuration
 RUN_OPTIONS = (
@@ -98,11 +100,16 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(preset, args.config, overrides)
     if not cfg.out:
         task = "" if cfg.task == "translation" else f"{cfg.task}-"
-        cfg = load_config(
-            preset,
-            args.config,
-            {**overrides, "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}")},
-        )
+        with warnings.catch_warnings():  # the same keys again: their deprecation was reported once above
+            warnings.simplefilter("ignore", ConfigDeprecationWarning)
+            cfg = load_config(
+                preset,
+                args.config,
+                {
+                    **overrides,
+                    "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}"),
+                },
+            )
     return cfg
 
 
@@ -141,9 +148,27 @@ def setup_logging(*, quiet: bool) -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
+def check_out_folder(out: str) -> None:
+    """The output folder (``--out``, the configuration's ``out``) must be a folder or a path that can become one:
+    a regular file at it or at any folder above it would stop the run only when it first writes there, after the
+    data has loaded, with a bare ``FileExistsError`` / ``NotADirectoryError``. Refuse it at once, naming it."""
+    folder = Path(out)
+    for path in (folder, *folder.parents):
+        if path.is_dir():
+            return
+        if path.exists() or path.is_symlink():
+            what = "a file, not a folder" if path.is_file() else "not a folder"
+            if path == folder:
+                problem = f"{folder} is {what} (a run writes its outputs into a folder)"
+            else:
+                problem = f"{folder} lies under {path}, which is {what}, so it cannot be created"
+            raise ConfigError(f"--out (out): {problem}; choose another folder with --out DIR")
+
+
 def refuse_existing_run(out: str) -> None:
     """A new run into a folder that holds a run (finished, or checkpointed and interrupted) would replace its
-    summary, metrics and model without a word: refuse, naming the options that say what to do."""
+    summary, metrics and model without a word: refuse, naming the options that say what to do (``--resume``
+    only for an interrupted run that can be resumed: :func:`why_not_resumable`)."""
     folder = Path(out)
     summary, checkpoint = folder / "summary.json", folder / "checkpoint.json"
     if summary.exists():
@@ -152,10 +177,36 @@ def refuse_existing_run(out: str) -> None:
             "--out DIR, or pass --overwrite to replace it"
         )
     if checkpoint.exists():
+        reason = why_not_resumable(folder)
+        if reason:
+            raise ConfigError(
+                f"{folder} holds an interrupted run ({checkpoint.name}) that cannot be resumed: {reason}; choose "
+                "another folder with --out DIR, or pass --overwrite to replace it"
+            )
         raise ConfigError(
             f"{folder} holds an interrupted run ({checkpoint.name}): continue it with 'trustformer run --resume "
             f"{folder}', choose another folder with --out DIR, or pass --overwrite to replace it"
         )
+
+
+def why_not_resumable(folder: str | Path) -> str | None:
+    """Why the interrupted run checkpointed in ``folder`` cannot be continued in one process (``trustformer run
+    --resume``), read from its checkpoint's recorded configuration; None when it can."""
+    from .runtime.checkpoint import CheckpointError, resume_config
+    from .runtime.node import keeps_state_on_disk
+
+    try:
+        cfg = resume_config(folder)
+    except (CheckpointError, ConfigError) as exc:
+        return f"its checkpoint cannot be read back ({exc})"
+    if not keeps_state_on_disk(cfg):
+        store = cfg.runtime.store
+        chosen = "" if store == "memory" else ", which chose memory for it (runtime.memory_budget_mb)"
+        return (
+            f"its clients kept their state in memory (runtime.store = {store}{chosen}), which ended with it "
+            "(--set runtime.store=disk makes a run resumable)"
+        )
+    return None
 
 
 def interrupted_advice(cfg: Any) -> str:
@@ -198,6 +249,7 @@ def str_list(text: str) -> tuple[str, ...]:
 __all__ = [
     "RUN_OPTIONS",
     "add_config_options",
+    "check_out_folder",
     "float_list",
     "int_list",
     "str_list",
@@ -206,4 +258,5 @@ __all__ = [
     "resolve_config",
     "run_config",
     "setup_logging",
+    "why_not_resumable",
 ]

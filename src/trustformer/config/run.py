@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 import json
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import FrameType
 from typing import Any, Mapping
 
 from ..registry import PROTOCOLS, protocol_spec, protocol_specs
@@ -193,6 +196,22 @@ class RunConfig:
         return build_run(json.loads(text)).validate()
 
 
+class ConfigDeprecationWarning(FutureWarning):
+    """A deprecated configuration key was read (it still works, for one release). A FutureWarning, so shown by
+    default; issued at the first caller outside trustformer, and the command line prints only its message."""
+
+
+def _caller_outside_package() -> int:
+    """The ``stacklevel`` of ``warnings.warn``, called by this function's caller, that names the first frame
+    outside the trustformer package: the user's call of :func:`load_config` (or the like), not a line of ours."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def deprecated_keys() -> dict[str, tuple[str, str]]:
     """Keys that moved to a protocol's own section (each spec's ``renamed``): old key -> (section, new key). They are
     still read for one release, with a message naming the new key."""
@@ -215,8 +234,8 @@ def _moved_keys(values: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{old} and {section}.{key} are both set: keep {section}.{key} ({old} is deprecated)")
         warnings.warn(
             f"{old} is deprecated and will be removed in the next release: use {section}.{key}",
-            FutureWarning,
-            stacklevel=4,
+            ConfigDeprecationWarning,
+            stacklevel=_caller_outside_package(),
         )
         target[key] = value
     return out
