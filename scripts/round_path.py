@@ -29,7 +29,7 @@ def prof(frame, event, arg):
         calls[(os.path.relpath(f, ROOT), frame.f_code.co_name)] += 1
 
 
-import trustformer.metrics as m
+import trustformer.recording.recorder as m
 
 orig = m.RunRecorder.round_done
 

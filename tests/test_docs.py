@@ -10,7 +10,7 @@ import pytest
 
 from trustformer.bench import federation_bench, scale_bench
 from trustformer.cli import build_parser
-from trustformer.config_reference import reference
+from trustformer.config.reference import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

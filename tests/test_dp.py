@@ -145,7 +145,7 @@ def _dp_run(tmp_path, name, **overrides):
 def test_two_runs_with_the_same_seed_draw_different_noise_that_no_client_can_recompute(tmp_path):
     """The run seed travels to every client: noise derived from it could be regenerated and removed,
     giving away the sum of the other clients' updates. By default it comes from the OS's randomness."""
-    from trustformer.workload import derive_seed
+    from trustformer.tasks.translation_workload import derive_seed
 
     first, seen1 = _dp_run(tmp_path, "a")
     second, seen2 = _dp_run(tmp_path, "b")

@@ -15,7 +15,7 @@ from trustformer.core.dp import geometric_clip_update, noise_generator, update_n
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import get_protocol
 from trustformer.runtime.checkpoint import read_checkpoint, read_server_state, resume_config
-from trustformer.workload import derive_seed
+from trustformer.tasks.translation_workload import derive_seed
 
 ADAPTIVE = {"federation.strategy": "dp-fedavg", "privacy.clipping": "adaptive", "privacy.on_exceed": "continue"}
 

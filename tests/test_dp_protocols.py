@@ -11,7 +11,7 @@ from trustformer.config import load_config
 from trustformer.core.accounting import epsilon_after, solve_noise_multiplier
 from trustformer.core.dp import keep_count
 from trustformer.engine.inprocess import run_in_process
-from trustformer.workload import initial_model, load_workload
+from trustformer.tasks.translation_workload import initial_model, load_workload
 
 
 def tiny(tmp_path, name, **overrides):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trustformer import export as ex
-from trustformer import model_commands as mc
+from trustformer.export import commands as mc
 from trustformer.data.tokenizer import HFTokenizer, train_sentencepiece
 from trustformer.evaluation.translation import translate
 from trustformer.models.fixup_resnet import FixupConfig, FixupResNet

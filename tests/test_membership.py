@@ -70,7 +70,7 @@ def test_a_server_that_receives_nothing_learns_nothing(overfit):
 
 
 def test_translation_needs_held_out_pairs_of_the_clients_domains(tmp_path):
-    from trustformer.workload import DataError
+    from trustformer.tasks.translation_workload import DataError
 
     with pytest.raises(DataError, match="data.own_test_size"):
         run_membership(tiny(tmp_path, "x", **{"data.own_test_size": 0}), candidates=5)

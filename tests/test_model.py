@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from trustformer.models import transformer as tr
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
-from trustformer.optim import build_optimizer
+from trustformer.tasks.optim import build_optimizer
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
-from trustformer.optim import build_optimizer, lr_at, optimizer_steps, split_decay
+from trustformer.tasks.optim import build_optimizer, lr_at, optimizer_steps, split_decay
 
 
 def tiny_model() -> Seq2SeqTransformer:
@@ -99,7 +99,13 @@ def test_local_training_follows_the_schedule_across_rounds_and_a_state_reload():
     also after the optimizer state went through a save and load (what the state store and resume do)."""
     from trustformer.config import load_config
     from trustformer.data.batching import encode_pairs
-    from trustformer.workload import initial_model, load_workload, new_optimizer, planned_steps, train_local
+    from trustformer.tasks.translation_workload import (
+        initial_model,
+        load_workload,
+        new_optimizer,
+        planned_steps,
+        train_local,
+    )
 
     cfg = load_config(
         "tiny", None, {"train.warmup_steps": 3, "train.lr": 0.01, "federation.rounds": 3, "train.batch_tokens": 200}
@@ -123,7 +129,7 @@ def test_local_training_follows_the_schedule_across_rounds_and_a_state_reload():
 
 def test_device_from_config():
     from trustformer.config import ConfigError, load_config
-    from trustformer.workload import device_of
+    from trustformer.tasks.translation_workload import device_of
 
     assert device_of(load_config("tiny", None, {"runtime.device": "cpu"})).type == "cpu"
     auto = device_of(load_config("tiny"))

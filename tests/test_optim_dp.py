@@ -5,7 +5,7 @@ import torch
 
 from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
-from trustformer.optim import AdamWBiasCorrected, build_optimizer
+from trustformer.tasks.optim import AdamWBiasCorrected, build_optimizer
 
 
 def _pair(seed: int = 0):

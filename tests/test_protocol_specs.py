@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 ESTIMATORS = ("model", "update", "centroids", "none", None)
 # Layers that compose experiments out of named protocols (the papers' grids, their tables and figures): they may
 # name protocols. Everything else (config, attack, runtime, engine, deploy, secure, tasks, core, ...) may not.
-EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce.py", "reproduce_fedpc.py", "registry.py", "cli.py")
+EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce/", "registry.py", "cli.py")
 
 
 def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
@@ -177,7 +177,7 @@ OTHER_MEANINGS = {
         "runtime/server.py",
         "runtime/client.py",
         "cli_options.py",
-        "tracking.py",
+        "recording/tracking.py",
         "deploy/fab.py",
         "deploy/launch.py",
         "data/corpus.py",

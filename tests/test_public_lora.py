@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trustformer import workload as wl
+from trustformer.tasks import translation_workload as wl
 from trustformer.app import client_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config

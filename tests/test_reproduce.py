@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from trustformer import config as config_module
-from trustformer import reproduce as rep
+from trustformer.reproduce import grid as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
@@ -62,7 +62,7 @@ def test_unknown_strategy_is_refused():
 @pytest.fixture
 def progress_log(caplog):
     """The grid's progress lines (the CLI's logging setup stops 'trustformer' records at its own handler)."""
-    logger = logging.getLogger("trustformer.reproduce")
+    logger = logging.getLogger("trustformer.reproduce.grid")
     logger.addHandler(caplog.handler)
     level = logger.level
     logger.setLevel(logging.INFO)

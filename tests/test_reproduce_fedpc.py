@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from trustformer import reproduce_fedpc as rep
+from trustformer.reproduce import fedpc as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.report import paper_fedpc
@@ -62,7 +62,7 @@ def test_plan_refuses_an_unknown_strategy():
 
 @pytest.fixture
 def progress_log(caplog):
-    logger = logging.getLogger("trustformer.reproduce")
+    logger = logging.getLogger("trustformer.reproduce.grid")
     logger.addHandler(caplog.handler)
     level = logger.level
     logger.setLevel(logging.INFO)

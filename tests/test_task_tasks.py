@@ -36,7 +36,7 @@ def test_image_task_satisfies_protocol_and_describes_itself(digits):
 
 
 def test_derive_seed_matches_the_translation_workload():
-    from trustformer.workload import derive_seed as workload_seed
+    from trustformer.tasks.translation_workload import derive_seed as workload_seed
 
     assert derive_seed(0, "model-init") == workload_seed(0, "model-init")
 

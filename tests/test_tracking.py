@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trustformer.tracking import TRACKERS, Tracker, final_scalars, flatten, mlflow_uri
+from trustformer.recording.tracking import TRACKERS, Tracker, final_scalars, flatten, mlflow_uri
 
 CONFIG = {
     "seed": 0,

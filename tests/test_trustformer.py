@@ -29,7 +29,7 @@ def tiny(tmp_path, name, **overrides):
 
 
 def initial(cfg):
-    from trustformer.workload import initial_model, load_workload
+    from trustformer.tasks.translation_workload import initial_model, load_workload
 
     return {n: p.detach() for n, p in initial_model(cfg, load_workload(cfg)).named_parameters()}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trustformer import workload as wl
+from trustformer.tasks import translation_workload as wl
 from trustformer.config import ConfigError, load_config
 from trustformer.data import ui_catalogs
 from trustformer.tasks import public as pub

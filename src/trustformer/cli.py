@@ -104,7 +104,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     import tomli_w
 
     if args.reference:
-        from .config_reference import reference
+        from .config.reference import reference
 
         print(reference(), end="")
         return 0
@@ -166,8 +166,8 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
         "FedAvg, Phong and FedPC for N workers on image classification and segmentation, class-stratified "
         "imbalanced and Dirichlet splits, FedPC's Tables 2–4 and Figure 6 (bytes per epoch against Eq. 8).",
     )
-    from .reproduce import PAPERS
-    from .reproduce_fedpc import FEDPC_PARTITIONS, FEDPC_TASKS
+    from .reproduce.grid import PAPERS
+    from .reproduce.fedpc import FEDPC_PARTITIONS, FEDPC_TASKS
 
     p.add_argument(
         "--paper", choices=PAPERS, default="trustformer", help="which paper's grid and report (default: trustformer)"
@@ -239,14 +239,14 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from . import reproduce as rep
+    from .reproduce import grid as rep
 
     setup_logging(quiet=False)
     if args.quiet:
         for name in (
             "trustformer.app",
-            "trustformer.metrics",
-            "trustformer.workload",
+            "trustformer.recording.recorder",
+            "trustformer.tasks.translation_workload",
             "trustformer.runtime",
             "trustformer.protocols",
             "trustformer.tasks",
@@ -307,8 +307,8 @@ def _reproduce_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _reproduce_fedpc(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from . import reproduce as rep
-    from . import reproduce_fedpc as fedpc
+    from .reproduce import grid as rep
+    from .reproduce import fedpc
 
     for option in ("betas", "agg_every", "agg_betas", "agg_strategies", "epochs"):
         if getattr(args, option) is not None:
@@ -440,7 +440,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _reproduce_parser(sub)
     _report_parser(sub)
     from .attack.cli import add_attack_parser
-    from .model_commands import add_predict_parser, add_translate_parser
+    from .export.commands import add_predict_parser, add_translate_parser
 
     add_attack_parser(sub)
     add_translate_parser(sub)

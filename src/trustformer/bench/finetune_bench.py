@@ -60,7 +60,7 @@ def starting_models(run: Path, cfg: Any, public: bool) -> dict[str, torch.nn.Mod
     from ..export import load_translation_model
     from ..export.run_folders import find_models
     from ..tasks.public import cached_state
-    from ..workload import initial_model, load_workload
+    from ..tasks.translation_workload import initial_model, load_workload
 
     loaded: dict[Path, torch.nn.Module] = {}  # owners holding the same model share its folder: load it once
     starts: dict[str, torch.nn.Module] = {}

@@ -115,7 +115,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The local training recipe (``optim.py``). Defaults measured on ``small`` (docs/data.md "Training
+    """The local training recipe (``tasks/optim.py``). Defaults measured on ``small`` (docs/data.md "Training
     recipe"); the ``paper`` preset keeps Table II literally (Adam, coupled decay 0.01, constant lr)."""
 
     optimizer: str = "adamw"  # adamw: decoupled decay on weight matrices only | adam: coupled L2 on all

@@ -1,6 +1,6 @@
 """Trained models as self-contained folders: the format, its fingerprint, saving and loading.
 
-The ``trustformer translate`` / ``predict`` commands that use these folders are in ``model_commands.py``, and
+The ``trustformer translate`` / ``predict`` commands that use these folders are in ``commands.py``, and
 their image decoding is in ``image_files.py``.
 
 After a federated run each distinct final model is written to the run folder, so a user can use it

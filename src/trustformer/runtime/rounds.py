@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 from ..errors import TrustformerError
 from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
-from ..metrics import RunRecorder
+from ..recording.recorder import RunRecorder
 from ..protocols.interface.base import FederatedProtocol
 from ..wire import (
     APPLY,

@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import RunConfig
-from ..metrics import RunRecorder
+from ..recording.recorder import RunRecorder
 from ..protocols import get_protocol
 from ..registry import protocol_spec
 from ..secure.channel import secure_link
@@ -235,7 +235,7 @@ def open_tracker(cfg: RunConfig):
     """The experiment trackers of ``runtime.log`` (None: none asked for)."""
     if not cfg.runtime.log:
         return None
-    from ..tracking import Tracker
+    from ..recording.tracking import Tracker
 
     return Tracker(cfg.out, cfg.runtime.log, cfg.to_dict(), run_name=Path(cfg.out).name)
 

@@ -42,7 +42,7 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from ..config import RunConfig
-from ..metrics import RunRecorder
+from ..recording.recorder import RunRecorder
 from ..wire import PAYLOAD, TRAIN, Delivery, Link, PayloadError, TensorSpec, payload_bytes, to_array_record
 from . import channel_messages as messages
 from .channel_attest import attest, start_tee

@@ -1,7 +1,7 @@
 """The learning tasks: translation, image classification and segmentation (FedPC's experiments).
 
 - :mod:`.run`: the task of a run (``config.task``) as the round loop uses it;
-- :mod:`.translation`: translation (``workload.py``) behind that interface;
+- :mod:`.translation`: translation (``translation_workload.py``) behind that interface;
 - :mod:`.base`: the ``Task`` protocol the image tasks implement and their shared training loop;
 - :mod:`.image_data`, :mod:`.seg_data`: offline data (Fashion-MNIST, digits, CIFAR-10; MRI brain
   extraction, LGG);

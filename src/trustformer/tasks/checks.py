@@ -16,7 +16,7 @@ def check_metrics(cfg: RunConfig) -> None:
     if cfg.task != "translation":
         return
     if cfg.eval.meteor:
-        from ..workload import cache_dir
+        from .translation_workload import cache_dir
         from ..evaluation.meteor import wordnet_folder
 
         wordnet_folder(cache_dir(cfg))

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .. import workload as wl
+from . import translation_workload as wl
 from ..config import RunConfig, TrainConfig, load_config
 from ..core.shared import derive_seed
 from ..data.batching import encode_pairs

@@ -27,7 +27,7 @@ from ..core.dp import noise_generator, os_seed
 from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, epsilon_spent, sample_rate
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
-from ..optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
+from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
 
 AUDITED_CLIENT = 0  # privacy.audit_canaries: the client whose data holds the canaries
 

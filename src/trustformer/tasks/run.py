@@ -6,7 +6,7 @@ union, for centralized training) and a description of it, the identical initial 
 SAM, replaces the plain one), the loss on the shared test set, and the final metrics. The protocols
 never see a task: they only move the model's tensors.
 
-- ``translation``: :class:`~trustformer.tasks.translation.TranslationTask` (``workload.py``);
+- ``translation``: :class:`~trustformer.tasks.translation.TranslationTask` (``translation_workload.py``);
 - ``image-classification`` / ``segmentation``: :class:`ImageRunTask` around the
   :class:`~trustformer.tasks.base.Task` of ``tasks/image.py`` / ``tasks/segmentation.py``.
 
@@ -135,7 +135,7 @@ def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
 
 def load_task(cfg: RunConfig) -> RunTask:
     """The run task of ``cfg.task`` (cached per process and configuration; the image data sets are
-    cached by the task modules, the translation workload by ``workload.py``)."""
+    cached by the task modules, the translation workload by ``translation_workload.py``)."""
     return _load_task(cfg.to_json())
 
 

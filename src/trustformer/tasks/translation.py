@@ -1,6 +1,6 @@
 """Translation (the Trustformer paper's task) behind the same interface as the image tasks.
 
-A thin wrapper of ``workload.py``: the corpus split, the SentencePiece/HF tokenizer, the seq2seq
+A thin wrapper of ``translation_workload.py``: the corpus split, the SentencePiece/HF tokenizer, the seq2seq
 Transformer, the configured optimizer recipe and ``workload.train_local``, unchanged, so a translation
 run gives the same numbers as before the task layer existed.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import workload as wl
+from . import translation_workload as wl
 from ..config import RunConfig
 from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs

@@ -15,8 +15,8 @@ import tokenize
 import typing
 from typing import Any
 
-from .config import PRESETS, TASK_PRESETS, RunConfig
-from .registry import protocol_specs
+from . import PRESETS, TASK_PRESETS, RunConfig
+from ..registry import protocol_specs
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -103,7 +103,7 @@ def reference() -> str:
     for task, presets in TASK_PRESETS.items():
         for name, values in presets.items():
             lines.append(f'- `{name}` with `task = "{task}"`: ' + ", ".join(f"`{k}`" for k in _flat(values)))
-    from .config.run import deprecated_keys
+    from .run import deprecated_keys
 
     lines += ["", "## Deprecated keys", "", "Still read for one release, with a warning that names the new key.", ""]
     lines += ["| old key | new key |", "|---|---|"]

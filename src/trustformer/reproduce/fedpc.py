@@ -1,6 +1,6 @@
 """``trustformer reproduce --paper fedpc``: FedPC's experiment grid — centralized, FedAvg, Phong and FedPC for N
 workers on image classification and segmentation, class-stratified imbalanced and Dirichlet splits — planned, run
-through the grid runner of :mod:`trustformer.reproduce` (cached the same way), then its Tables 2-4 and Fig. 6
+through the grid runner of :mod:`trustformer.reproduce.grid` (cached the same way), then its Tables 2-4 and Fig. 6
 (``report/fedpc.py``)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import config as config_module
-from .config import ConfigError, RunConfig, load_config
-from .reproduce import GridResult, PlannedRun, cache_key, is_cached, machine_info, run_grid, write_grid_record
+from .. import config as config_module
+from ..config import ConfigError, RunConfig, load_config
+from .grid import GridResult, PlannedRun, cache_key, is_cached, machine_info, run_grid, write_grid_record
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def reproduce_fedpc(
     command: str | None = None,
 ) -> GridResult:
     """FedPC's grid: plan, run (reusing cached runs), then its Tables 2-4 and Fig. 6 in ``results``."""
-    from .report.fedpc import build_fedpc_report
+    from ..report.fedpc import build_fedpc_report
 
     grid = grid or default_fedpc_grid(preset)
     results = Path(results)

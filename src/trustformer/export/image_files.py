@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .export import ExportError
+from . import ExportError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 MASK_SUFFIX = ".mask.png"

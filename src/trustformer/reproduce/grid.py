@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import config as config_module
-from .config import ConfigError, RunConfig, load_config
-from .metrics import _fmt_s
+from .. import config as config_module
+from ..config import ConfigError, RunConfig, load_config
+from ..recording.recorder import _fmt_s
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def run_grid(
     """Run every planned run that is not cached (all with ``force``), one after another, logging
     which run of how many is going, and the elapsed time and ETA of the grid."""
     if runner is None:
-        from .engine.inprocess import run_in_process
+        from ..engine.inprocess import run_in_process
 
         runner = run_in_process
     results = Path(results)
@@ -413,13 +413,13 @@ def reproduce(
     command: str | None = None,
 ) -> GridResult:
     """Plan, run (reusing cached runs) and report the grid; the report goes to ``results``."""
-    from .report import build_report
+    from ..report import build_report
 
     grid = grid or default_grid(preset)
     results = Path(results)
     planned = plan(preset, grid, results, config_file=config_file, overrides=overrides)
     if planned and runner is None:  # before any training: the metrics the runs need can be computed
-        from .tasks.checks import check_metrics
+        from ..tasks.checks import check_metrics
 
         check_metrics(planned[0].cfg)
     host = machine_info()

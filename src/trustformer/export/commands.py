@@ -12,7 +12,7 @@ from typing import IO
 
 import torch
 
-from .export import TASK_CLASSIFICATION, ExportError, load_image_model, load_translation_model, select_model
+from . import TASK_CLASSIFICATION, ExportError, load_image_model, load_translation_model, select_model
 from .image_files import MASK_SUFFIX, classification_input, image_files, read_image, segmentation_input
 
 DEFAULT_BEAM = 4  # `trustformer translate --beam`
@@ -142,7 +142,7 @@ def _emit(lines: Iterable[str]) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     """``trustformer translate``: print one translation per input sentence, in order."""
-    from .evaluation.translation import translate
+    from ..evaluation.translation import translate
 
     client, folder = select_model(Path(args.run), args.client)
     model, tokenizer, meta = load_translation_model(folder, device=_device(getattr(args, "device", "cpu")))

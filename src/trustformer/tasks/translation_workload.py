@@ -20,15 +20,15 @@ from pathlib import Path
 
 import torch
 
-from .errors import TrustformerError
-from .config import RunConfig
-from .core.shared import ALL_SHARDS, derive_seed, select_device
-from .data.batching import encode_pairs, make_batches, make_token_batches
-from .data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
-from .data.split import Splits, split_corpus
-from .data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
-from .evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
-from .models.transformer import Seq2SeqTransformer, TransformerConfig, eval_mode
+from ..errors import TrustformerError
+from ..config import RunConfig
+from ..core.shared import ALL_SHARDS, derive_seed, select_device
+from ..data.batching import encode_pairs, make_batches, make_token_batches
+from ..data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
+from ..data.split import Splits, split_corpus
+from ..data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
+from ..evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
+from ..models.transformer import Seq2SeqTransformer, TransformerConfig, eval_mode
 from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ def initial_model(cfg: RunConfig, workload: Workload) -> Seq2SeqTransformer:
 
 def new_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     t, p = cfg.train, cfg.privacy
-    corrected = p.unit == "record" and p.adam_correction and p.noise != "distributed"  # DP-AdamBC (optim.py)
+    corrected = p.unit == "record" and p.adam_correction and p.noise != "distributed"  # DP-AdamBC (tasks/optim.py)
     return build_optimizer(
         model, name=t.optimizer, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, noise_corrected=corrected
     )
@@ -393,11 +393,11 @@ def translation_scores(
         "chrf": corpus_chrf(hypotheses, references),
     }
     if cfg.eval.meteor and extra_metrics:
-        from .evaluation.meteor import corpus_meteor
+        from ..evaluation.meteor import corpus_meteor
 
         scores["meteor"] = corpus_meteor(hypotheses, references, cache_dir=cache_dir(cfg))
     if cfg.eval.bertscore and extra_metrics:
-        from .evaluation.bertscore import corpus_bertscore
+        from ..evaluation.bertscore import corpus_bertscore
 
         f1, label = corpus_bertscore(
             hypotheses,
