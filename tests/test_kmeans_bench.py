@@ -80,7 +80,7 @@ def test_bench_runs_every_method_on_the_same_start(tmp_path: Path, capsys: pytes
 def test_bench_skips_a_missing_library_with_a_message(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kmeans_bench, "_have", lambda module: module != "faiss")
+    monkeypatch.setattr(kmeans_bench, "have", lambda module: module != "faiss")
     rc = kmeans_bench.main(
         [
             "--shapes",

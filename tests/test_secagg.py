@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from trustformer.secure.masking import _pair_seed, dequantize, mask_stream, quantization_error_bound, quantize
 from trustformer.secure.secagg import SecAggClient, SecAggError, SecAggParams, SecAggServer, benchmark
-from trustformer.secure.shamir import FIELD_PRIME, _interpolate, _parse_share, shamir_combine, shamir_split
+from trustformer.secure.shamir import FIELD_PRIME, _interpolate, parse_share, shamir_combine, shamir_split
 
 SESSION = b"run-test/round-1"
 
@@ -223,7 +223,7 @@ def test_shamir_fewer_than_threshold_fails_or_is_wrong(secret, threshold, data):
     with pytest.raises(SecAggError, match=f"{threshold - 1} shares given, {threshold} needed"):
         shamir_combine(few)
     # the raw interpolation through t-1 points gives an unrelated value, not the secret
-    points = [(i + 1, _parse_share(i, shares[i])[2]) for i in range(threshold - 1)]
+    points = [(i + 1, parse_share(i, shares[i])[2]) for i in range(threshold - 1)]
     assert _interpolate(points, 0) != int.from_bytes(secret, "big")
 
 

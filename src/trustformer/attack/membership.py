@@ -348,13 +348,13 @@ def sweep(
     """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
     import time
 
-    from .reconstruct import _folder
+    from .reconstruct import run_folder
     from ..config import load_config
 
     results, started = [], time.perf_counter()
     for i, planned in enumerate(runs, start=1):
         run_cfg = load_config(
-            cfg.preset, None, {**cfg.flat(), **planned.overrides, "out": str(Path(cfg.out) / _folder(planned.label))}
+            cfg.preset, None, {**cfg.flat(), **planned.overrides, "out": str(Path(cfg.out) / run_folder(planned.label))}
         )
         result = run_membership(run_cfg, candidates=candidates, reference_models=reference_models)
         result.update(run=planned.label, overrides=planned.overrides)

@@ -175,7 +175,7 @@ def plan(
     return runs, skipped
 
 
-def _folder(label: str) -> str:
+def run_folder(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in label.replace("β=", "beta"))
 
 
@@ -185,7 +185,9 @@ def sweep(cfg: RunConfig, runs: Sequence[PlannedRun], *, progress: bool = True) 
     started = time.perf_counter()
     out = Path(cfg.out)
     for i, run in enumerate(runs, start=1):
-        run_cfg = load_config(cfg.preset, None, {**cfg.flat(), **run.overrides, "out": str(out / _folder(run.label))})
+        run_cfg = load_config(
+            cfg.preset, None, {**cfg.flat(), **run.overrides, "out": str(out / run_folder(run.label))}
+        )
         result = run_attack(run_cfg)
         result["run"] = run.label
         result["overrides"] = run.overrides

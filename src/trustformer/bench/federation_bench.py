@@ -73,7 +73,7 @@ from .federation_plan import (
     plan_runs,
 )
 from .federation_run import finished, run_configs, run_one
-from .federation_table import _mean, format_bytes_table, format_table, gain_retained, mark_pareto, table
+from .federation_table import mean_of, format_bytes_table, format_table, gain_retained, mark_pareto, table
 
 # ------------------------------------------------------------------------------ the command
 
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - started
             print(
                 f"[{done}/{len(todo)}] {runs[i].label} (seed {runs[i].seed}): test loss "
-                f"{_mean(r['summary']['test_loss']):.3f} · BLEU {_mean(r['summary']['bleu']):.2f} · "
+                f"{mean_of(r['summary']['test_loss']):.3f} · BLEU {mean_of(r['summary']['bleu']):.2f} · "
                 f"{r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
                 f"{elapsed / done * (len(todo) - done) / 60:.1f} min",
                 file=sys.stderr,

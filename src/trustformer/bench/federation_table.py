@@ -26,7 +26,7 @@ METRICS = (
 )
 
 
-def _mean(values: list[float | None]) -> float:
+def mean_of(values: list[float | None]) -> float:
     values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return statistics.fmean(values) if values else math.nan
 
@@ -53,7 +53,7 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
                 for v, lv, fv in zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"], fedavg[f"{name}_per_seed"])
             ]
             spread = row[f"gain_{name}_per_seed"]
-            row[f"gain_{name}"] = _mean(spread)
+            row[f"gain_{name}"] = mean_of(spread)
             row[f"gain_{name}_spread"] = (max(spread) - min(spread)) / 2 if len(spread) > 1 else math.nan
         row["upload_vs_fedavg"] = row["up_bytes"] / up if up else math.nan
         row["download_vs_fedavg"] = row["down_bytes"] / down if down else math.nan
@@ -69,7 +69,7 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
                     )
                 ]
                 row[f"pgain_{name}_per_seed"] = per_seed
-                row[f"pgain_{name}"] = _mean(per_seed)
+                row[f"pgain_{name}"] = mean_of(per_seed)
     for row in rows:
         _bytes_to_target(row, local, fedavg)
     mark_pareto(rows, "gain_loss", "pareto")
@@ -99,7 +99,7 @@ def _bytes_to_target(row: dict[str, Any], local: dict[str, Any], fedavg: dict[st
         target = lv - TARGET_SHARE * (lv - fv)
         reached.append(next((float(b) for _rnd, loss, b in points if loss <= target), None))
     row["bytes_to_target_per_seed"] = reached
-    row["bytes_to_target"] = _mean(reached) if reached and all(b is not None for b in reached) else math.nan
+    row["bytes_to_target"] = mean_of(reached) if reached and all(b is not None for b in reached) else math.nan
 
 
 def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) -> dict[str, Any]:
@@ -110,31 +110,31 @@ def _row(label: str, group: list[tuple[BenchRun, dict[str, Any]]], tuned: bool) 
         "beta": run0.beta,
         "overrides": run0.overrides,
         "seeds": [r.seed for r, _ in group],
-        "wall_s": _mean([res["wall_s"] for _, res in group]),
+        "wall_s": mean_of([res["wall_s"] for _, res in group]),
     }
     prefix = "ft_" if tuned else ""
     for name, key, _higher in METRICS:
-        per_seed = [_mean(res["summary"].get(prefix + key) or [math.nan]) for _, res in group]
+        per_seed = [mean_of(res["summary"].get(prefix + key) or [math.nan]) for _, res in group]
         row[f"{name}_per_seed"] = per_seed
-        row[name] = _mean(per_seed)
+        row[name] = mean_of(per_seed)
         row[f"{name}_spread"] = (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan
     row["curves"] = [res.get("curve") or [] for _, res in group]
-    row["total_bytes"] = _mean([_total_bytes(res["summary"]) for _, res in group])
-    row["server_s_per_round"] = _mean([_server_s(res["summary"]) for _, res in group])
-    row["download_code_s_per_round"] = _mean([_server_s(res["summary"], "download_code_s") for _, res in group])
+    row["total_bytes"] = mean_of([_total_bytes(res["summary"]) for _, res in group])
+    row["server_s_per_round"] = mean_of([_server_s(res["summary"]) for _, res in group])
+    row["download_code_s_per_round"] = mean_of([_server_s(res["summary"], "download_code_s") for _, res in group])
     bytes_ = first["summary"]["bytes"]
     row["up_bytes"], row["down_bytes"] = bytes_["up_per_client_per_round"], bytes_["down_per_client_per_round"]
     mia = [res["membership"].get("advantage") or {} for _, res in group]
-    row["mia_advantage"] = _mean([m.get("auc_minus_half") for m in mia])
+    row["mia_advantage"] = mean_of([m.get("auc_minus_half") for m in mia])
     row["mia_advantage_per_seed"] = [m.get("auc_minus_half") for m in mia]
-    row["mia_tpr_1pct"] = _mean([m.get("tpr_at_1pct_fpr") for m in mia])
+    row["mia_tpr_1pct"] = mean_of([m.get("tpr_at_1pct_fpr") for m in mia])
     row["mia_score"] = mia[0].get("score")
     row["mia_ci95"] = mia[0].get("auc_ci95")
-    row["true_local_auc"] = _mean([_best(res["membership"].get("true-local", {})) for _, res in group])
-    row["epsilon"] = _mean([(res["summary"].get("privacy") or {}).get("epsilon") for _, res in group])
-    row["epsilon_lb"] = _mean([(res["membership"].get("audit") or {}).get("epsilon_lb") for _, res in group])
-    row["recovered"] = _mean([res["attack"]["recovered_fraction_mean"] for _, res in group])
-    row["relative_error"] = _mean([res["attack"]["relative_error_mean"] for _, res in group])
+    row["true_local_auc"] = mean_of([_best(res["membership"].get("true-local", {})) for _, res in group])
+    row["epsilon"] = mean_of([(res["summary"].get("privacy") or {}).get("epsilon") for _, res in group])
+    row["epsilon_lb"] = mean_of([(res["membership"].get("audit") or {}).get("epsilon_lb") for _, res in group])
+    row["recovered"] = mean_of([res["attack"]["recovered_fraction_mean"] for _, res in group])
+    row["relative_error"] = mean_of([res["attack"]["relative_error_mean"] for _, res in group])
     row["samples"] = (first["summary"].get("samples") or {}).get("0", [])[:2]
     return row
 

@@ -47,7 +47,7 @@ from .kmeans_cases import (
     synthetic_cases,
     weights_case,
 )
-from .kmeans_methods import _have, close_faiss_pool, matmul_gflops
+from .kmeans_methods import have, close_faiss_pool, matmul_gflops
 from .kmeans_report import per_iteration_summary, print_rows, print_summary, print_weights
 
 
@@ -132,7 +132,7 @@ def _main(args: argparse.Namespace) -> int:
     for lib, module in (("sklearn", "sklearn"), ("faiss", "faiss")):
         if lib not in requested:
             continue
-        if _have(module):
+        if have(module):
             methods.append(lib)
         else:
             print(f"{lib}: not installed, skipped (pip install 'trustformer[bench]')")

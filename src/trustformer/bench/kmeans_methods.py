@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from trustformer.core.kmeans import kmeans
-from trustformer.core.kmeans_lloyd import _inertia, lloyd_assign
+from trustformer.core.kmeans_lloyd import inertia_of, lloyd_assign
 
 
 @dataclass
@@ -98,7 +98,7 @@ def peak_extra_rss(fn: Callable[[], Any], interval: float = 0.001) -> tuple[int,
 # ------------------------------------------------------------------------------------- methods
 
 
-def _have(module: str) -> bool:
+def have(module: str) -> bool:
     """Whether a library is installed, without importing it here (faiss must stay out of this process)."""
     import importlib.util
 
@@ -195,7 +195,7 @@ def run_faiss(
 def nearest_inertia(x: torch.Tensor, c: torch.Tensor) -> float:
     """The k-means objective of a centroid set: every row to its nearest centroid (float64 sum)."""
     labels, _ = lloyd_assign(x, c)
-    return _inertia(x, c, labels, 8192)
+    return inertia_of(x, c, labels, 8192)
 
 
 __all__ = [

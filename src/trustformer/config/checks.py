@@ -11,22 +11,22 @@ class ConfigError(TrustformerError, ValueError):
     """A configuration value or key is invalid; the message names the key and the value."""
 
 
-def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
+def check_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(map(str, allowed))}")
 
 
-def _at_least(key: str, value: float, low: float) -> None:
+def check_at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(f"{key} = {value!r} must be >= {low}")
 
 
-def _positive(key: str, value: float) -> None:
+def check_positive(key: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{key} = {value!r} must be > 0")
 
 
-def _in_range(key: str, value: float, lo: float, hi: float, *, lo_open=False, hi_open=False) -> None:
+def check_in_range(key: str, value: float, lo: float, hi: float, *, lo_open=False, hi_open=False) -> None:
     too_low = value <= lo if lo_open else value < lo
     too_high = value >= hi if hi_open else value > hi
     if too_low or too_high:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, get_args, get_origin, get_type_hints
 from .checks import ConfigError
 
 
-def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+def build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     if not isinstance(values, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a table, got {values!r}")
     hints = get_type_hints(cls)
@@ -25,7 +25,7 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
         key = f"{prefix}{f.name}"
         hint = hints[f.name]
         if isinstance(hint, type) and is_dataclass(hint):
-            kwargs[f.name] = _build(hint, values[f.name], prefix=f"{key}.")
+            kwargs[f.name] = build(hint, values[f.name], prefix=f"{key}.")
         else:
             kwargs[f.name] = _coerce(key, values[f.name], hint)
     return cls(**kwargs)
@@ -67,9 +67,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # pragma: no cover
 
 
-def _to_plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
+        return {k: to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
+        return [to_plain(v) for v in value]
     return value

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..registry import PROTOCOLS, protocol_spec
-from .checks import ConfigError, _in_range
+from .checks import ConfigError, check_in_range
 from .faults import MODEL_POISON_KINDS, PAYLOAD_FAULTS, Fault
 
 STRATEGIES: tuple[str, ...] = tuple(PROTOCOLS)  # every registered protocol (trustformer/registry.py)
@@ -199,7 +199,7 @@ def _check_secure_aggregation(secure: _Secure, fed: _Federation) -> None:
             "federation.payload_bits = 32"
         )
     if secure.secagg_threshold:
-        _in_range("secure.secagg_threshold", secure.secagg_threshold, 2, fed.clients)
+        check_in_range("secure.secagg_threshold", secure.secagg_threshold, 2, fed.clients)
 
 
 def _check_distributed_noise(cfg: RunView) -> None:

@@ -8,8 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .checks import ConfigError, _choice
-from .coerce import _build
+from .checks import ConfigError, check_choice
+from .coerce import build
 from .presets import PRESETS, TASK_PRESETS
 from .run import RunConfig, build_run
 from .sections import TASKS
@@ -54,7 +54,7 @@ def load_config(
                 raise ConfigError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}")
     # the task picks the preset's per-task values (the command line's task over the file's)
     task = (overrides or {}).get("task") or file_values.get("task") or "translation"
-    _choice("task", task, TASKS)
+    check_choice("task", task, TASKS)
     merged: dict[str, Any] = {"preset": preset}
     _apply_preset(merged, preset, task)
     _deep_update(merged, file_values)
@@ -82,9 +82,9 @@ def seg_preset(name: str, **overrides: Any) -> SegmentationConfig:
 
 
 def _task_section(cls, task: str, section: str, name: str, overrides: Mapping[str, Any]):
-    _choice("preset", name, tuple(TASK_PRESETS[task]))
+    check_choice("preset", name, tuple(TASK_PRESETS[task]))
     values = {**TASK_PRESETS[task][name].get(section, {}), **overrides}
-    config = _build(cls, values, prefix=f"{section}.")
+    config = build(cls, values, prefix=f"{section}.")
     config.validate()
     return config
 

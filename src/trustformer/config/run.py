@@ -13,8 +13,8 @@ from types import FrameType
 from typing import Any, Mapping
 
 from ..registry import PROTOCOLS, protocol_spec, protocol_specs
-from .checks import ConfigError, _at_least, _choice
-from .coerce import _build, _to_plain
+from .checks import ConfigError, check_at_least, check_choice
+from .coerce import build, to_plain
 from .composition import check_composition
 from .faults import POISON_KINDS
 from .presets import PRESETS
@@ -71,9 +71,9 @@ class RunConfig:
         return declared()
 
     def validate(self) -> "RunConfig":
-        _choice("preset", self.preset, tuple(PRESETS))
-        _choice("task", self.task, TASKS)
-        _at_least("seed", self.seed, 0)
+        check_choice("preset", self.preset, tuple(PRESETS))
+        check_choice("task", self.task, TASKS)
+        check_at_least("seed", self.seed, 0)
         if self.data.partition not in TASK_PARTITIONS[self.task]:
             raise ConfigError(
                 f"data.partition = {self.data.partition!r} does not apply to task = {self.task!r} "
@@ -164,7 +164,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sections"}
         values.update(dict(self.sections))
-        return _to_plain(
+        return to_plain(
             {
                 k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
                 for k, v in values.items()
@@ -258,5 +258,5 @@ def build_run(values: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(
                 f"unknown config key {name} (federation.strategy {name!r} declares no section of its own)"
             )
-        sections.append((name, _build(declared, values[name], prefix=f"{name}.")))
-    return dataclasses.replace(_build(RunConfig, plain, prefix=""), sections=tuple(sections))
+        sections.append((name, build(declared, values[name], prefix=f"{name}.")))
+    return dataclasses.replace(build(RunConfig, plain, prefix=""), sections=tuple(sections))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import ConfigError, _at_least, _choice, _in_range, _positive
+from .checks import ConfigError, check_at_least, check_choice, check_in_range, check_positive
 from .composition import STRATEGIES, server_sees_each_update
 from .faults import Fault
 
@@ -54,20 +54,20 @@ class DataConfig:
     own_test_size: int = 0
 
     def validate(self) -> None:
-        _choice("data.source", self.source, ("libreoffice", "tsv", "wmt19"))
-        _choice("data.tokenizer", self.tokenizer, ("sentencepiece", "hf"))
+        check_choice("data.source", self.source, ("libreoffice", "tsv", "wmt19"))
+        check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "hf"))
         if self.source == "tsv" and not self.path:
             raise ConfigError("data.path is required when data.source = 'tsv' (use --data FILE.tsv)")
         if self.tokenizer == "hf" and not self.tokenizer_name:
             raise ConfigError("data.tokenizer_name is required when data.tokenizer = 'hf'")
-        _at_least("data.vocab_size", self.vocab_size, 16)
-        _at_least("data.client_size", self.client_size, 0)
-        _at_least("data.test_size", self.test_size, 1)
-        _at_least("data.public_size", self.public_size, 1)
-        _at_least("data.max_words", self.max_words, 0)
-        _choice("data.partition", self.partition, PARTITIONS)
-        _positive("data.alpha", self.alpha)
-        _at_least("data.own_test_size", self.own_test_size, 0)
+        check_at_least("data.vocab_size", self.vocab_size, 16)
+        check_at_least("data.client_size", self.client_size, 0)
+        check_at_least("data.test_size", self.test_size, 1)
+        check_at_least("data.public_size", self.public_size, 1)
+        check_at_least("data.max_words", self.max_words, 0)
+        check_choice("data.partition", self.partition, PARTITIONS)
+        check_positive("data.alpha", self.alpha)
+        check_at_least("data.own_test_size", self.own_test_size, 0)
         if any(size < 1 for size in self.client_sizes):
             raise ConfigError(f"data.client_sizes = {list(self.client_sizes)!r} must be sizes >= 1 (one per client)")
 
@@ -97,20 +97,20 @@ class ModelConfig:
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
-            _at_least(f"model.{name}", getattr(self, name), 1)
-        _at_least("model.max_len", self.max_len, 4)
+            check_at_least(f"model.{name}", getattr(self, name), 1)
+        check_at_least("model.max_len", self.max_len, 4)
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.d_model = {self.d_model} must be divisible by model.n_heads = {self.n_heads}")
-        _in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        _choice("model.adapters", self.adapters, ADAPTERS)
-        _at_least("model.lora_rank", self.lora_rank, 1)
-        _choice("model.lora_train", self.lora_train, ("ab", "b"))
-        _positive("model.lora_alpha", self.lora_alpha)
-        _in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
+        check_in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        check_choice("model.adapters", self.adapters, ADAPTERS)
+        check_at_least("model.lora_rank", self.lora_rank, 1)
+        check_choice("model.lora_train", self.lora_train, ("ab", "b"))
+        check_positive("model.lora_alpha", self.lora_alpha)
+        check_in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)
         if not self.lora_targets:
             raise ConfigError(f"model.lora_targets must name at least one of: {', '.join(LORA_TARGETS)}")
         for target in self.lora_targets:
-            _choice("model.lora_targets", target, LORA_TARGETS)
+            check_choice("model.lora_targets", target, LORA_TARGETS)
 
 
 @dataclass(frozen=True)
@@ -146,33 +146,33 @@ class TrainConfig:
     public_lr: float = 0.0  # init = "public": the public model's peak learning rate; 0 = the preset's train.lr
 
     def validate(self) -> None:
-        _choice("train.init", self.init, INITS)
+        check_choice("train.init", self.init, INITS)
         if self.public_data and self.init != "public":
             raise ConfigError(f"train.public_data = {self.public_data!r} applies only with train.init = 'public'")
-        _choice("train.public_source", self.public_source, ("split", "debian-ui"))
+        check_choice("train.public_source", self.public_source, ("split", "debian-ui"))
         if self.public_data and self.public_source != "split":
             raise ConfigError(
                 f"train.public_data = {self.public_data!r} and train.public_source = {self.public_source!r} both "
                 "name the public model's data: give one"
             )
-        _at_least("train.public_epochs", self.public_epochs, 1)
-        _at_least("train.public_lr", self.public_lr, 0.0)
-        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
-        _positive("train.lr", self.lr)
-        _at_least("train.weight_decay", self.weight_decay, 0.0)
+        check_at_least("train.public_epochs", self.public_epochs, 1)
+        check_at_least("train.public_lr", self.public_lr, 0.0)
+        check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        check_positive("train.lr", self.lr)
+        check_at_least("train.weight_decay", self.weight_decay, 0.0)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"train.betas = {list(self.betas)!r} must be two numbers in [0, 1)")
-        _choice("train.schedule", self.schedule, SCHEDULES)
-        _at_least("train.warmup_steps", self.warmup_steps, 0)
-        _at_least("train.decay_steps", self.decay_steps, 0)
-        _at_least("train.min_lr", self.min_lr, 0.0)
+        check_choice("train.schedule", self.schedule, SCHEDULES)
+        check_at_least("train.warmup_steps", self.warmup_steps, 0)
+        check_at_least("train.decay_steps", self.decay_steps, 0)
+        check_at_least("train.min_lr", self.min_lr, 0.0)
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr = {self.min_lr!r} must be <= train.lr = {self.lr!r}")
-        _at_least("train.clip_norm", self.clip_norm, 0.0)
-        _at_least("train.batch_size", self.batch_size, 1)
-        _at_least("train.batch_tokens", self.batch_tokens, 0)
-        _at_least("train.local_epochs", self.local_epochs, 1)
-        _in_range("train.label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
+        check_at_least("train.clip_norm", self.clip_norm, 0.0)
+        check_at_least("train.batch_size", self.batch_size, 1)
+        check_at_least("train.batch_tokens", self.batch_tokens, 0)
+        check_at_least("train.local_epochs", self.local_epochs, 1)
+        check_in_range("train.label_smoothing", self.label_smoothing, 0.0, 1.0, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -217,31 +217,31 @@ class FederationConfig:
     faults: tuple[str, ...] = ()
 
     def validate(self) -> None:
-        _choice("federation.strategy", self.strategy, STRATEGIES)
-        _at_least("federation.rounds", self.rounds, 1)
-        _at_least("federation.clients", self.clients, 1)
-        _at_least("federation.agg_every", self.agg_every, 1)
-        _in_range("federation.min_clients", self.min_clients, 0, self.clients)
-        _at_least("federation.finetune_epochs", self.finetune_epochs, 0)
-        _positive("federation.finetune_lr_scale", self.finetune_lr_scale)
-        _choice("federation.finetune_params", self.finetune_params, ("all", "trainable"))
-        _at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
-        _positive("federation.node_wait_s", self.node_wait_s)
-        _at_least("federation.max_examples", self.max_examples, 1)
+        check_choice("federation.strategy", self.strategy, STRATEGIES)
+        check_at_least("federation.rounds", self.rounds, 1)
+        check_at_least("federation.clients", self.clients, 1)
+        check_at_least("federation.agg_every", self.agg_every, 1)
+        check_in_range("federation.min_clients", self.min_clients, 0, self.clients)
+        check_at_least("federation.finetune_epochs", self.finetune_epochs, 0)
+        check_positive("federation.finetune_lr_scale", self.finetune_lr_scale)
+        check_choice("federation.finetune_params", self.finetune_params, ("all", "trainable"))
+        check_at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
+        check_positive("federation.node_wait_s", self.node_wait_s)
+        check_at_least("federation.max_examples", self.max_examples, 1)
         self._check_coding_and_sampling()
         self._check_faults()
 
     def _check_coding_and_sampling(self) -> None:
-        _choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
-        _choice("federation.download_bits", self.download_bits, (32, 16, 8, 4, 2))
-        _choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
-        _choice("federation.payload_rounding", self.payload_rounding, ("stochastic", "nearest"))
+        check_choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
+        check_choice("federation.download_bits", self.download_bits, (32, 16, 8, 4, 2))
+        check_choice("federation.payload_scale", self.payload_scale, ("row", "tensor"))
+        check_choice("federation.payload_rounding", self.payload_rounding, ("stochastic", "nearest"))
         if self.payload_rounding == "nearest" and self.payload_bits == 32:
             raise ConfigError(
                 "federation.payload_rounding = 'nearest' rounds coded uploads, and federation.payload_bits = 32 "
                 "codes none: set payload_bits to 16, 8, 4 or 2, or payload_rounding to 'stochastic'"
             )
-        _in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
+        check_in_range("federation.clients_per_round", self.clients_per_round, 0, self.clients)
         if self.min_clients and self.clients_per_round and self.min_clients > self.clients_per_round:
             raise ConfigError(
                 f"federation.min_clients = {self.min_clients} exceeds federation.clients_per_round "
@@ -348,31 +348,31 @@ class PrivacyConfig:
     lr_scale: float = 4.0
 
     def validate(self) -> None:
-        _choice("privacy.unit", self.unit, PRIVACY_UNITS)
+        check_choice("privacy.unit", self.unit, PRIVACY_UNITS)
         self._validate_clipping()
-        _at_least("privacy.batch_size", self.batch_size, 0)
-        _at_least("privacy.audit_canaries", self.audit_canaries, 0)
+        check_at_least("privacy.batch_size", self.batch_size, 0)
+        check_at_least("privacy.audit_canaries", self.audit_canaries, 0)
         if self.audit_canaries and self.unit != "record":
             raise ConfigError("privacy.audit_canaries applies to privacy.unit = 'record' (gradient canaries in DP-SGD)")
-        _positive("privacy.epsilon", self.epsilon)
-        _in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
-        _positive("privacy.clip_norm", self.clip_norm)
+        check_positive("privacy.epsilon", self.epsilon)
+        check_in_range("privacy.delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_positive("privacy.clip_norm", self.clip_norm)
         if self.noise_multiplier != -1.0 and self.noise_multiplier < 0:
             raise ConfigError(
                 f"privacy.noise_multiplier = {self.noise_multiplier!r} must be >= 0, or -1 to solve it "
                 "from (privacy.epsilon, privacy.delta)"
             )
-        _in_range("privacy.sampling_rate", self.sampling_rate, 0.0, 1.0, lo_open=True)
-        _choice("privacy.on_exceed", self.on_exceed, ("refuse", "stop", "continue"))
-        _at_least("privacy.sam_rho", self.sam_rho, 0.0)
-        _at_least("privacy.blur_lambda", self.blur_lambda, 0.0)
-        _at_least("privacy.blur_bound", self.blur_bound, 0.0)
-        _in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
-        _choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
-        _choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
-        _choice("privacy.finetune", self.finetune, ("free", "dp"))
-        _positive("privacy.adam_floor", self.adam_floor)
-        _positive("privacy.lr_scale", self.lr_scale)
+        check_in_range("privacy.sampling_rate", self.sampling_rate, 0.0, 1.0, lo_open=True)
+        check_choice("privacy.on_exceed", self.on_exceed, ("refuse", "stop", "continue"))
+        check_at_least("privacy.sam_rho", self.sam_rho, 0.0)
+        check_at_least("privacy.blur_lambda", self.blur_lambda, 0.0)
+        check_at_least("privacy.blur_bound", self.blur_bound, 0.0)
+        check_in_range("privacy.lus_keep", self.lus_keep, 0.0, 1.0, lo_open=True)
+        check_choice("privacy.lus_noise", self.lus_noise, ("kept", "dense"))
+        check_choice("privacy.noise_source", self.noise_source, ("os", "seeded-not-private"))
+        check_choice("privacy.finetune", self.finetune, ("free", "dp"))
+        check_positive("privacy.adam_floor", self.adam_floor)
+        check_positive("privacy.lr_scale", self.lr_scale)
         if self.adam_correction and self.unit != "record":
             raise ConfigError("privacy.adam_correction applies to privacy.unit = 'record' (DP-SGD's noisy gradients)")
         if self.finetune == "dp" and self.unit != "record":
@@ -381,9 +381,9 @@ class PrivacyConfig:
 
     def _validate_distributed(self) -> None:
         """Distributed noise: DP-SGD's record level only (client-level distributed noise is not built)."""
-        _choice("privacy.noise", self.noise, ("local", "distributed"))
-        _at_least("privacy.dropout_tolerance", self.dropout_tolerance, 0)
-        _positive("privacy.distributed_lr", self.distributed_lr)
+        check_choice("privacy.noise", self.noise, ("local", "distributed"))
+        check_at_least("privacy.dropout_tolerance", self.dropout_tolerance, 0)
+        check_positive("privacy.distributed_lr", self.distributed_lr)
         if self.noise == "distributed" and self.unit != "record":
             raise ConfigError(
                 "privacy.noise = 'distributed' applies to privacy.unit = 'record' (shares of DP-SGD's noise "
@@ -392,9 +392,9 @@ class PrivacyConfig:
 
     def _validate_clipping(self) -> None:
         """Adaptive clipping (Andrew et al. 2021): its options, and the client-level DP it applies to."""
-        _choice("privacy.clipping", self.clipping, ("fixed", "adaptive"))
-        _in_range("privacy.target_quantile", self.target_quantile, 0.0, 1.0)
-        _positive("privacy.clip_lr", self.clip_lr)
+        check_choice("privacy.clipping", self.clipping, ("fixed", "adaptive"))
+        check_in_range("privacy.target_quantile", self.target_quantile, 0.0, 1.0)
+        check_positive("privacy.clip_lr", self.clip_lr)
         if self.clip_count_stddev != -1.0 and self.clip_count_stddev < 0:
             raise ConfigError(
                 f"privacy.clip_count_stddev = {self.clip_count_stddev!r} must be >= 0, or -1 for the "
@@ -440,10 +440,10 @@ class EvalConfig:
     diagnostics: bool = False
 
     def validate(self) -> None:
-        _at_least("eval.bleu_size", self.bleu_size, 0)
-        _at_least("eval.beam_size", self.beam_size, 1)
-        _at_least("eval.batch_size", self.batch_size, 1)
-        _at_least("eval.bertscore_layers", self.bertscore_layers, 0)
+        check_at_least("eval.bleu_size", self.bleu_size, 0)
+        check_at_least("eval.beam_size", self.beam_size, 1)
+        check_at_least("eval.batch_size", self.batch_size, 1)
+        check_at_least("eval.bertscore_layers", self.bertscore_layers, 0)
 
 
 @dataclass(frozen=True)
@@ -469,16 +469,16 @@ class RuntimeConfig:
     log: tuple[str, ...] = ()
 
     def validate(self) -> None:
-        _choice("runtime.device", self.device, DEVICES)
+        check_choice("runtime.device", self.device, DEVICES)
         for tracker in self.log:
-            _choice("runtime.log", tracker, ("tensorboard", "mlflow"))
-        _at_least("runtime.threads", self.threads, 0)
-        _choice("runtime.engine", self.engine, ("inprocess", "simulation"))
-        _choice("runtime.store", self.store, ("memory", "disk", "auto"))
-        _positive("runtime.memory_budget_mb", self.memory_budget_mb)
-        _positive("runtime.client_cpus", self.client_cpus)
-        _at_least("runtime.client_gpus", self.client_gpus, 0.0)
-        _at_least("runtime.ray_cpus", self.ray_cpus, 0)
+            check_choice("runtime.log", tracker, ("tensorboard", "mlflow"))
+        check_at_least("runtime.threads", self.threads, 0)
+        check_choice("runtime.engine", self.engine, ("inprocess", "simulation"))
+        check_choice("runtime.store", self.store, ("memory", "disk", "auto"))
+        check_positive("runtime.memory_budget_mb", self.memory_budget_mb)
+        check_positive("runtime.client_cpus", self.client_cpus)
+        check_at_least("runtime.client_gpus", self.client_gpus, 0.0)
+        check_at_least("runtime.ray_cpus", self.ray_cpus, 0)
         if self.ray_address and self.ray_cpus:
             raise ConfigError(
                 "runtime.ray_cpus applies to a local Ray only: drop it when joining the cluster at "
@@ -513,23 +513,23 @@ class RobustConfig:
     multikrum_keep: int = 0  # multikrum: the updates averaged; 0 = clients - byzantine
 
     def validate(self) -> None:
-        _choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
-        _positive("robust.bound_factor", self.bound_factor)
-        _at_least("robust.refuse_factor", self.refuse_factor, 0.0)
-        _in_range("robust.min_cosine", self.min_cosine, -1.0, 1.0, hi_open=True)
+        check_choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
+        check_positive("robust.bound_factor", self.bound_factor)
+        check_at_least("robust.refuse_factor", self.refuse_factor, 0.0)
+        check_in_range("robust.min_cosine", self.min_cosine, -1.0, 1.0, hi_open=True)
         if self.refuse_factor and self.refuse_factor < self.bound_factor:
             raise ConfigError(
                 f"robust.refuse_factor = {self.refuse_factor} is below robust.bound_factor = "
                 f"{self.bound_factor}: an update is clipped before it can be refused; set it "
                 "higher, or 0 to never refuse"
             )
-        _at_least("robust.bound_norm", self.bound_norm, 0.0)
+        check_at_least("robust.bound_norm", self.bound_norm, 0.0)
         if self.bound == "fixed" and not self.bound_norm > 0:
             raise ConfigError("robust.bound = 'fixed' needs robust.bound_norm > 0 (the L2 bound of each update)")
-        _choice("robust.aggregator", self.aggregator, ROBUST_AGGREGATORS)
-        _in_range("robust.trim_fraction", self.trim_fraction, 0.0, 0.5, hi_open=True)
-        _at_least("robust.byzantine", self.byzantine, 0)
-        _at_least("robust.multikrum_keep", self.multikrum_keep, 0)
+        check_choice("robust.aggregator", self.aggregator, ROBUST_AGGREGATORS)
+        check_in_range("robust.trim_fraction", self.trim_fraction, 0.0, 0.5, hi_open=True)
+        check_at_least("robust.byzantine", self.byzantine, 0)
+        check_at_least("robust.multikrum_keep", self.multikrum_keep, 0)
 
     def active(self, fed: "FederationConfig", secure_mode: str) -> tuple[str, str]:
         """(bound, aggregator) in force: ``auto`` resolved; ("none", "mean") where no defence applies."""
@@ -553,7 +553,7 @@ class SecureConfig:
     secagg_scale_bits: int = 24  # secagg: fixed-point fraction bits (error of a uniform mean <= 2^-(bits+1))
 
     def validate(self) -> None:
-        _choice("secure.mode", self.mode, SECURE_MODES)
+        check_choice("secure.mode", self.mode, SECURE_MODES)
         if self.expected_measurement and (
             len(self.expected_measurement) != 64 or set(self.expected_measurement) - set("0123456789abcdef")
         ):
@@ -561,6 +561,6 @@ class SecureConfig:
                 f"secure.expected_measurement = {self.expected_measurement!r} must be 64 lower-case hex "
                 "digits (as printed by `trustformer attest`), or empty"
             )
-        _positive("secure.quote_validity_s", self.quote_validity_s)
-        _at_least("secure.secagg_threshold", self.secagg_threshold, 0)
-        _in_range("secure.secagg_scale_bits", self.secagg_scale_bits, 1, 48)
+        check_positive("secure.quote_validity_s", self.quote_validity_s)
+        check_at_least("secure.secagg_threshold", self.secagg_threshold, 0)
+        check_in_range("secure.secagg_scale_bits", self.secagg_scale_bits, 1, 48)

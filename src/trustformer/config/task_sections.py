@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import ConfigError, _at_least, _choice, _in_range, _positive
+from .checks import ConfigError, check_at_least, check_choice, check_in_range, check_positive
 
 
 IMAGE_DATASETS = ("fashion-mnist", "digits", "cifar10")
@@ -40,18 +40,18 @@ class ImageConfig:
 
     def validate(self) -> None:
         key = "image."
-        _choice(key + "dataset", self.dataset, IMAGE_DATASETS)
+        check_choice(key + "dataset", self.dataset, IMAGE_DATASETS)
         if self.dataset == "cifar10" and not self.data_dir:
             raise ConfigError(
                 "image.data_dir must name the CIFAR-10 python folder (data_batch_1..5, test_batch) "
                 "when image.dataset = 'cifar10'"
             )
-        _at_least(key + "train_size", self.train_size, 0)
-        _at_least(key + "test_size", self.test_size, 0)
-        _choice(key + "block", self.block, ("basic", "bottleneck"))
-        _choice(key + "stem", self.stem, ("cifar", "imagenet"))
-        _choice(key + "stem_stride", self.stem_stride, (1, 2))
-        _at_least(key + "stem_width", self.stem_width, 0)
+        check_at_least(key + "train_size", self.train_size, 0)
+        check_at_least(key + "test_size", self.test_size, 0)
+        check_choice(key + "block", self.block, ("basic", "bottleneck"))
+        check_choice(key + "stem", self.stem, ("cifar", "imagenet"))
+        check_choice(key + "stem_stride", self.stem_stride, (1, 2))
+        check_at_least(key + "stem_width", self.stem_width, 0)
         if not self.layers or any(v < 1 for v in self.layers):
             raise ConfigError(f"image.layers = {list(self.layers)!r} must be a non-empty list of block counts >= 1")
         if len(self.widths) != len(self.layers) or any(v < 1 for v in self.widths):
@@ -60,8 +60,8 @@ class ImageConfig:
                 f"image.layers ({len(self.layers)})"
             )
         _optimizer_checks(key, self)
-        _choice(key + "augment", self.augment, ("none", "flip", "crop-flip"))
-        _at_least(key + "eval_batch_size", self.eval_batch_size, 1)
+        check_choice(key + "augment", self.augment, ("none", "flip", "crop-flip"))
+        check_at_least(key + "eval_batch_size", self.eval_batch_size, 1)
 
 
 @dataclass(frozen=True)
@@ -92,29 +92,29 @@ class SegmentationConfig:
 
     def validate(self) -> None:
         key = "segmentation."
-        _choice(key + "dataset", self.dataset, SEG_DATASETS)
+        check_choice(key + "dataset", self.dataset, SEG_DATASETS)
         if self.dataset == "lgg" and not self.data_dir:
             raise ConfigError(
                 "segmentation.data_dir must name the LGG kaggle_3m folder when segmentation.dataset = 'lgg'"
             )
-        _at_least(key + "downsample", self.downsample, 1)
-        _at_least(key + "size", self.size, 8)
-        _in_range(key + "test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
-        _in_range(key + "depth", self.depth, 1, 6)
-        _at_least(key + "base_width", self.base_width, 1)
-        _choice(key + "norm", self.norm, ("group", "none"))
-        _at_least(key + "groups", self.groups, 1)
+        check_at_least(key + "downsample", self.downsample, 1)
+        check_at_least(key + "size", self.size, 8)
+        check_in_range(key + "test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_in_range(key + "depth", self.depth, 1, 6)
+        check_at_least(key + "base_width", self.base_width, 1)
+        check_choice(key + "norm", self.norm, ("group", "none"))
+        check_at_least(key + "groups", self.groups, 1)
         _optimizer_checks(key, self)
-        _choice(key + "augment", self.augment, ("none", "flip"))
-        _in_range(key + "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
-        _at_least(key + "eval_batch_size", self.eval_batch_size, 1)
+        check_choice(key + "augment", self.augment, ("none", "flip"))
+        check_in_range(key + "threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_at_least(key + "eval_batch_size", self.eval_batch_size, 1)
 
 
 def _optimizer_checks(key: str, section: ImageConfig | SegmentationConfig) -> None:
-    _choice(key + "optimizer", section.optimizer, ("sgd", "adam"))
-    _positive(key + "lr", section.lr)
-    _in_range(key + "momentum", section.momentum, 0.0, 1.0, hi_open=True)
-    _at_least(key + "weight_decay", section.weight_decay, 0.0)
-    _at_least(key + "lr_decay", section.lr_decay, 0.0)
-    _at_least(key + "batch_size", section.batch_size, 1)
-    _in_range(key + "label_smoothing", section.label_smoothing, 0.0, 1.0, hi_open=True)
+    check_choice(key + "optimizer", section.optimizer, ("sgd", "adam"))
+    check_positive(key + "lr", section.lr)
+    check_in_range(key + "momentum", section.momentum, 0.0, 1.0, hi_open=True)
+    check_at_least(key + "weight_decay", section.weight_decay, 0.0)
+    check_at_least(key + "lr_decay", section.lr_decay, 0.0)
+    check_at_least(key + "batch_size", section.batch_size, 1)
+    check_in_range(key + "label_smoothing", section.label_smoothing, 0.0, 1.0, hi_open=True)

@@ -48,18 +48,18 @@ from .kmeans_lloyd import (
     PARALLEL_MIN_FLOP,
     TILE,
     UNTILED_MAX_K,
-    _block_bytes,
-    _default_workers,
-    _inertia,
-    _lloyd,
-    _SingleThreadedTorch,
+    lloyd_block_bytes,
+    default_workers,
+    inertia_of,
+    lloyd_iterations,
+    SingleThreadedTorch,
     block_shape,
     iteration_memory_bytes,
     lloyd_assign,
     lloyd_update,
     relocate_empty,
 )
-from .kmeans_merge import _align, pair_merge
+from .kmeans_merge import align, pair_merge
 
 __all__ = [
     "KMeansResult",
@@ -201,8 +201,8 @@ def kmeans(
         init_labels = init_labels.detach().to(xc.device, torch.int64).reshape(-1)
         if init_labels.shape[0] != r or int(init_labels.min()) < 0 or int(init_labels.max()) >= k:
             raise ValueError(f"init_labels must be {r} cluster indices in [0, {k})")
-    n_workers = _default_workers(x.device, workers)
-    with _SingleThreadedTorch() if x.device.type == "cpu" else contextlib.nullcontext():
+    n_workers = default_workers(x.device, workers)
+    with SingleThreadedTorch() if x.device.type == "cpu" else contextlib.nullcontext():
         best = _kmeans_nd(xc, c0, init_labels, max_iter, tol, label_tol, method, block_bytes, n_workers, empty)
     best.centroids = best.centroids.to(x.dtype)
     best.seconds = time.perf_counter() - t0
@@ -225,18 +225,18 @@ def _kmeans_nd(
     onto init ("merge", opt-in: lower inertia at high β, but it breaks cross-client alignment)."""
     r, f = x.shape
     k = c0.shape[0]
-    rows = max(1, _block_bytes(x.device, block_bytes) // (x.element_size() * max(1, f)))
+    rows = max(1, lloyd_block_bytes(x.device, block_bytes) // (x.element_size() * max(1, f)))
     opts = dict(max_iter=max_iter, tol=tol, label_tol=label_tol, block_bytes=block_bytes, workers=workers, empty=empty)
     if method in ("auto", "lloyd"):
         start = c0 if init_labels is None else lloyd_update(x, init_labels, c0)
-        c, labels, it, conv, hist = _lloyd(x, start, c0, start_labels=init_labels, **opts)  # type: ignore[arg-type]
-        return KMeansResult(c, labels, it, _inertia(x, c, labels, rows), 0.0, "lloyd", conv, hist)
+        c, labels, it, conv, hist = lloyd_iterations(x, start, c0, start_labels=init_labels, **opts)  # type: ignore[arg-type]
+        return KMeansResult(c, labels, it, inertia_of(x, c, labels, rows), 0.0, "lloyd", conv, hist)
     if method == "merge":
         pl = pair_merge(x, k, block_bytes=block_bytes, workers=workers)
         pc = lloyd_update(x, pl, c0)
-        perm = _align(pc, c0, block_bytes=block_bytes, workers=workers)
-        c, labels, it, conv, hist = _lloyd(x, pc[perm], c0, **opts)  # type: ignore[arg-type]
-        return KMeansResult(c, labels, it, _inertia(x, c, labels, rows), 0.0, "merge", conv, hist)
+        perm = align(pc, c0, block_bytes=block_bytes, workers=workers)
+        c, labels, it, conv, hist = lloyd_iterations(x, pc[perm], c0, **opts)  # type: ignore[arg-type]
+        return KMeansResult(c, labels, it, inertia_of(x, c, labels, rows), 0.0, "merge", conv, hist)
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -57,7 +57,7 @@ def iteration_memory_bytes(
     return workers * per_worker + shared + m_step + scans
 
 
-def _block_bytes(device: torch.device, block_bytes: int | None) -> int:
+def lloyd_block_bytes(device: torch.device, block_bytes: int | None) -> int:
     if block_bytes is not None:
         return int(block_bytes)
     return CPU_BLOCK_BYTES if device.type == "cpu" else ACCEL_BLOCK_BYTES
@@ -67,7 +67,7 @@ def _block_bytes(device: torch.device, block_bytes: int | None) -> int:
 # Lloyd: E-step and M-step
 
 
-class _SingleThreadedTorch:
+class SingleThreadedTorch:
     """Context: torch intra-op threads = 1 while our own pool parallelises over row chunks.
 
     Measured on the shared 2-core machine: two torch threads splitting every matrix product fall to
@@ -82,16 +82,16 @@ class _SingleThreadedTorch:
 
     def __enter__(self) -> None:
         with self._lock:
-            if _SingleThreadedTorch._depth == 0:
-                _SingleThreadedTorch._saved = torch.get_num_threads()
+            if SingleThreadedTorch._depth == 0:
+                SingleThreadedTorch._saved = torch.get_num_threads()
                 torch.set_num_threads(1)
-            _SingleThreadedTorch._depth += 1
+            SingleThreadedTorch._depth += 1
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
-            _SingleThreadedTorch._depth -= 1
-            if _SingleThreadedTorch._depth == 0:
-                torch.set_num_threads(_SingleThreadedTorch._saved)
+            SingleThreadedTorch._depth -= 1
+            if SingleThreadedTorch._depth == 0:
+                torch.set_num_threads(SingleThreadedTorch._saved)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -99,7 +99,7 @@ _POOLS_LOCK = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """One persistent pool per worker count (its threads start inside _SingleThreadedTorch, so each
+    """One persistent pool per worker count (its threads start inside SingleThreadedTorch, so each
     keeps torch's intra-op threads at 1)."""
     with _POOLS_LOCK:
         if workers not in _POOLS:
@@ -107,11 +107,11 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
-def _default_workers(device: torch.device, workers: int | None) -> int:
+def default_workers(device: torch.device, workers: int | None) -> int:
     if device.type != "cpu":
         return 1
     if workers is None:
-        workers = torch.get_num_threads() if _SingleThreadedTorch._depth == 0 else _SingleThreadedTorch._saved
+        workers = torch.get_num_threads() if SingleThreadedTorch._depth == 0 else SingleThreadedTorch._saved
     return max(1, int(workers))
 
 
@@ -175,11 +175,11 @@ def lloyd_assign(
     On CPU, `workers` threads (default: torch's thread count) take disjoint row spans.
     """
     r, k = x.shape[0], c.shape[0]
-    rows, tile = block_shape(r, k, x.element_size(), _block_bytes(x.device, block_bytes))
+    rows, tile = block_shape(r, k, x.element_size(), lloyd_block_bytes(x.device, block_bytes))
     c_sq = (c * c).sum(1)
     labels = torch.empty(r, dtype=torch.int64, device=x.device)
     partial = torch.empty(r, dtype=x.dtype, device=x.device)
-    n_workers = _default_workers(x.device, workers)
+    n_workers = default_workers(x.device, workers)
     if n_workers > 1 and 2.0 * r * k * x.shape[1] >= PARALLEL_MIN_FLOP:
         rows = min(rows, -(-r // n_workers))  # at least one chunk per worker
     n_chunks = -(-r // rows)
@@ -189,7 +189,7 @@ def lloyd_assign(
     # a few spans per worker so that a worker slowed by a competing process takes fewer of them
     per = max(1, n_chunks // (4 * n_workers))
     spans = [(i, min(r, i + per * rows)) for i in range(0, r, per * rows)]
-    with _SingleThreadedTorch():
+    with SingleThreadedTorch():
         futures = [
             _pool(n_workers).submit(_assign_span, x, c, c_sq, labels, partial, sp, rows, tile, exclude_self)
             for sp in spans
@@ -262,7 +262,7 @@ def _row_sq_total(x: torch.Tensor, rows: int) -> tuple[float, float]:
     return float(s2.sum()), float(var.mean())
 
 
-def _inertia(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, rows: int) -> float:
+def inertia_of(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, rows: int) -> float:
     """Σ_i ‖x_i − c_{label_i}‖², directly (no cancellation). One block: a dot product of the
     differences in x's dtype; otherwise row chunks, row sums in x's dtype, their total in float64."""
     if x.shape[0] <= rows:
@@ -275,7 +275,7 @@ def _inertia(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, rows: int) 
     return total
 
 
-def _lloyd(
+def lloyd_iterations(
     x: torch.Tensor,
     start: torch.Tensor,
     fallback: torch.Tensor,
@@ -293,7 +293,7 @@ def _lloyd(
     in the first iteration when `start` are their means); capped at max_iter. An empty cluster takes
     fallback[j] (empty="keep") or the farthest row (empty="farthest", relocate_empty)."""
     r = x.shape[0]
-    rows = max(1, _block_bytes(x.device, block_bytes) // (x.element_size() * max(1, x.shape[1])))
+    rows = max(1, lloyd_block_bytes(x.device, block_bytes) // (x.element_size() * max(1, x.shape[1])))
     sq_total, mean_var = _row_sq_total(x, rows)
     tol_abs = tol * mean_var
     c = start
@@ -307,7 +307,7 @@ def _lloyd(
     k = fallback.shape[0]
     # small problems (one distance block, one tile): the E-step inline in a reused buffer, no pool —
     # the per-iteration dispatch overhead dominates there
-    small = r * k * x.element_size() <= _block_bytes(x.device, block_bytes) and k <= UNTILED_MAX_K
+    small = r * k * x.element_size() <= lloyd_block_bytes(x.device, block_bytes) and k <= UNTILED_MAX_K
     buf = torch.empty(r, k, dtype=x.dtype, device=x.device) if small else None
     for it in range(1, max_iter + 1):
         if buf is not None:

@@ -14,7 +14,7 @@ def pair_merge(x: torch.Tensor, k: int, *, block_bytes: int | None = None, worke
 
     Each pass finds every free row's nearest free row, walks those edges by increasing distance and pairs
     rows that are both still free, until r − k pairs exist. Returns labels in [0, k) (pairs first, then
-    singletons, both in row order) — an arbitrary numbering; `_align` maps it onto the init.
+    singletons, both in row order) — an arbitrary numbering; `align` maps it onto the init.
     """
     r = x.shape[0]
     need = r - k
@@ -49,7 +49,7 @@ def pair_merge(x: torch.Tensor, k: int, *, block_bytes: int | None = None, worke
     return torch.from_numpy(labels).to(x.device)
 
 
-def _align(
+def align(
     cent: torch.Tensor, init: torch.Tensor, *, block_bytes: int | None = None, workers: int | None = None
 ) -> torch.Tensor:
     """perm with cluster perm[j] ↦ index j: greedy matching of centroids to init rows by distance.

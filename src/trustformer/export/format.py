@@ -24,7 +24,7 @@ SUMMARY_FILE = "summary.json"
 TASK_TRANSLATION = "translation"
 TASK_CLASSIFICATION = "image-classification"
 TASK_SEGMENTATION = "segmentation"
-_ARCHITECTURES = {TASK_TRANSLATION: "Seq2SeqTransformer", TASK_CLASSIFICATION: "FixupResNet", TASK_SEGMENTATION: "UNet"}
+ARCHITECTURES = {TASK_TRANSLATION: "Seq2SeqTransformer", TASK_CLASSIFICATION: "FixupResNet", TASK_SEGMENTATION: "UNet"}
 
 
 class ExportError(TrustformerError, ValueError):

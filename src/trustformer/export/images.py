@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from .format import META_FILE, TASK_CLASSIFICATION, TASK_SEGMENTATION, ExportError
-from .reading import _build_config, _expect_task, _load_weights, read_model_meta
-from .writing import _save_model_folder
+from .reading import build_config, expect_task, load_weights, read_model_meta
+from .writing import save_model_folder
 
 
 def image_input_spec(task: Any) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def save_image_model(
     else:
         raise TypeError(f"save_image_model needs a FixupResNet or a UNet, got {type(model).__name__}")
     spec = _check_input_spec(task, input_spec, model.config.in_channels, num_classes)
-    return _save_model_folder(
+    return save_model_folder(
         folder, model, task=task, config=asdict(model.config), more_meta={"input": spec}, more_files=(), extra=extra
     )
 
@@ -93,13 +93,13 @@ def load_image_model(folder: Path, device: str | torch.device = "cpu") -> tuple[
 
     folder = Path(folder)
     meta = read_model_meta(folder)
-    _expect_task(folder, meta, (TASK_CLASSIFICATION, TASK_SEGMENTATION))
+    expect_task(folder, meta, (TASK_CLASSIFICATION, TASK_SEGMENTATION))
     if meta["task"] == TASK_CLASSIFICATION:
-        config = _build_config(FixupConfig, folder, meta)
+        config = build_config(FixupConfig, folder, meta)
         factory: Callable[[], nn.Module] = lambda: FixupResNet(config)  # noqa: E731
         num_classes = config.num_classes
     else:
-        config = _build_config(UNetConfig, folder, meta)
+        config = build_config(UNetConfig, folder, meta)
         factory, num_classes = (lambda: UNet(config)), None
     try:
         meta["input"] = _check_input_spec(meta["task"], meta.get("input") or {}, config.in_channels, num_classes)
@@ -107,7 +107,7 @@ def load_image_model(folder: Path, device: str | torch.device = "cpu") -> tuple[
         raise ExportError(f"{folder / META_FILE}: {exc}") from exc
     with torch.random.fork_rng(devices=[]):
         model = factory()
-    return _load_weights(folder, meta, model, device), meta
+    return load_weights(folder, meta, model, device), meta
 
 
 __all__ = ["image_input_spec", "load_image_model", "save_image_model"]

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .format import (
-    _ARCHITECTURES,
+    ARCHITECTURES,
     FORMAT_NAME,
     FORMAT_VERSION,
     META_FILE,
@@ -24,7 +24,7 @@ from .format import (
 )
 
 
-def _folder(path: Path | str, what: str, hint: str) -> Path:
+def model_folder(path: Path | str, what: str, hint: str) -> Path:
     """``path`` as a Path, or an ExportError when it is missing or not a folder."""
     path = Path(path)
     if not path.exists():
@@ -34,7 +34,7 @@ def _folder(path: Path | str, what: str, hint: str) -> Path:
     return path
 
 
-def _read_json(path: Path, hint: str = "") -> Any:
+def read_json(path: Path, hint: str = "") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -43,14 +43,14 @@ def _read_json(path: Path, hint: str = "") -> Any:
 
 def read_model_meta(folder: Path) -> dict[str, Any]:
     """``model.json`` of a model folder, checked for the format name and version."""
-    folder = _folder(folder, "model folder", f"pass the model folder (the one holding {META_FILE})")
+    folder = model_folder(folder, "model folder", f"pass the model folder (the one holding {META_FILE})")
     path = folder / META_FILE
     if not path.is_file():
         raise ExportError(
             f"{folder} is not a trained-model folder (no {META_FILE}): run `trustformer run` "
             "first; its models are written under <run>/models/"
         )
-    meta = _read_json(path, ": the model folder is damaged")
+    meta = read_json(path, ": the model folder is damaged")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise ExportError(
             f"{path} is not a trustformer model description (format is "
@@ -69,18 +69,18 @@ def read_model_meta(folder: Path) -> dict[str, Any]:
     for key, kind in (("task", str), ("config", dict)):
         if not isinstance(meta.get(key), kind):
             raise ExportError(f"{path} lacks a valid {key!r} entry: the model folder is damaged")
-    if meta["task"] not in _ARCHITECTURES:
-        raise ExportError(f"{path}: unknown task {meta['task']!r} (known: {', '.join(_ARCHITECTURES)})")
+    if meta["task"] not in ARCHITECTURES:
+        raise ExportError(f"{path}: unknown task {meta['task']!r} (known: {', '.join(ARCHITECTURES)})")
     return meta
 
 
-def _expect_task(folder: Path, meta: dict[str, Any], tasks: tuple[str, ...]) -> None:
+def expect_task(folder: Path, meta: dict[str, Any], tasks: tuple[str, ...]) -> None:
     if meta["task"] not in tasks:
         command = "trustformer translate" if meta["task"] == TASK_TRANSLATION else "trustformer predict"
         raise ExportError(f"{folder} holds a {meta['task']} model, not {' or '.join(tasks)}: use `{command}`")
 
 
-def _build_config(cls: type, folder: Path, meta: dict[str, Any]) -> Any:
+def build_config(cls: type, folder: Path, meta: dict[str, Any]) -> Any:
     raw = dict(meta["config"])
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
@@ -103,7 +103,7 @@ def _names(items: Sequence[str], limit: int = 5) -> str:
     return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")
 
 
-def _load_weights(folder: Path, meta: dict[str, Any], model: nn.Module, device: str | torch.device) -> nn.Module:
+def load_weights(folder: Path, meta: dict[str, Any], model: nn.Module, device: str | torch.device) -> nn.Module:
     """Read ``model.safetensors``, check names, shapes and the fingerprint against ``model`` (built from
     the config), load it, move it to ``device`` and switch it to eval mode."""
     from safetensors import SafetensorError

@@ -13,7 +13,7 @@ from ..models.adapters import has_adapters, merged
 from ..models.transformer import Seq2SeqTransformer
 from .format import SUMMARY_FILE, WEIGHTS_FILE, ExportError, model_fingerprint
 from .images import save_image_model
-from .reading import _folder, _read_json, read_model_meta
+from .reading import model_folder, read_json, read_model_meta
 from .translation import save_translation_model
 
 
@@ -51,14 +51,14 @@ def export_model(
 def find_models(run_dir: Path) -> dict[int, Path]:
     """Client id → model folder of a finished run, from ``run_dir/summary.json``'s ``"models"`` entry
     (paths relative to the run folder; clients holding the same model share a folder). Sorted by id."""
-    run_dir = _folder(run_dir, "run folder", "pass a run folder (the --out of `trustformer run`)")
+    run_dir = model_folder(run_dir, "run folder", "pass a run folder (the --out of `trustformer run`)")
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file():
         raise ExportError(
             f"{run_dir} has no {SUMMARY_FILE}: it is not a finished run folder (pass the --out "
             "folder of a completed `trustformer run`)"
         )
-    summary = _read_json(summary_path)
+    summary = read_json(summary_path)
     models = summary.get("models") if isinstance(summary, dict) else None
     if not models:
         raise ExportError(

@@ -12,8 +12,8 @@ import torch
 
 from ..models.transformer import Seq2SeqTransformer, TransformerConfig
 from .format import HF_FILE, META_FILE, SPM_FILE, TASK_TRANSLATION, ExportError
-from .reading import _build_config, _expect_task, _load_weights, read_model_meta
-from .writing import _save_model_folder
+from .reading import build_config, expect_task, load_weights, read_model_meta
+from .writing import save_model_folder
 
 
 def _tokenizer_payload(tokenizer: Any) -> tuple[dict[str, Any], str, bytes]:
@@ -63,7 +63,7 @@ def save_translation_model(
                 f"{attr}={getattr(config, attr)}: not the tokenizer this model was built for"
             )
     entry, name, data = _tokenizer_payload(tokenizer)
-    return _save_model_folder(
+    return save_model_folder(
         folder,
         model,
         task=TASK_TRANSLATION,
@@ -110,8 +110,8 @@ def load_translation_model(
     folder; :class:`ExportError` when the folder is missing, incomplete, damaged or of another format."""
     folder = Path(folder)
     meta = read_model_meta(folder)
-    _expect_task(folder, meta, (TASK_TRANSLATION,))
-    config = _build_config(TransformerConfig, folder, meta)
+    expect_task(folder, meta, (TASK_TRANSLATION,))
+    config = build_config(TransformerConfig, folder, meta)
     tokenizer = _load_tokenizer(folder, meta)
     for attr in ("vocab_size", "pad_id", "bos_id", "eos_id"):
         if getattr(tokenizer, attr) != getattr(config, attr):
@@ -121,7 +121,7 @@ def load_translation_model(
             )
     with torch.random.fork_rng(devices=[]):  # building draws an initialisation; the caller's RNG is untouched
         model = Seq2SeqTransformer(config)
-    model = _load_weights(folder, meta, model, device)
+    model = load_weights(folder, meta, model, device)
     return model, tokenizer, meta
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .format import (
-    _ARCHITECTURES,
+    ARCHITECTURES,
     FORMAT_NAME,
     FORMAT_VERSION,
     HF_FILE,
@@ -103,7 +103,7 @@ def _write_bytes(data: bytes) -> Callable[[Path], None]:
     return lambda path: path.write_bytes(data)
 
 
-def _save_model_folder(
+def save_model_folder(
     folder: Path,
     model: nn.Module,
     *,
@@ -125,7 +125,7 @@ def _save_model_folder(
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "task": task,
-        "architecture": _ARCHITECTURES[task],
+        "architecture": ARCHITECTURES[task],
         "config": config,
         "fingerprint": fingerprint,
         "weights": {

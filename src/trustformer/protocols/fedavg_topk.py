@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import RunConfig
-from ..config.checks import _in_range
+from ..config.checks import check_in_range
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
 from .interface.spec import ProtocolSpec
@@ -46,7 +46,7 @@ class TopKConfig:
     error_feedback: bool = True  # what a client does not send is added to its next update
 
     def validate(self) -> None:
-        _in_range("fedavg-topk.keep", self.keep, 0.0, 1.0, lo_open=True)
+        check_in_range("fedavg-topk.keep", self.keep, 0.0, 1.0, lo_open=True)
 
 
 class FedAvgTopK(FederatedProtocol):

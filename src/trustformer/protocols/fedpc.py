@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, RunConfig
-from ..config.checks import _at_least, _choice, _in_range
+from ..config.checks import check_at_least, check_choice, check_in_range
 from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
@@ -88,9 +88,9 @@ class FedPCConfig:
     optimizers: tuple[str, ...] = ()  # sgd (momentum) | adam; () = the task's optimizer
 
     def validate(self) -> None:
-        _choice("fedpc.sign", self.sign, ("paper", "flipped"))
-        _at_least("fedpc.master_lr", self.master_lr, 0.0)
-        _in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_choice("fedpc.sign", self.sign, ("paper", "flipped"))
+        check_at_least("fedpc.master_lr", self.master_lr, 0.0)
+        check_in_range("fedpc.beta", self.beta, 0.0, 1.0, lo_open=True, hi_open=True)
         for name, values, low in (
             ("fedpc.batch_sizes", self.batch_sizes, 1),
             ("fedpc.local_epochs", self.local_epochs, 1),
@@ -102,7 +102,7 @@ class FedPCConfig:
         if any(not v > 0 for v in self.lrs):
             raise ConfigError(f"fedpc.lrs = {list(self.lrs)!r} must be learning rates > 0")
         for value in self.optimizers:
-            _choice("fedpc.optimizers", value, ("sgd", "adam"))
+            check_choice("fedpc.optimizers", value, ("sgd", "adam"))
 
 
 def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:

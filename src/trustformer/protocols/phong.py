@@ -21,7 +21,7 @@ from typing import Any
 
 
 from ..config import RunConfig
-from ..config.checks import _choice
+from ..config.checks import check_choice
 from ..core.shared import derive_seed
 from .interface.base import (
     ClientSession,
@@ -42,7 +42,7 @@ class PhongConfig:
     order: str = "fixed"  # the order the model visits the workers each epoch: fixed (client order) | shuffled
 
     def validate(self) -> None:
-        _choice("phong.order", self.order, ("fixed", "shuffled"))
+        check_choice("phong.order", self.order, ("fixed", "shuffled"))
 
 
 class Phong(FederatedProtocol):

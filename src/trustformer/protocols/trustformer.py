@@ -62,7 +62,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config import ConfigError, RunConfig
-from ..config.checks import _at_least, _choice, _in_range
+from ..config.checks import check_at_least, check_choice, check_in_range
 from ..core.aggregation import weighted_mean
 from ..core.centroids import (
     check_floor,
@@ -107,13 +107,13 @@ class TrustformerConfig:
     kmeans_tol: float = 1e-4  # Lloyd stops when the centroids move less than this (relative to the data's variance)
 
     def validate(self) -> None:
-        _in_range("trustformer.beta", self.beta, 0.0, 1.0, lo_open=True)
-        _choice("trustformer.weighting", self.weighting, ("uniform", "data_size"))
-        _choice("trustformer.memberships", self.memberships, MODES)
-        _at_least("trustformer.min_cluster_rows", self.min_cluster_rows, 1)
-        _at_least("trustformer.kmeans_max_iter", self.kmeans_max_iter, 1)
-        _at_least("trustformer.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
-        _at_least("trustformer.kmeans_tol", self.kmeans_tol, 0.0)
+        check_in_range("trustformer.beta", self.beta, 0.0, 1.0, lo_open=True)
+        check_choice("trustformer.weighting", self.weighting, ("uniform", "data_size"))
+        check_choice("trustformer.memberships", self.memberships, MODES)
+        check_at_least("trustformer.min_cluster_rows", self.min_cluster_rows, 1)
+        check_at_least("trustformer.kmeans_max_iter", self.kmeans_max_iter, 1)
+        check_at_least("trustformer.kmeans_warm_max_iter", self.kmeans_warm_max_iter, 1)
+        check_at_least("trustformer.kmeans_tol", self.kmeans_tol, 0.0)
 
 
 def check_config(cfg: RunConfig) -> None:

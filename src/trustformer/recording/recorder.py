@@ -71,8 +71,8 @@ class RunRecorder:
             self.total_rounds,
             now - self._round_started,
             ", ".join(losses),
-            _fmt_s(elapsed),
-            _fmt_s(eta),
+            fmt_s(elapsed),
+            fmt_s(eta),
         )
         self._round_started = now
         if self.tracker is not None:
@@ -142,7 +142,7 @@ def _mean(values) -> float:
     return float(statistics.fmean(values)) if values else 0.0
 
 
-def _fmt_s(seconds: float) -> str:
+def fmt_s(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"

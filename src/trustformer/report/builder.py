@@ -185,9 +185,9 @@ def _clip(text: str, n: int = 70) -> str:
 
 
 def _rel(path: Path, base: Path) -> str:
-    from .document import _relative
+    from .document import relative_link
 
-    return _relative(path, base)
+    return relative_link(path, base)
 
 
 def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) -> None:
@@ -223,35 +223,35 @@ def _setup(doc: Document, runs: Sequence[RunResult], context: dict[str, Any]) ->
     doc.bullets(run_items)
     machines = {json.dumps(r.summary.get("machine", {}), sort_keys=True) for r in runs}
     versions = {json.dumps(r.summary.get("versions", {}), sort_keys=True) for r in runs}
-    items = [f"Machine: {_kv(json.loads(m))}" for m in sorted(machines)]
-    items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
+    items = [f"Machine: {kv(json.loads(m))}" for m in sorted(machines)]
+    items += [f"Versions: {kv(json.loads(v))}" for v in sorted(versions)]
     if context.get("machine"):
-        items.append(f"Host during the grid: {_kv(context['machine'])}")
+        items.append(f"Host during the grid: {kv(context['machine'])}")
     data: dict[str, Any] = next(
         (r.summary.get("data", {}).get("clients", {}) for r in runs if r.summary.get("data")), {}
     )
     first = next(iter(data.values()), None) if data else None
     if first:
-        items.append(f"Data: {_kv(first)}")
+        items.append(f"Data: {kv(first)}")
     doc.bullets(items)
 
 
-def _kv(d: dict[str, Any]) -> str:
+def kv(d: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
-def _flatten(d: dict[str, Any], prefix: tuple = ()) -> dict[tuple, Any]:
+def flatten(d: dict[str, Any], prefix: tuple = ()) -> dict[tuple, Any]:
     out: dict[tuple, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, prefix + (k,)))
+            out.update(flatten(v, prefix + (k,)))
         else:
             out[prefix + (k,)] = v
     return out
 
 
 def _common_config(runs: Sequence[RunResult]) -> dict[str, Any]:
-    flats = [_flatten(r.config) for r in runs if r.config]
+    flats = [flatten(r.config) for r in runs if r.config]
     if not flats:
         return {}
     common = {
@@ -263,7 +263,7 @@ def _common_config(runs: Sequence[RunResult]) -> dict[str, Any]:
 
 
 def nest(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
-    """The inverse of ``_flatten``: {("a", "b"): 1} → {"a": {"b": 1}}, keys sorted."""
+    """The inverse of ``flatten``: {("a", "b"): 1} → {"a": {"b": 1}}, keys sorted."""
     nested: dict[str, Any] = {}
     for key, value in sorted(flat.items()):
         node = nested
@@ -274,10 +274,10 @@ def nest(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
 
 
 def _varying(run: RunResult, base: dict[str, Any]) -> str:
-    flat_base = _flatten(base)
+    flat_base = flatten(base)
     diffs = [
         f"{'.'.join(k)}={v}"
-        for k, v in sorted(_flatten(run.config).items())
+        for k, v in sorted(flatten(run.config).items())
         if k != ("out",) and k not in _GRID_KEYS and flat_base.get(k, object()) != v
     ]
     return ", ".join(diffs)

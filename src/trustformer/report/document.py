@@ -56,7 +56,7 @@ class Document:
                     out.append(f"- Files: {files}")
                 out.append("")
             elif kind == "img":
-                rel = _relative(block[1], base)
+                rel = relative_link(block[1], base)
                 out += [f"![{block[2]}]({rel})", "", f"*{block[2]}*", ""]
             elif kind == "code":
                 out += [f"```{block[2]}", block[1].rstrip("\n"), "```", ""]
@@ -124,7 +124,7 @@ def _inline(text: str) -> str:
     return out
 
 
-def _relative(path: Path, base: Path) -> str:
+def relative_link(path: Path, base: Path) -> str:
     try:
         return Path(os.path.relpath(Path(path).resolve(), Path(base).resolve())).as_posix()
     except ValueError:  # another drive

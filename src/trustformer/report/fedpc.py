@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import paper_fedpc as paper
-from .builder import ReportFiles, _flatten, _kv, nest, provenance
+from .builder import ReportFiles, flatten, kv, nest, provenance
 from .document import Document
 from .runs import RunResult, load_runs
-from .tables import Table, _num, _pct
+from .tables import Table, num, pct
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def accuracy_table(cells: Sequence[Cell], partition: str) -> Table:
         ]
         t.rows.append(row)
     t.formats = {c: _four for c in columns if c.endswith(" ours") and not c.startswith("FedPC /")}
-    t.formats.update({"FedPC / centralized ours": _pct, "FedPC / centralized paper": _pct})
+    t.formats.update({"FedPC / centralized ours": pct, "FedPC / centralized paper": pct})
     printed = sorted((paper.TABLE2 if partition == "stratified" else paper.TABLE4))
     t.notes = [
         _data_note(cells, task),
@@ -291,7 +291,7 @@ def fig6_table(cells: Sequence[Cell]) -> Table:
                 paper.eq8_bytes(paper.FIG6_MODEL_MB[row["task"]], n),
             ]
         )
-    kib = _num(1)
+    kib = num(1)
     t.formats = {
         "V (KiB)": kib,
         "FedPC measured KiB": kib,
@@ -305,7 +305,7 @@ def fig6_table(cells: Sequence[Cell]) -> Table:
         "FedPC saves vs FedAvg (measured)": _pct2,
         "Eq. 8 saves vs 2VN": _pct2,
         "paper: saved": _pct2,
-        "paper Eq. 8 MB": _num(1),
+        "paper Eq. 8 MB": num(1),
     }
     t.notes = [
         "Measured: the serialized messages of one epoch, every worker's up and down (model, packed ternary "
@@ -322,9 +322,9 @@ def fig6_table(cells: Sequence[Cell]) -> Table:
 
 
 def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
-    from .figures import _plt
+    from .figures import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     rows = fig6_rows(cells)
     tasks = [t for t in paper.PAPER_SETUP if any(r["task"] == t for r in rows)]
     fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4.6 * (len(tasks) + 1), 4.0), squeeze=False)
@@ -445,7 +445,7 @@ def label(cell: Cell) -> str:
 
 def _relevant(cell: Cell) -> dict[tuple, Any]:
     other = _OTHER_SECTION.get(cell.task)
-    return {k: v for k, v in _flatten(cell.run.config).items() if k not in _GRID_KEYS and k[0] != other}
+    return {k: v for k, v in flatten(cell.run.config).items() if k not in _GRID_KEYS and k[0] != other}
 
 
 def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> None:
@@ -490,10 +490,10 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
         doc.bullets(items)
     machines = {json.dumps(c.run.summary.get("machine", {}), sort_keys=True) for c in cells}
     versions = {json.dumps(c.run.summary.get("versions", {}), sort_keys=True) for c in cells}
-    items = [f"Machine: {_kv(json.loads(m))}" for m in sorted(machines)]
-    items += [f"Versions: {_kv(json.loads(v))}" for v in sorted(versions)]
+    items = [f"Machine: {kv(json.loads(m))}" for m in sorted(machines)]
+    items += [f"Versions: {kv(json.loads(v))}" for v in sorted(versions)]
     if context.get("machine"):
-        items.append(f"Host during the grid: {_kv(context['machine'])}")
+        items.append(f"Host during the grid: {kv(context['machine'])}")
     doc.bullets(items)
 
 

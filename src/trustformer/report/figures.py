@@ -49,7 +49,7 @@ _REF_STYLES = {
 }
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -68,7 +68,7 @@ def _client_name(c: int) -> str:
 
 
 def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     runs = [r for r in runs if r.loss_curves()]
     n = max(len(runs), 1)
     cols = min(4, n)
@@ -102,7 +102,7 @@ def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
 
 
 def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     sweep = sorted(
         (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
         key=lambda r: r.beta,
@@ -177,7 +177,7 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
 
 
 def quality(runs: Sequence[RunResult], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     metrics = [
         ("bleu", "BLEU (sacreBLEU, 0–100)", 100.0),
         ("meteor", "METEOR (0–1)", 1.0),
@@ -241,7 +241,7 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
 
 
 def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.8, 4.2))
     sweep = sorted(
         (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
@@ -304,7 +304,7 @@ def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
     )
     if run is None:
         return None
-    plt = _plt()
+    plt = pyplot()
     data = run.summary["data"]
     clients = {k: v for k, v in data["clients"].items() if "domains" in v}
     names = sorted(

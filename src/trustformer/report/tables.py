@@ -83,7 +83,7 @@ class Table:
         return [csv_path, md_path]
 
 
-def _num(digits: int) -> Callable[[Any], str]:
+def num(digits: int) -> Callable[[Any], str]:
     return lambda v: f"{v:,.{digits}f}"
 
 
@@ -95,7 +95,7 @@ def _ratio(v: Any) -> str:
     return f"×{v:.2g}"
 
 
-def _pct(v: Any) -> str:
+def pct(v: Any) -> str:
     return f"{100 * v:.1f}%"
 
 
@@ -183,7 +183,7 @@ def quality_table(runs: Sequence[RunResult]) -> Table:
         if len(tasks) > 1:
             row.insert(1, r.task)
         t.rows.append(row)
-    t.formats = {"up KiB/round": _num(1), "wall time (s)": _num(1), "privacy ε": lambda v: f"{v:.3g}"}
+    t.formats = {"up KiB/round": num(1), "wall time (s)": num(1), "privacy ε": lambda v: f"{v:.3g}"}
     notes = []
     if "translation" in tasks:
         bert_models = sorted({r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")})
@@ -262,11 +262,11 @@ def table3_bytes(runs: Sequence[RunResult]) -> Table:
             ]
         )
     t.formats = {
-        "ours up KiB/round": _num(1),
-        "ours down KiB/round": _num(1),
-        "paper KiB": _num(0),
-        "ours % of a FedAvg model": _pct,
-        "paper % of a FedAvg model": _pct,
+        "ours up KiB/round": num(1),
+        "ours down KiB/round": num(1),
+        "paper KiB": num(0),
+        "ours % of a FedAvg model": pct,
+        "paper % of a FedAvg model": pct,
         "ours / paper": _ratio,
     }
     t.notes = [
@@ -318,9 +318,9 @@ def table4_time(runs: Sequence[RunResult]) -> Table:
                 _ratio_of(e["total"], p[3] if p else None),
             ]
         )
-    fmt = _num(2)
+    fmt = num(2)
     t.formats = {c: fmt for c in columns[1:6]}
-    t.formats.update({c: _num(0) for c in columns[6:10]})
+    t.formats.update({c: num(0) for c in columns[6:10]})
     t.formats["total ours / paper"] = _ratio
     modes = sorted({r.memberships for r in runs if r.strategy == "trustformer"})
     timed = {
@@ -402,10 +402,10 @@ def table5_total(
                 ]
             )
     t.formats = {
-        "ours Eq. 5 (s)": _num(1),
-        "measured in an Agg_fr run (s)": _num(1),
-        "paper (h)": _num(2),
-        "paper Eq. 5 from its Table IV (h)": _num(2),
+        "ours Eq. 5 (s)": num(1),
+        "measured in an Agg_fr run (s)": num(1),
+        "paper (h)": num(2),
+        "paper Eq. 5 from its Table IV (h)": num(2),
         "ours / FedAvg": _ratio,
         "paper / FedAvg": _ratio,
         "ours / paper": _ratio,

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import config as config_module
 from ..config import ConfigError, RunConfig, load_config
-from ..recording.recorder import _fmt_s
+from ..recording.recorder import fmt_s
 
 log = logging.getLogger(__name__)
 
@@ -285,9 +285,7 @@ def run_grid(
         position += 1
         elapsed = clock() - started
         remaining = len(todo) - position + 1
-        eta = (
-            f"ETA {_fmt_s(sum(done_fresh) / len(done_fresh) * remaining)}" if done_fresh else "ETA after the first run"
-        )
+        eta = f"ETA {fmt_s(sum(done_fresh) / len(done_fresh) * remaining)}" if done_fresh else "ETA after the first run"
         log.info(
             "[run %d/%d] %s · starting (%d of %d to run) · elapsed %s · %s",
             i,
@@ -295,7 +293,7 @@ def run_grid(
             run.label,
             position,
             len(todo),
-            _fmt_s(elapsed),
+            fmt_s(elapsed),
             eta,
         )
         run_started = clock()
@@ -312,7 +310,7 @@ def run_grid(
                 i,
                 len(planned),
                 run.label,
-                _fmt_s(seconds),
+                fmt_s(seconds),
                 out.errors[run.name],
             )
             continue
@@ -320,10 +318,10 @@ def run_grid(
         done_fresh.append(seconds)
         out.status[run.name], out.seconds[run.name] = "ran", seconds
         (run.folder / "error.txt").unlink(missing_ok=True)
-        log.info("[run %d/%d] %s · done in %s · %s", i, len(planned), run.label, _fmt_s(seconds), _scores_str(summary))
+        log.info("[run %d/%d] %s · done in %s · %s", i, len(planned), run.label, fmt_s(seconds), _scores_str(summary))
     log.info(
         "grid done in %s: %d ran, %d cached, %d failed",
-        _fmt_s(clock() - started),
+        fmt_s(clock() - started),
         sum(1 for s in out.status.values() if s == "ran"),
         cached,
         len(out.failed),

@@ -23,7 +23,7 @@ __all__ = ["SecAggError", "dequantize", "mask_stream", "quantization_error_bound
 
 KEY_BYTES = 32
 _RANGE_LIMIT = 2**62
-_DOMAIN = b"trustformer/secagg/v1/"
+DOMAIN = b"trustformer/secagg/v1/"
 
 
 class SecAggError(TrustformerError, ValueError):
@@ -34,7 +34,7 @@ class SecAggError(TrustformerError, ValueError):
 # fixed point
 
 
-def _check_scale_bits(scale_bits: int) -> None:
+def check_scale_bits(scale_bits: int) -> None:
     if isinstance(scale_bits, bool) or not isinstance(scale_bits, int) or not 0 <= scale_bits <= 60:
         raise SecAggError(f"secagg scale_bits must be an integer in [0, 60], got {scale_bits!r}")
 
@@ -45,7 +45,7 @@ def quantize(x: np.ndarray, scale_bits: int, num_clients: int = 1) -> np.ndarray
     Refuses NaN/Inf and values with ``|x| * 2**scale_bits * num_clients >= 2**62``, so that a sum
     over ``num_clients`` inputs cannot wrap around.
     """
-    _check_scale_bits(scale_bits)
+    check_scale_bits(scale_bits)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise SecAggError(f"secagg quantize: num_clients must be a positive integer, got {num_clients!r}")
     values = np.asarray(x, dtype=np.float64)
@@ -63,7 +63,7 @@ def quantize(x: np.ndarray, scale_bits: int, num_clients: int = 1) -> np.ndarray
 
 def dequantize(q: np.ndarray, scale_bits: int) -> np.ndarray:
     """Decode uint64 fixed-point values (two's complement) back to signed float64."""
-    _check_scale_bits(scale_bits)
+    check_scale_bits(scale_bits)
     arr = np.asarray(q)
     if arr.dtype != np.uint64:
         raise SecAggError(f"secagg dequantize: expected uint64 values, got dtype {arr.dtype}")
@@ -80,7 +80,7 @@ def quantization_error_bound(num_clients: int, scale_bits: int) -> float:
     ``sum(w_i * x_i) / sum(w_i)`` (clients pre-scale by w_i) is off by at most this bound divided
     by ``sum(w_i)``.
     """
-    _check_scale_bits(scale_bits)
+    check_scale_bits(scale_bits)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise SecAggError(f"secagg: num_clients must be a positive integer, got {num_clients!r}")
     return num_clients * 0.5 / 2.0**scale_bits
@@ -90,18 +90,18 @@ def quantization_error_bound(num_clients: int, scale_bits: int) -> float:
 # key derivation and mask PRG
 
 
-def _u64(value: int) -> bytes:
+def u64(value: int) -> bytes:
     return struct.pack(">Q", value)
 
 
-def _lp(data: bytes) -> bytes:
+def lp(data: bytes) -> bytes:
     """Length-prefixed bytes, so concatenated fields cannot be confused."""
     return struct.pack(">I", len(data)) + data
 
 
-def _derive_key(secret: bytes, purpose: bytes, session: bytes, *ids: int) -> bytes:
+def derive_key(secret: bytes, purpose: bytes, session: bytes, *ids: int) -> bytes:
     """HKDF-SHA256 of ``secret`` with info binding purpose, session and client ids."""
-    info = _DOMAIN + _lp(purpose) + _lp(session) + b"".join(_u64(i) for i in ids)
+    info = DOMAIN + lp(purpose) + lp(session) + b"".join(u64(i) for i in ids)
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
 
 
@@ -117,7 +117,7 @@ def mask_stream(seed: bytes, length: int, context: bytes) -> np.ndarray:
         raise SecAggError(f"secagg mask_stream: length must be a non-negative integer, got {length!r}")
     if not isinstance(context, (bytes, bytearray)):
         raise SecAggError("secagg mask_stream: context must be bytes")
-    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_DOMAIN + b"prg" + bytes(context)).derive(
+    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=DOMAIN + b"prg" + bytes(context)).derive(
         bytes(seed)
     )
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
@@ -125,22 +125,22 @@ def mask_stream(seed: bytes, length: int, context: bytes) -> np.ndarray:
     return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)
 
 
-def _self_mask_context(session: bytes, owner: int) -> bytes:
-    return b"self" + _lp(session) + _u64(owner)
+def self_mask_context(session: bytes, owner: int) -> bytes:
+    return b"self" + lp(session) + u64(owner)
 
 
 def _pair_mask_context(session: bytes, a: int, b: int) -> bytes:
-    return b"pair" + _lp(session) + _u64(min(a, b)) + _u64(max(a, b))
+    return b"pair" + lp(session) + u64(min(a, b)) + u64(max(a, b))
 
 
-def _agree(private: X25519PrivateKey, public_raw: bytes) -> bytes:
+def agree(private: X25519PrivateKey, public_raw: bytes) -> bytes:
     return private.exchange(X25519PublicKey.from_public_bytes(public_raw))
 
 
 def _pair_seed(shared: bytes, session: bytes, a: int, b: int) -> bytes:
-    return _derive_key(shared, b"pair-mask", session, min(a, b), max(a, b))
+    return derive_key(shared, b"pair-mask", session, min(a, b), max(a, b))
 
 
-def _pair_mask(private: X25519PrivateKey, public_raw: bytes, session: bytes, a: int, b: int, length: int) -> np.ndarray:
-    seed = _pair_seed(_agree(private, public_raw), session, a, b)
+def pair_mask(private: X25519PrivateKey, public_raw: bytes, session: bytes, a: int, b: int, length: int) -> np.ndarray:
+    seed = _pair_seed(agree(private, public_raw), session, a, b)
     return mask_stream(seed, length, _pair_mask_context(session, a, b))

@@ -15,30 +15,30 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .masking import (
-    _DOMAIN,
+    DOMAIN,
     KEY_BYTES,
     SecAggError,
-    _agree,
-    _derive_key,
-    _lp,
-    _pair_mask,
-    _self_mask_context,
-    _u64,
+    agree,
+    derive_key,
+    lp,
+    pair_mask,
+    self_mask_context,
+    u64,
     mask_stream,
     quantize,
 )
 from .secagg_common import (
-    _TAG_MASK_KEY,
-    _TAG_SELF_SEED,
+    TAG_MASK_KEY,
+    TAG_SELF_SEED,
     SEED_BYTES,
     SecAggParams,
-    _check_client_ids,
-    _check_public_keys,
-    _check_session,
-    _id_list,
-    _public_raw,
+    check_client_ids,
+    check_public_keys,
+    check_session,
+    id_list,
+    public_raw,
 )
-from .shamir import _check_ids, _parse_share, shamir_split
+from .shamir import check_ids, parse_share, shamir_split
 
 _ENVELOPE_MAGIC = b"SAE1"
 _NONCE_BYTES = 12
@@ -46,7 +46,7 @@ _STATE_FORMAT = "trustformer-secagg-client/1"
 
 
 def _share_aad(session: bytes, sender: int, recipient: int) -> bytes:
-    return _DOMAIN + b"shares" + _lp(session) + _u64(sender) + _u64(recipient)
+    return DOMAIN + b"shares" + lp(session) + u64(sender) + u64(recipient)
 
 
 class SecAggClient:
@@ -62,11 +62,11 @@ class SecAggClient:
         length: int | None = None,
     ):
         self.params = params
-        self.client_ids = _check_client_ids(client_ids, params)
-        (self.client_id,) = _check_ids([client_id], "client id")
+        self.client_ids = check_client_ids(client_ids, params)
+        (self.client_id,) = check_ids([client_id], "client id")
         if self.client_id not in self.client_ids:
             raise SecAggError(f"secagg: client {self.client_id} is not among the clients {self.client_ids}")
-        self.session = _check_session(session)
+        self.session = check_session(session)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise SecAggError(f"secagg client {self.client_id}: length must be a positive integer, got {length!r}")
         self.length = length
@@ -94,7 +94,7 @@ class SecAggClient:
             )
 
     def _raw_public(self) -> dict[str, bytes]:
-        return {"c_pk": _public_raw(self._c_sk), "s_pk": _public_raw(self._s_sk)}
+        return {"c_pk": public_raw(self._c_sk), "s_pk": public_raw(self._s_sk)}
 
     def advertise_keys(self) -> dict[str, bytes]:
         """Round 0: the two raw 32-byte X25519 public keys ``{"c_pk", "s_pk"}``."""
@@ -111,7 +111,7 @@ class SecAggClient:
         step = "share_keys"
         self._expect(step, "advertise_keys")
         where = f"{step}: client {self.client_id}"
-        keys = _check_public_keys(public_keys, set(self.client_ids), self.params.threshold, where)
+        keys = check_public_keys(public_keys, set(self.client_ids), self.params.threshold, where)
         if keys.get(self.client_id) != self._raw_public():
             raise SecAggError(f"{self._where(step)}: the broadcast keys do not contain this client's own public keys")
         self._public_keys = keys
@@ -127,10 +127,10 @@ class SecAggClient:
                 continue
             plaintext = (
                 _ENVELOPE_MAGIC
-                + _u64(self.client_id)
-                + _u64(recipient)
-                + _lp(b_shares[recipient])
-                + _lp(s_shares[recipient])
+                + u64(self.client_id)
+                + u64(recipient)
+                + lp(b_shares[recipient])
+                + lp(s_shares[recipient])
             )
             key = self._share_key(recipient, self.client_id, recipient)
             nonce = os.urandom(_NONCE_BYTES)
@@ -140,8 +140,8 @@ class SecAggClient:
         return out
 
     def _share_key(self, peer: int, sender: int, recipient: int) -> bytes:
-        shared = _agree(self._c_sk, self._public_keys[peer]["c_pk"])
-        return _derive_key(shared, b"share-encryption", self.session, sender, recipient)
+        shared = agree(self._c_sk, self._public_keys[peer]["c_pk"])
+        return derive_key(shared, b"share-encryption", self.session, sender, recipient)
 
     def _open_shares(self, sender: int, ciphertext: bytes) -> tuple[bytes, bytes]:
         step = "masked_input"
@@ -173,7 +173,7 @@ class SecAggClient:
             raise SecAggError(f"{self._where(step)}: share envelope from client {sender} is malformed")
         for name, share in (("self-mask seed", b_share), ("masking key", s_share)):
             try:
-                threshold, _, _ = _parse_share(self.client_id, share)
+                threshold, _, _ = parse_share(self.client_id, share)
             except SecAggError:
                 raise SecAggError(f"{self._where(step)}: share of the {name} of client {sender} is malformed") from None
             if threshold != self.params.threshold:
@@ -194,7 +194,7 @@ class SecAggClient:
         self._expect(step, "share_keys")
         if not isinstance(shares_for_me, Mapping):
             raise SecAggError(f"{self._where(step)}: shares must be a mapping sender -> ciphertext")
-        senders = _id_list(list(shares_for_me), "sender id", f"{step}: client {self.client_id}")
+        senders = id_list(list(shares_for_me), "sender id", f"{step}: client {self.client_id}")
         for sender in senders:
             if sender == self.client_id:
                 raise SecAggError(f"{self._where(step)}: received a share ciphertext from itself")
@@ -220,9 +220,9 @@ class SecAggClient:
             raise SecAggError(f"{self._where(step)}: {str(err).removeprefix('secagg quantize: ')}") from None
         received = {sender: self._open_shares(sender, shares_for_me[sender]) for sender in senders}
         assert self._b is not None
-        y = q + mask_stream(self._b, x.size, _self_mask_context(self.session, self.client_id))
+        y = q + mask_stream(self._b, x.size, self_mask_context(self.session, self.client_id))
         for other in senders:
-            mask = _pair_mask(self._s_sk, self._public_keys[other]["s_pk"], self.session, self.client_id, other, x.size)
+            mask = pair_mask(self._s_sk, self._public_keys[other]["s_pk"], self.session, self.client_id, other, x.size)
             if other > self.client_id:
                 y += mask
             else:
@@ -244,7 +244,7 @@ class SecAggClient:
         step = "unmask"
         self._expect(step, "masked_input", "unmask")
         where = f"{step}: client {self.client_id}"
-        alive, gone = _id_list(survivors, "survivor id", where), _id_list(dropped, "dropped id", where)
+        alive, gone = id_list(survivors, "survivor id", where), id_list(dropped, "dropped id", where)
         both = sorted(set(alive) & set(gone))
         if both:
             raise SecAggError(
@@ -275,8 +275,8 @@ class SecAggClient:
         assert self._own_shares is not None
         held = dict(self._received)
         held[self.client_id] = self._own_shares
-        out = {j: _TAG_SELF_SEED + held[j][0] for j in alive}
-        out.update({j: _TAG_MASK_KEY + held[j][1] for j in gone})
+        out = {j: TAG_SELF_SEED + held[j][0] for j in alive}
+        out.update({j: TAG_MASK_KEY + held[j][1] for j in gone})
         self._revealed = (alive, gone)
         self._step = step
         return out

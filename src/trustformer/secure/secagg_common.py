@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .masking import KEY_BYTES, SecAggError, _check_scale_bits
-from .shamir import _check_ids
+from .masking import KEY_BYTES, SecAggError, check_scale_bits
+from .shamir import check_ids
 
 SEED_BYTES = 32
-_TAG_SELF_SEED = b"b"
-_TAG_MASK_KEY = b"s"
+TAG_SELF_SEED = b"b"
+TAG_MASK_KEY = b"s"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SecAggParams:
             raise SecAggError(f"secagg threshold must be an integer >= 2, got {self.threshold!r}")
         if not isinstance(self.min_survivors, int) or self.min_survivors < 0:
             raise SecAggError(f"secagg min_survivors must be an integer >= 0, got {self.min_survivors!r}")
-        _check_scale_bits(self.scale_bits)
+        check_scale_bits(self.scale_bits)
 
     def too_few(self, survivors: int) -> str | None:
         """Why a sum of ``survivors`` inputs must not be unmasked (None: it may)."""
@@ -49,16 +49,16 @@ class SecAggParams:
 # validation helpers shared by client and server
 
 
-def _check_session(session: bytes) -> bytes:
+def check_session(session: bytes) -> bytes:
     if not isinstance(session, (bytes, bytearray)) or not session:
         raise SecAggError("secagg: session must be non-empty bytes binding run id and round")
     return bytes(session)
 
 
-def _check_client_ids(client_ids: Sequence[int], params: SecAggParams) -> list[int]:
+def check_client_ids(client_ids: Sequence[int], params: SecAggParams) -> list[int]:
     if not isinstance(params, SecAggParams):
         raise SecAggError(f"secagg: params must be SecAggParams, got {type(params).__name__}")
-    ids = sorted(_check_ids(list(client_ids), "client id"))
+    ids = sorted(check_ids(list(client_ids), "client id"))
     if len(ids) < 2:
         raise SecAggError(f"secagg needs at least 2 clients, got {len(ids)}")
     if params.threshold > len(ids):
@@ -66,7 +66,7 @@ def _check_client_ids(client_ids: Sequence[int], params: SecAggParams) -> list[i
     return ids
 
 
-def _check_public_keys(
+def check_public_keys(
     keys: Mapping[int, Mapping[str, bytes]], known: set[int], threshold: int, step: str
 ) -> dict[int, dict[str, bytes]]:
     if not isinstance(keys, Mapping):
@@ -74,7 +74,7 @@ def _check_public_keys(
     out: dict[int, dict[str, bytes]] = {}
     seen: dict[bytes, int] = {}
     for client, entry in keys.items():
-        (cid,) = _id_list([client], "client id", step)
+        (cid,) = id_list([client], "client id", step)
         if cid not in known:
             raise SecAggError(f"secagg {step}: unknown client id {cid}")
         if not isinstance(entry, Mapping) or set(entry) != {"c_pk", "s_pk"}:
@@ -96,14 +96,14 @@ def _check_public_keys(
     return out
 
 
-def _id_list(values: Sequence[int], what: str, step: str) -> list[int]:
+def id_list(values: Sequence[int], what: str, step: str) -> list[int]:
     try:
-        return sorted(_check_ids(list(values), what))
+        return sorted(check_ids(list(values), what))
     except SecAggError as err:
         raise SecAggError(f"secagg {step}: {str(err).removeprefix('secagg: ')}") from None
 
 
-def _public_raw(private: X25519PrivateKey) -> bytes:
+def public_raw(private: X25519PrivateKey) -> bytes:
     return private.public_key().public_bytes_raw()
 
 

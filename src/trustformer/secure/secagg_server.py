@@ -8,17 +8,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .masking import KEY_BYTES, SecAggError, _pair_mask, _self_mask_context, dequantize, mask_stream
+from .masking import KEY_BYTES, SecAggError, pair_mask, self_mask_context, dequantize, mask_stream
 from .secagg_common import (
-    _TAG_MASK_KEY,
-    _TAG_SELF_SEED,
+    TAG_MASK_KEY,
+    TAG_SELF_SEED,
     SEED_BYTES,
     SecAggParams,
-    _check_client_ids,
-    _check_public_keys,
-    _check_session,
-    _id_list,
-    _public_raw,
+    check_client_ids,
+    check_public_keys,
+    check_session,
+    id_list,
+    public_raw,
 )
 from .shamir import shamir_combine
 
@@ -28,11 +28,11 @@ class SecAggServer:
 
     def __init__(self, client_ids: Sequence[int], params: SecAggParams, length: int, session: bytes):
         self.params = params
-        self.client_ids = _check_client_ids(client_ids, params)
+        self.client_ids = check_client_ids(client_ids, params)
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
             raise SecAggError(f"secagg server: vector length must be a positive integer, got {length!r}")
         self.length = int(length)
-        self.session = _check_session(session)
+        self.session = check_session(session)
         self._step = "init"
         self._keys: dict[int, dict[str, bytes]] = {}
         self._u2: list[int] = []
@@ -47,7 +47,7 @@ class SecAggServer:
     def collect_keys(self, keys: Mapping[int, Mapping[str, bytes]]) -> dict[int, dict[str, bytes]]:
         """Validate the advertised public keys (known ids, 32 bytes, >= t clients); return the broadcast."""
         self._expect("collect_keys", "init")
-        self._keys = _check_public_keys(keys, set(self.client_ids), self.params.threshold, "collect_keys")
+        self._keys = check_public_keys(keys, set(self.client_ids), self.params.threshold, "collect_keys")
         self._step = "collect_keys"
         return {cid: dict(entry) for cid, entry in sorted(self._keys.items())}
 
@@ -60,14 +60,14 @@ class SecAggServer:
         self._expect(step, "collect_keys")
         if not isinstance(shares, Mapping):
             raise SecAggError(f"secagg {step}: shares must be a mapping sender -> {{recipient: ciphertext}}")
-        senders = _id_list(list(shares), "sender id", step)
+        senders = id_list(list(shares), "sender id", step)
         for sender in senders:
             if sender not in self._keys:
                 raise SecAggError(f"secagg {step}: shares from unknown client {sender} (it advertised no keys)")
             entry = shares[sender]
             if not isinstance(entry, Mapping):
                 raise SecAggError(f"secagg {step}: shares of client {sender} must be a mapping recipient -> ciphertext")
-            recipients = set(_id_list(list(entry), "recipient id", f"{step}: client {sender}"))
+            recipients = set(id_list(list(entry), "recipient id", f"{step}: client {sender}"))
             expected = set(self._keys) - {sender}
             if recipients != expected:
                 raise SecAggError(
@@ -94,7 +94,7 @@ class SecAggServer:
         self._expect(step, "route_shares")
         if not isinstance(masked, Mapping):
             raise SecAggError(f"secagg {step}: masked inputs must be a mapping client -> uint64 vector")
-        survivors = _id_list(list(masked), "client id", step)
+        survivors = id_list(list(masked), "client id", step)
         total = np.zeros(self.length, dtype=np.uint64)
         for cid in survivors:
             if cid not in self._u2:
@@ -143,7 +143,7 @@ class SecAggServer:
         self._expect(step, "collect_masked")
         if not isinstance(shares, Mapping):
             raise SecAggError(f"secagg {step}: shares must be a mapping responder -> {{owner: share}}")
-        responders = _id_list(list(shares), "responder id", step)
+        responders = id_list(list(shares), "responder id", step)
         expected = set(self._survivors) | set(self._dropped)
         for responder in responders:
             if responder not in self._survivors:
@@ -151,7 +151,7 @@ class SecAggServer:
             entry = shares[responder]
             if not isinstance(entry, Mapping):
                 raise SecAggError(f"secagg {step}: shares of client {responder} must be a mapping owner -> share")
-            extra = sorted(set(_id_list(list(entry), "owner id", f"{step}: client {responder}")) - expected)
+            extra = sorted(set(id_list(list(entry), "owner id", f"{step}: client {responder}")) - expected)
             if extra:
                 raise SecAggError(f"secagg {step}: client {responder} sent shares for unknown client(s) {extra}")
         if len(responders) < self.params.threshold:
@@ -161,22 +161,22 @@ class SecAggServer:
         assert self._masked_sum is not None
         total = self._masked_sum.copy()
         for owner in self._survivors:
-            seed = self._reconstruct(owner, _TAG_SELF_SEED, shares, "self-mask seed")
+            seed = self._reconstruct(owner, TAG_SELF_SEED, shares, "self-mask seed")
             if len(seed) != SEED_BYTES:
                 raise SecAggError(f"secagg {step}: self-mask seed of client {owner} has {len(seed)} bytes")
-            total -= mask_stream(seed, self.length, _self_mask_context(self.session, owner))
+            total -= mask_stream(seed, self.length, self_mask_context(self.session, owner))
         for owner in self._dropped:
-            raw = self._reconstruct(owner, _TAG_MASK_KEY, shares, "masking key")
+            raw = self._reconstruct(owner, TAG_MASK_KEY, shares, "masking key")
             if len(raw) != KEY_BYTES:
                 raise SecAggError(f"secagg {step}: masking key of client {owner} has {len(raw)} bytes")
             s_sk = X25519PrivateKey.from_private_bytes(raw)
-            if _public_raw(s_sk) != self._keys[owner]["s_pk"]:
+            if public_raw(s_sk) != self._keys[owner]["s_pk"]:
                 raise SecAggError(
                     f"secagg {step}: reconstructed masking key of client {owner} does not match its public key"
                 )
             for survivor in self._survivors:
                 # survivor i added +PRG(s_ij) if j > i, -PRG(s_ij) if j < i; remove it
-                mask = _pair_mask(s_sk, self._keys[survivor]["s_pk"], self.session, survivor, owner, self.length)
+                mask = pair_mask(s_sk, self._keys[survivor]["s_pk"], self.session, survivor, owner, self.length)
                 if owner > survivor:
                     total -= mask
                 else:

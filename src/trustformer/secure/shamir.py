@@ -25,7 +25,7 @@ _SHARE_HEADER = struct.Struct(">cHBQ")  # magic, threshold, secret length, share
 _SHARE_BYTES = _SHARE_HEADER.size + _FIELD_BYTES
 
 
-def _check_ids(ids: Sequence[int], what: str) -> list[int]:
+def check_ids(ids: Sequence[int], what: str) -> list[int]:
     out = []
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= int(i) <= _MAX_ID:
@@ -45,7 +45,7 @@ def shamir_split(secret: bytes, threshold: int, share_ids: Sequence[int]) -> dic
     """
     if not isinstance(secret, (bytes, bytearray)) or not 1 <= len(secret) <= 64:
         raise SecAggError("secagg shamir_split: secret must be 1..64 bytes")
-    ids = _check_ids(share_ids, "share id")
+    ids = check_ids(share_ids, "share id")
     if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= len(ids):
         raise SecAggError(
             f"secagg shamir_split: threshold {threshold!r} must be in [1, {len(ids)}] for {len(ids)} shares"
@@ -65,7 +65,7 @@ def shamir_split(secret: bytes, threshold: int, share_ids: Sequence[int]) -> dic
     return shares
 
 
-def _parse_share(share_id: int, share: bytes) -> tuple[int, int, int]:
+def parse_share(share_id: int, share: bytes) -> tuple[int, int, int]:
     if not isinstance(share, (bytes, bytearray)) or len(share) != _SHARE_BYTES:
         raise SecAggError(f"secagg shamir_combine: share {share_id} is not a {_SHARE_BYTES}-byte share")
     magic, threshold, secret_len, labelled = _SHARE_HEADER.unpack_from(share)
@@ -103,8 +103,8 @@ def shamir_combine(shares: Mapping[int, bytes]) -> bytes:
     """
     if not isinstance(shares, Mapping) or not shares:
         raise SecAggError("secagg shamir_combine: no shares given")
-    ids = _check_ids(list(shares), "share id")
-    parsed = {i: _parse_share(i, shares[i]) for i in ids}
+    ids = check_ids(list(shares), "share id")
+    parsed = {i: parse_share(i, shares[i]) for i in ids}
     thresholds = {t for t, _, _ in parsed.values()}
     lengths = {n for _, n, _ in parsed.values()}
     if len(thresholds) != 1 or len(lengths) != 1:
