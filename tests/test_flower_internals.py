@@ -1,4 +1,4 @@
-"""The Flower internals of ``trustformer.engine.flower_internals``, each exercised through that module, on a Flower
+"""The Flower internals of ``trustformer.flower_internals``, each exercised through that module, on a Flower
 release the module declares supported; and no other module of the package importing a Flower internal."""
 
 import ast
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from trustformer.engine import flower_internals as fi
+from trustformer import flower_internals as fi
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
-INTERNALS = SRC / "engine" / "flower_internals.py"
+INTERNALS = SRC / "flower_internals.py"
 
 # Flower's public modules; any other ``flwr.*`` import is an internal and belongs in flower_internals.py
 PUBLIC_FLOWER = {
@@ -44,7 +44,7 @@ def test_the_installed_flower_is_a_supported_release():
     except fi.UnsupportedFlowerError as exc:
         pytest.fail(
             f"Flower {flwr.__version__} is not in SUPPORTED_FLOWER {fi.SUPPORTED_FLOWER}: re-check every "
-            f"internal listed in src/trustformer/engine/flower_internals.py against it, then add "
+            f"internal listed in src/trustformer/flower_internals.py against it, then add "
             f"{fi.flower_release()!r} to SUPPORTED_FLOWER ({exc})"
         )
 
@@ -198,7 +198,7 @@ def test_only_flower_internals_imports_flower_internals():
             if _internal(module, names):
                 strays.append(f"{path.relative_to(SRC)}:{line} imports {module} {', '.join(names)}".rstrip())
     assert not strays, (
-        "Flower internals imported outside src/trustformer/engine/flower_internals.py (use the public "
+        "Flower internals imported outside src/trustformer/flower_internals.py (use the public "
         "API, or add the internal there, documented):\n" + "\n".join(strays)
     )
 

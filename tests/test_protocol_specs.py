@@ -181,7 +181,7 @@ OTHER_MEANINGS = {
         "deploy/fab.py",
         "deploy/launch.py",
         "data/corpus.py",
-        "engine/flower_internals.py",
+        "flower_internals.py",
     },
     "local": {"protocols/trustformer.py", "deploy/cli.py", "config/sections.py"},
 }

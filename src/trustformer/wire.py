@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
-from .engine.flower_internals import content_wire_bytes
+from .flower_internals import content_wire_bytes
 from .errors import TrustformerError
 
 # Message types. A round: ``train`` (local training; the reply carries the payload or a report), ``train.payload``

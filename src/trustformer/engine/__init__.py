@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # importing a submodule (wire imports flower_internals) runs this file: it imports nothing
+if TYPE_CHECKING:  # imported by the CLI before any engine is chosen: it imports nothing at run time
     from ..config import RunConfig
 
 

@@ -42,7 +42,7 @@ from ..runtime import diagnostics
 from ..runtime.node import keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
-from .flower_internals import (
+from ..flower_internals import (
     NODE_UNAVAILABLE,
     SUPERLINK_NODE_ID,
     Run,

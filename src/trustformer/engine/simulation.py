@@ -43,7 +43,7 @@ from ..registry import protocol_spec
 from ..runtime.server import expected_nodes
 from ..tasks.run import load_task
 from ..wire import FederationError
-from .flower_internals import SUPERLINK_NODE_ID, simulation_run, start_simulation, task_identity
+from ..flower_internals import SUPERLINK_NODE_ID, simulation_run, start_simulation, task_identity
 
 
 def backend_config(cfg: RunConfig) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from flwr.serverapp import ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from ..errors import TrustformerError
+from .errors import TrustformerError
 
 SUPPORTED_FLOWER = ("1.41", "1.42")
 
@@ -75,7 +75,7 @@ def check_flower_version(version: str | None = None) -> str:
     release = flower_release(version)
     if release not in SUPPORTED_FLOWER:
         raise UnsupportedFlowerError(
-            f"Flower {version or flwr.__version__} is not in trustformer.engine.flower_internals.SUPPORTED_FLOWER "
+            f"Flower {version or flwr.__version__} is not in trustformer.flower_internals.SUPPORTED_FLOWER "
             f"{SUPPORTED_FLOWER}: re-check the internals that module uses (its docstring lists them) against "
             f"this release, run tests/test_flower_internals.py and the engine tests, then add {release!r}"
         )
