@@ -33,7 +33,8 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     store = DiskStore(Path(cfg.out) / "client-state" / run_key(cfg))
     pooled = protocol_spec(cfg.federation.strategy).pools_data
     clients = [ALL_SHARDS] if pooled else list(range(cfg.federation.clients))
-    ex = Exchange(cfg.federation.rounds, received={})
+    received: dict[int, Tensors] = {}
+    ex = Exchange(cfg.federation.rounds, received=received)
     for client in clients:
         state = store.load(
             "all" if client == ALL_SHARDS else f"client-{client}", upto=(cfg.federation.rounds, ROUND_END)
@@ -41,7 +42,7 @@ def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
         if state is None:
             raise RuntimeError(f"client {client} left no state in {store.root}")
         ex.trained[client] = {n: state.model[n].detach().clone() for n in names}
-        ex.received[client] = {}
+        received[client] = {}  # the dict ex.received holds
     return ex
 
 

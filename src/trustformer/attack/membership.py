@@ -43,7 +43,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ LIRA_VIEWS = ("server", "true-local")  # the final model was not trained the way
 # ------------------------------------------------------------------------------ statistics
 
 
-def auc(members: Sequence[float], non_members: Sequence[float]) -> float:
+def auc(members: Sequence[float] | np.ndarray, non_members: Sequence[float] | np.ndarray) -> float:
     """P(score of a member > score of a non-member) + ½ P(tie): the ROC's area (Mann-Whitney U)."""
     a, b = np.asarray(members, dtype=np.float64), np.asarray(non_members, dtype=np.float64)
     if not len(a) or not len(b):
@@ -244,7 +244,9 @@ def membership(
                     [r - x for r, x in zip(ref_n, losses[1])],
                 )
             if lira_reference is not None and view in LIRA_VIEWS:
-                z = offline_scores(statistic(task.name, losses[0] + losses[1]), lira_reference).tolist()
+                # a 1-D array of statistics, which offline_scores reads with np.asarray like a sequence
+                observed = cast("Sequence[float]", statistic(task.name, losses[0] + losses[1]))
+                z = offline_scores(observed, lira_reference).tolist()
                 per_view[view]["lira"][client] = (z[: len(losses[0])], z[len(losses[0]) :])
     seed = derive_seed(cfg.seed, "mia-bootstrap")
     result: dict[str, Any] = {

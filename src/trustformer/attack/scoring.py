@@ -80,6 +80,7 @@ def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], prot
         )
     if not rounds:
         raise RuntimeError("the run had no exchange round: nothing to attack")
+    assert estimator is not None  # the loop ran (rounds is not empty), so it set the estimator
     last = rounds[-1]
     return {
         "rounds": rounds,

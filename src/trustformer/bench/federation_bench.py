@@ -53,7 +53,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..cli_options import add_config_options, resolve_config
 from ..config import RunConfig
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    rows = table(runs, results)
+    rows = table(runs, cast("list[dict[str, Any]]", results))  # every run has its result now (reused or run)
     print(format_table(rows))
     print("\n" + format_bytes_table(rows))
     local, fedavg = rows[0], next(r for r in rows if r["run"] == "fedavg")

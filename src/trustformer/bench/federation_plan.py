@@ -67,7 +67,8 @@ def plan_runs(
         ),
     ]
     for beta in betas:
-        for mode in memberships or [None]:
+        modes: list[str] | list[None] = memberships or [None]
+        for mode in modes:
             name = f"trustformer β={beta:g}" + (f" {mode}" if mode else "")
             base = {
                 "federation.strategy": "trustformer",

@@ -7,7 +7,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..config import ConfigError, RunConfig, build_config, load_config
 from .federation_plan import BenchRun
@@ -99,10 +99,13 @@ def _public_model_alone(cfg: RunConfig) -> dict[str, Any]:
     clients = range(cfg.federation.clients)
     test_loss, bleu = task.test_loss(model), task.quick_scores(model)["bleu"]
     own = [task.own_metrics(model, c) for c in clients]
-    per_client = {}
+    per_client: dict[int, tuple[list[float], list[float]]] = {}
     for c in clients:
         members, non_members = task.membership_candidates(c, CANDIDATES, derive_seed(cfg.seed, "mia", c))
-        per_client[c] = tuple([-x for x in task.example_losses(model, pool)] for pool in (members, non_members))
+        per_client[c] = cast(  # two pools, two lists
+            "tuple[list[float], list[float]]",
+            tuple([-x for x in task.example_losses(model, pool)] for pool in (members, non_members)),
+        )
     loss = summarize(per_client, derive_seed(cfg.seed, "mia-bootstrap"))
     n = len(own)
     summary = {

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from .federation_plan import BenchRun
 
@@ -26,9 +27,9 @@ METRICS = (
 )
 
 
-def mean_of(values: list[float | None]) -> float:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return statistics.fmean(values) if values else math.nan
+def mean_of(values: Sequence[float | None]) -> float:
+    kept = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return statistics.fmean(kept) if kept else math.nan
 
 
 def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -59,7 +60,7 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
         row["download_vs_fedavg"] = row["down_bytes"] / down if down else math.nan
     public_refs = [next((r for r in rows if r["run"] == name), None) for name in ("public + local", "public + fedavg")]
     if all(public_refs):  # the public-start references: public + training alone = 0, public + FedAvg = 1
-        p_local, p_fedavg = public_refs
+        p_local, p_fedavg = cast("list[dict[str, Any]]", public_refs)  # all(...): both found
         for row in rows:
             for name, _key, higher in METRICS:
                 per_seed = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -67,7 +68,7 @@ def blur_penalty(
     """
     if len(params) != len(anchors):
         raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")
-    sq = sum((p - a.to(p.dtype)).pow(2).sum() for p, a in zip(params, anchors))
+    sq = cast(torch.Tensor, sum((p - a.to(p.dtype)).pow(2).sum() for p, a in zip(params, anchors)))
     norm = torch.sqrt(torch.clamp_min(sq, 1e-30))
     excess = torch.relu(norm - bound)
     return 0.5 * lam * excess * excess

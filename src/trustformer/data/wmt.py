@@ -6,7 +6,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .corpus_errors import CorpusUnavailableError
 from .tsv import Pair
@@ -32,6 +32,7 @@ def load_wmt19(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     datasets = _import_datasets()
+    rows: Iterable[dict]
     if data_files is not None:
         rows = _local_rows(datasets, data_files, split)
     else:
@@ -72,14 +73,14 @@ def _local_rows(datasets: Any, data_files: str | Sequence[str], split: str) -> I
 
 def _builder_for(files: Sequence[str]) -> str:
     """The ``datasets`` packaged builder for the files' extension."""
-    kinds = set()
+    kinds: set[str | None] = set()
     for name in files:
         lower = name.lower().removesuffix(".gz").removesuffix(".bz2").removesuffix(".xz")
         suffix = lower.rsplit(".", 1)[-1] if "." in lower else ""
         kinds.add({"json": "json", "jsonl": "json", "parquet": "parquet", "csv": "csv"}.get(suffix))
     if None in kinds or len(kinds) != 1:
         raise ValueError(f"data_files must all be .json/.jsonl, .parquet or .csv files of one kind, got {list(files)}")
-    return kinds.pop()
+    return cast(str, kinds.pop())  # None was excluded just above
 
 
 def _wmt19_config(source_lang: str, target_lang: str) -> str:

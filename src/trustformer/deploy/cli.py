@@ -252,6 +252,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once
     root = Path(args.dir) if args.dir else Path(cfg.out) / "deployment"
     with _stop_on_sigterm(), LocalFederation.for_run(root, cfg) as fed:
+        assert fed.server is not None  # for_run started it
         log.info(
             "SuperLink on %s (TLS, SuperNode authentication) · log %s · %d SuperNode(s), logs %s",
             fed.server.address,

@@ -178,6 +178,7 @@ def run_local(cfg: RunConfig, root: str | Path, *, timeout_s: float = 3600.0) ->
     """A whole federation on this machine: SuperLink, one SuperNode per client, the run; returns the
     path of ``summary.json``. Every process is stopped when the run ends (or fails)."""
     with LocalFederation.for_run(root, cfg) as fed:
+        assert fed.server is not None  # for_run started it
         run_id, status = fed.run(cfg, timeout_s=timeout_s)
         if status != "finished:completed":
             reason = getattr(status, "details", "")

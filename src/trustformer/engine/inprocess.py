@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,7 @@ class InProcessGrid(Grid):
             set_message_id(message, uuid.uuid4().hex)
             delivered = wire_copy(message)
             fault = self._fault_for(node, message)
+            reply: Message | None  # None: a stalled reply (fault injection)
             if fault is not None and fault.kind == "dropout":  # the node is gone: the SuperLink answers for it
                 reply = Message(
                     Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: dropout)"), reply_to=delivered
@@ -166,7 +167,7 @@ class InProcessGrid(Grid):
         elif fault.kind == "malformed_reply":
             content["metrics"] = ConfigRecord({"client": "one", "num_examples": "many"})
         elif fault.kind == "huge_num_examples":
-            metrics = content["metrics"]
+            metrics: MutableMapping[str, Any] = content["metrics"]  # a MetricRecord (Flower: a union of records)
             metrics["num_examples"] = HUGE_NUM_EXAMPLES
         elif fault.kind == "replay":
             if earlier is None:
@@ -187,7 +188,7 @@ def _corrupt_payload(content: RecordDict, kind: str) -> None:
     """``nan``: the first float array of the payload gets a NaN; ``wrong_shape``: the first array loses its
     last row. A secure record (sealed or masked) loses its last byte instead."""
     if "payload" in content:
-        record = content["payload"]
+        record: MutableMapping[str, Any] = content["payload"]  # Flower types a record as a union of the kinds
         arrays = {name: record[name].numpy().copy() for name in record}
         if kind == "nan":
             name = next(n for n, a in arrays.items() if a.dtype.kind == "f")
@@ -198,9 +199,9 @@ def _corrupt_payload(content: RecordDict, kind: str) -> None:
         content["payload"] = ArrayRecord({n: torch.from_numpy(a) for n, a in arrays.items()})
         return
     if "secure" in content:
-        record = content["secure"]
-        key = next(iter(record))
-        record[key] = bytes(record[key])[:-1]
+        secure: MutableMapping[str, Any] = content["secure"]  # its kind depends on secure.mode
+        key = next(iter(secure))
+        secure[key] = bytes(secure[key])[:-1]
         return
     raise ValueError(f"federation.faults: kind {kind} needs a payload, and this reply carries none")
 
@@ -236,7 +237,7 @@ def run_in_process(
     torch.set_num_threads(cfg.runtime.threads or os.cpu_count() or 1)
     load_task(cfg)  # data problems surface here, before any client starts
     run_id = int(time.time_ns() % (1 << 62))
-    run_config = {CONFIG_KEY: cfg.to_json()}
+    run_config: dict[str, Any] = {CONFIG_KEY: cfg.to_json()}
     nodes = node_configs(cfg)
     for node in nodes:
         node.update(node_config or {})

@@ -37,7 +37,8 @@ class ExportError(TrustformerError, ValueError):
 def _tensor_bytes(t: Tensor) -> memoryview:
     """The raw little-endian bytes of a tensor (any dtype, bfloat16 included), without numpy dtypes."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    # numpy's stubs declare ndarray.__buffer__ for Python >= 3.12 only; an ndarray is a buffer on every version
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def model_fingerprint(model: nn.Module | Mapping[str, Tensor]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -14,6 +14,9 @@ from ..models.transformer import Seq2SeqTransformer, TransformerConfig
 from .format import HF_FILE, META_FILE, SPM_FILE, TASK_TRANSLATION, ExportError
 from .reading import build_config, expect_task, load_weights, read_model_meta
 from .writing import save_model_folder
+
+if TYPE_CHECKING:
+    from ..data.tokenizer import Tokenizer
 
 
 def _tokenizer_payload(tokenizer: Any) -> tuple[dict[str, Any], str, bytes]:
@@ -89,6 +92,7 @@ def _load_tokenizer(folder: Path, meta: dict[str, Any]) -> Any:
     data = path.read_bytes()
     if entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ExportError(f"{path} is not the tokenizer {META_FILE} describes (SHA-256 differs): the folder is damaged")
+    tokenizer: Tokenizer
     try:
         if entry["kind"] == "sentencepiece":
             tokenizer = SentencePieceTokenizer(path, name=entry.get("name"))
@@ -121,7 +125,7 @@ def load_translation_model(
             )
     with torch.random.fork_rng(devices=[]):  # building draws an initialisation; the caller's RNG is untouched
         model = Seq2SeqTransformer(config)
-    model = load_weights(folder, meta, model, device)
+    model = cast(Seq2SeqTransformer, load_weights(folder, meta, model, device))  # the same module, loaded
     return model, tokenizer, meta
 
 

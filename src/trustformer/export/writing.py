@@ -68,7 +68,7 @@ def _state_for_saving(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, st
 
 
 def _commit_folder(
-    folder: Path, writers: Sequence[tuple[str, Callable[[Path], None]]], stale: Iterable[str] = ()
+    folder: Path, writers: Sequence[tuple[str, Callable[[Path], object]]], stale: Iterable[str] = ()
 ) -> None:
     """Write the files of ``writers`` (name, write(path)) into ``folder`` so that no reader sees a half
     file: a new folder is built under a temporary name beside it and renamed into place; an existing
@@ -99,7 +99,7 @@ def _commit_folder(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_bytes(data: bytes) -> Callable[[Path], None]:
+def _write_bytes(data: bytes) -> Callable[[Path], object]:
     return lambda path: path.write_bytes(data)
 
 
@@ -148,7 +148,7 @@ def save_model_folder(
         "fingerprint": fingerprint,
         "task": task,
     }
-    writers: list[tuple[str, Callable[[Path], None]]] = [(name, _write_bytes(data)) for name, data in more_files]
+    writers: list[tuple[str, Callable[[Path], object]]] = [(name, _write_bytes(data)) for name, data in more_files]
     writers.append((WEIGHTS_FILE, lambda path: save_file(tensors, str(path), metadata=header)))
     writers.append((META_FILE, _write_bytes(meta_bytes)))
     _commit_folder(folder, writers, stale=(SPM_FILE, HF_FILE))

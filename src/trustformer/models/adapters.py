@@ -41,7 +41,13 @@ def add_lora(
     from peft import LoraConfig, inject_adapter_in_model
 
     modules = sorted({name for group in targets for name in LORA_MODULES[group]})
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, bias="none")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates it int; a float works (scaling = alpha / r)
+        lora_dropout=dropout,
+        target_modules=modules,
+        bias="none",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = inject_adapter_in_model(config, model)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -208,7 +209,8 @@ class FixupResNet(nn.Module):
         cfg = self.config
         scale = fixup_branch_scale(cfg.branches, cfg.branch_layers)
         _he_normal_(self.stem.weight)
-        for blk in self.blocks:
+        for module in self.blocks:
+            blk = cast("FixupBasicBlock | FixupBottleneck", module)  # __init__ fills self.blocks with these
             *inner, last = blk.branch_convs()
             for conv in inner:
                 _he_normal_(conv.weight, scale)  # rule 2: scaled by L^(-1/(2m-2))

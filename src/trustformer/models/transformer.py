@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 import torch
 import torch.nn.functional as F
@@ -274,6 +274,8 @@ class TiedEmbedding(nn.Embedding):
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer with teacher-forced loss, greedy decoding and beam search."""
 
+    positions: Tensor  # the sinusoid buffer registered in __init__
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
@@ -331,7 +333,8 @@ class Seq2SeqTransformer(nn.Module):
         """The tied embedding matrix as the output projection uses it. With a LoRA adapter on the embedding
         (``models/adapters.py``) that is the base matrix plus the adapters' unmerged update, as the embedding
         lookup sees it, so the adapted model and its merged copy compute the same logits."""
-        emb = self.embedding
+        # a TiedEmbedding, or the peft LoRA layer that replaces it (whose attributes its type does not show)
+        emb: Any = self.embedding
         weight = emb.weight
         delta = getattr(emb, "get_delta_weight", None)  # a peft LoRA embedding layer
         if delta is not None and not emb.merged and not emb.disable_adapters:
@@ -401,7 +404,7 @@ class Seq2SeqTransformer(nn.Module):
     def _start_decoding(self, src: Tensor) -> DecodingState:
         """Run the encoder once and precompute cross-attention keys/values of every decoder layer."""
         memory, memory_mask = self.encode(src)
-        memory_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
+        memory_kv = [cast(DecoderLayer, layer).cross_attn.project_kv(memory) for layer in self.decoder.layers]
         return DecodingState(memory_kv, memory_mask, [None] * len(self.decoder.layers))
 
     def _decode_step(self, last_tokens: Tensor, state: DecodingState) -> Tensor:
@@ -411,7 +414,9 @@ class Seq2SeqTransformer(nn.Module):
         """
         x = self._embed(last_tokens[:, None], self._tgt_embedding(), start=state.step)
         for i, layer in enumerate(self.decoder.layers):
-            x, state.self_kv[i] = layer.step(x, state.self_kv[i], state.memory_kv[i], state.memory_mask)
+            x, state.self_kv[i] = cast(DecoderLayer, layer).step(
+                x, state.self_kv[i], state.memory_kv[i], state.memory_mask
+            )
         state.step += 1
         logits = self._project(self.decoder.norm(x))[:, -1].float()
         logits[:, [self.config.pad_id, self.config.bos_id]] = float("-inf")

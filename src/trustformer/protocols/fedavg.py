@@ -24,6 +24,7 @@ class FedAvg(FederatedProtocol):
     state_attrs = ("latest",)  # server, client sampling: (round, the last global model)
     scratch_attrs = ("_mean",)  # the round's mean, kept from aggregate to exchange_done
     latest: tuple[int, Tensors] | None = None
+    _mean: Tensors | None  # declared only: set by aggregate, read with getattr
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}

@@ -42,7 +42,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -259,7 +259,7 @@ class FedPC(FederatedProtocol):
             self.costs[io.client(n)] = cost
             io.note(n, goodness=scores[n])
         self.total_examples = sum(size for size, _cost in reports.values())
-        pilot = order[0]
+        pilot: int | None = order[0]
         want = {
             n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1, "beta": self.p.beta})
             for n in order
@@ -303,7 +303,7 @@ class FedPC(FederatedProtocol):
             "round %d: FedPC pilot client %s (goodness %s)",
             io.rnd,
             self.pilots[-1],
-            {io.client(n): None if scores[n] is None else round(scores[n], 4) for n in order},
+            {io.client(n): None if scores[n] is None else round(cast(float, scores[n]), 4) for n in order},
         )
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
@@ -324,7 +324,7 @@ class FedPC(FederatedProtocol):
             if self.epoch == 0:
                 step = self.p.master_lr * vote
             else:
-                step = self.p.beta * vote * (flatten(self.last).double() - flatten(self.before).double())
+                step = self.p.beta * vote * (flatten(self.last).double() - flatten(cast(Tensors, self.before)).double())
             base = base - self.sign * step
         return unflatten(base.to(torch.float32), self.last), {"aggregate_s": time.perf_counter() - started}
 

@@ -55,6 +55,12 @@ BATCH = 100  # MLflow's log_batch takes at most 100 params (1000 metrics)
 class Tracker:
     """Logs a run's metrics lines, events and summary to the tools in ``kinds`` (see the module doc)."""
 
+    # the optional tools' objects (imported lazily, untyped here): SummaryWriter, MLflow client, run id, Metric
+    _writer: Any
+    _mlflow: Any
+    _run_id: Any
+    _Metric: Any
+
     def __init__(self, out_dir: str | Path, kinds: Sequence[str], config: dict, run_name: str) -> None:
         if isinstance(kinds, str):
             kinds = (kinds,)

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 from . import figures, paper, tables
 from .document import Document
@@ -290,7 +290,7 @@ def differences(runs: Sequence[RunResult], *, epochs: int = paper.PAPER_EPOCHS) 
     """What differs from the paper, measured on these runs where possible, with the reason."""
     tf = sorted(
         (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-        key=lambda r: r.beta,
+        key=lambda r: cast(float, r.beta),  # runs with a β (the filter above)
     )
     fedavg = next((r for r in runs if r.strategy == "fedavg" and r.agg_every == 1), None)
     notes = [
@@ -319,7 +319,8 @@ def _scale_note(runs: Sequence[RunResult]) -> str | None:
         return None
     first = runs[0]
     m, d, fed = (first.config.get(k, {}) for k in ("model", "data", "federation"))
-    vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size", "?")
+    no_client: dict[str, Any] = {}
+    vocab = next(iter((first.summary.get("data", {}).get("clients") or {}).values()), no_client).get("vocab_size", "?")
     return (
         f"**Scale.** Ours: d_model {m.get('d_model')}, {m.get('n_heads')} heads, "
         f"{m.get('n_encoder_layers')}+{m.get('n_decoder_layers')} layers, FFN {m.get('d_ff')}, vocabulary "
@@ -378,7 +379,7 @@ def _total_time_note(fedavg: RunResult | None, tf: Sequence[RunResult], epochs: 
         "**Total time (Table V).** Computed by Eq. 5 with e = "
         f"{epochs} from our per-epoch times. The paper's Table V follows Eq. 5 applied to its Table IV for "
         "Trustformer (within a few %) but not for the baselines (FedAvg, Agg_fr = 1: Eq. 5 gives "
-        f"{paper.paper_eq5_check_h('fedavg')[0]:.2f} h from its Table IV, "
+        f"{cast('tuple[float, ...]', paper.paper_eq5_check_h('fedavg'))[0]:.2f} h from its Table IV, "
         f"{paper.TABLE5_H['fedavg'][0]:.2f} h printed), "
         "and its DP-FedAvg total in Table IV (664 s) is not the sum of its parts (574 s): the "
         "'paper / FedAvg' column inherits that."
@@ -416,7 +417,9 @@ def _dp_note(runs: Sequence[RunResult], fedavg: RunResult | None) -> str:
         )
     desc = []
     for r in dp:
-        privacy = r.summary.get("privacy") if isinstance(r.summary.get("privacy"), dict) else {}
+        privacy: dict[str, Any] = (
+            cast("dict[str, Any]", r.summary.get("privacy")) if isinstance(r.summary.get("privacy"), dict) else {}
+        )
         loss, eps = r.mean("test_loss"), privacy.get("epsilon")
         text = f"{r.label}: ε = {eps:.3g}" if isinstance(eps, (int, float)) else f"{r.label}: ε = ?"
         text += ", final test loss " + (f"{loss:.3f}" if loss is not None else "—")
@@ -441,7 +444,8 @@ def learned(run: RunResult) -> bool | None:
     """Whether a run's model learnt anything: its mean test loss below ln(vocabulary), what predicting every
     token uniformly costs (None when unknown)."""
     loss = run.mean("test_loss")
-    vocab = next(iter((run.summary.get("data", {}).get("clients") or {}).values()), {}).get("vocab_size")
+    no_client: dict[str, Any] = {}
+    vocab = next(iter((run.summary.get("data", {}).get("clients") or {}).values()), no_client).get("vocab_size")
     if loss is None or not isinstance(vocab, (int, float)) or vocab < 2:
         return None
     return math.isfinite(loss) and loss < math.log(vocab)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
 from . import paper
 from .runs import RunResult
@@ -105,7 +105,7 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     plt = pyplot()
     sweep = sorted(
         (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-        key=lambda r: r.beta,
+        key=lambda r: cast(float, r.beta),  # runs with a β (the filter above)
     )
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
     clients = sorted({c for r in sweep for c in r.client_ids})
@@ -245,7 +245,7 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.8, 4.2))
     sweep = sorted(
         (r for r in runs if r.strategy == "trustformer" and r.agg_every == 1 and r.beta is not None),
-        key=lambda r: r.beta,
+        key=lambda r: cast(float, r.beta),  # runs with a β (the filter above)
     )
     pts = []
     for r in sweep:

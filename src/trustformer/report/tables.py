@@ -7,7 +7,7 @@ import html
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from . import paper
 from .runs import RunResult
@@ -186,7 +186,9 @@ def quality_table(runs: Sequence[RunResult]) -> Table:
     t.formats = {"up KiB/round": num(1), "wall time (s)": num(1), "privacy ε": lambda v: f"{v:.3g}"}
     notes = []
     if "translation" in tasks:
-        bert_models = sorted({r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")})
+        bert_models = sorted(  # model names (str); the filter drops runs without one
+            cast("set[str]", {r.summary.get("bertscore_model") for r in runs if r.summary.get("bertscore_model")})
+        )
         notes += [
             "Scores are on the first eval.bleu_size decoded test sentences (greedy unless eval.beam_size > 1); "
             "BLEU and chrF are sacreBLEU corpus scores (0–100), METEOR the mean sentence METEOR with WordNet "

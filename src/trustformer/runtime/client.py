@@ -18,13 +18,14 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ..config import CONFIG_KEY, DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfig, parse_run_config, run_config_of
 from ..core.poisoning import poisoned_model
@@ -43,6 +44,9 @@ from .node import (
     release_memory_store,
 )
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
+
+if TYPE_CHECKING:
+    from flwr.app.typing import ConfigRecordValues
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +327,7 @@ def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, An
 def train(msg: Message, context: Context) -> Message:
     """Local training; then the protocol's payload (exchange rounds) or a test evaluation."""
     env = client_env(context)
-    config = msg.content["config"]
+    config: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
     rnd, exchange = int(config["round"]), bool(config["exchange"])
     session, optimizer = open_session(env, rnd, upto=(rnd - 1, ROUND_END))
     metrics: dict[str, Any] = {
@@ -337,7 +341,9 @@ def train(msg: Message, context: Context) -> Message:
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
         specs = protocol.catch_up_specs(session)
         what = "model from the server"
-        incoming = from_array_record(msg.content["model"], specs[0] if len(specs) == 1 else None, what=what)
+        incoming = from_array_record(
+            cast(ArrayRecord, msg.content["model"]), specs[0] if len(specs) == 1 else None, what=what
+        )
         if len(specs) > 1 and not any(spec_of(incoming) == spec for spec in specs):
             raise PayloadError(f"{what}: its arrays match none of the {len(specs)} layouts the protocol expects")
         metrics.update(protocol.client_start_from(session, incoming))
@@ -345,7 +351,7 @@ def train(msg: Message, context: Context) -> Message:
     metrics.update(
         env.task.train_local(
             session.model,
-            optimizer,
+            cast(torch.optim.Optimizer, optimizer),  # open_session with train=True builds one
             env.shard,
             seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
             client=env.client,
@@ -405,7 +411,7 @@ def train_payload(msg: Message, context: Context) -> Message:
     """The payload the server asks for after this round's training (``session.request``: FedPC's pilot
     model or ternary vector)."""
     env = client_env(context)
-    config = msg.content["config"]
+    config: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
     rnd = int(config["round"])
     session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     session.request = {k: v for k, v in dict(config).items() if k != "round"}
@@ -429,11 +435,14 @@ def train_payload(msg: Message, context: Context) -> Message:
 def train_apply(msg: Message, context: Context) -> Message:
     """Apply the server's aggregate (validated against what this client expects), then evaluate."""
     env = client_env(context)
-    rnd = int(msg.content["config"]["round"])
+    config: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
+    rnd = int(config["round"])
     session, optimizer = open_session(env, rnd, upto=(rnd, TRAINED), train=False)
     metrics: dict[str, Any] = {"client": env.client, "round": rnd, **env.timings(msg)}
     aggregate = from_array_record(
-        msg.content["aggregate"], env.protocol.payload_spec(session), what="aggregate from the server"
+        cast(ArrayRecord, msg.content["aggregate"]),
+        env.protocol.payload_spec(session),
+        what="aggregate from the server",
     )
     device = next(session.model.parameters()).device
     metrics.update(env.protocol.client_apply(session, {name: t.to(device) for name, t in aggregate.items()}))
@@ -494,12 +503,12 @@ def evaluate(msg: Message, context: Context) -> Message:
     client's model outputs says more about it than the scores do, so it never crosses the wire.
     """
     env = client_env(context)
-    config = msg.content["config"]
+    config: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
     rnd, score = int(config["round"]), bool(config.get("score", True))
     session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
-    labels = {"fingerprint": model_fingerprint(session.model)}
+    labels: dict[str, ConfigRecordValues] = {"fingerprint": model_fingerprint(session.model)}
     content = RecordDict()
     if not score:  # what is this client's own: its held-out data, and its model fine-tuned on its data
         metrics.update(env.task.own_metrics(session.model, env.client))
@@ -522,7 +531,7 @@ def evaluate(msg: Message, context: Context) -> Message:
                 )
             )
         if samples:
-            content["samples"] = ConfigRecord(samples)
+            content["samples"] = ConfigRecord(cast("dict[str, ConfigRecordValues]", samples))  # lists of str
         log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
     # what the trainable tensors cost under the same serializer (the size of a FedAvg payload), and the whole model
     metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))

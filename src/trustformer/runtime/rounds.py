@@ -27,10 +27,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..errors import TrustformerError
@@ -200,7 +200,7 @@ def validate_reply(
             raise ReplyError(
                 f"num_examples = {n!r} must be an integer in [1, {max_examples}] (federation.max_examples)"
             )
-    return client, metrics
+    return client, cast("dict[str, float | int]", metrics)  # every value was checked to be a number above
 
 
 def check_spec(payload: Mapping[str, torch.Tensor], expected: TensorSpec) -> None:
@@ -382,8 +382,11 @@ class RoundIO:
             if self._receive(node, got, step) is None or node not in specs:
                 continue
             try:
-                payload = from_array_record(got.reply.content["payload"], what="payload")
-                spec = specs[node] if specs[node] is not None else self.server.payload_spec()
+                reply = cast(Message, got.reply)  # _receive returned a line: there is a reply
+                # a record of another kind fails in from_array_record and drops the client below
+                payload = from_array_record(cast(ArrayRecord, reply.content["payload"]), what="payload")
+                node_spec = specs[node]
+                spec = node_spec if node_spec is not None else self.server.payload_spec()
                 check_spec(payload, self.link.payload_spec(spec))
                 self.check_payload(payload)
                 payloads[node] = payload
@@ -479,8 +482,8 @@ class RoundIO:
                     f"round {self.rnd}: the aggregation failed with every client's contribution "
                     f"valid on its own: {describe(exc)}"
                 ) from exc
-            for node, single in culprits.items():
-                self.drop(node, f"aggregation failed on its contribution: {describe(single)}")
+            for node, culprit in culprits.items():
+                self.drop(node, f"aggregation failed on its contribution: {describe(culprit)}")
                 payloads.pop(node)
             self.require("aggregate")
             aggregate, phases = self._combine(payloads)

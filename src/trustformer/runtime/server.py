@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flwr
 import torch
@@ -73,7 +74,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         min_valid=nodes.needed,
         payload_spec=payload_spec,
         initial=lambda: initial_tensors(cfg.json),
-        server_phases=checkpoints.server_phases,
+        server_phases=cast("dict[str, float]", checkpoints.server_phases),  # a Counter of seconds (typeshed: int)
         synced=checkpoints.synced,
     )
     log.info(
@@ -198,9 +199,9 @@ def final_evaluation(
                 else None
             )
             try:
-                if why is None:
+                if why is None:  # then there is a reply, without an error
                     got[node] = final_metrics(
-                        reply, node, nodes.clients, cfg.federation.clients, cfg.task, scored=score
+                        cast(Message, reply), node, nodes.clients, cfg.federation.clients, cfg.task, scored=score
                     )
             except (KeyError, TypeError, ValueError) as exc:
                 why = f"invalid reply to evaluate: {describe(exc)}"
@@ -258,7 +259,7 @@ def final_metrics(
         not isinstance(per_class, list) or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)
     ):
         raise ReplyError(f"metric 'per_class_accuracy' must be a list of accuracies in [0, 1], got {per_class!r}")
-    samples = reply.content["samples"] if "samples" in reply.content else None
+    samples: Mapping[str, Any] | None = reply.content["samples"] if "samples" in reply.content else None
     metrics["samples"] = (
         [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
         if samples is not None
@@ -272,7 +273,7 @@ def final_metrics(
     return client, metrics
 
 
-def _data_record(record: ConfigRecord) -> dict[str, Any]:
+def _data_record(record: Mapping[str, Any]) -> dict[str, Any]:
     """A client's data description, with its per-domain counts as ``{domain: pairs}`` dicts."""
     data = dict(record)
     for prefix in ("", "test_"):

@@ -36,7 +36,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -116,6 +116,7 @@ class SecureLink:
     # -- helpers
 
     def costs_of(self, rnd: int, node: int) -> Counter[str]:
+        # bytes and seconds: typeshed types a Counter's values as int, so adding seconds needs a type: ignore
         return self.extra.setdefault((rnd, node), Counter())
 
     def client_of(self, node: int) -> int:
@@ -130,8 +131,9 @@ class SecureLink:
 
         def seal(data: bytes) -> bytes:
             started = time.perf_counter()
-            sealed = self.backend.seal(self.client_of(node), data, round_=rnd, kind=kind)
-            self.costs_of(rnd, node)["seal_s"] += time.perf_counter() - started
+            sealed = cast(TEEBackend, self.backend).seal(self.client_of(node), data, round_=rnd, kind=kind)
+            # float seconds in a Counter (see costs_of)
+            self.costs_of(rnd, node)["seal_s"] += time.perf_counter() - started  # type: ignore[assignment]
             self.counts["sealed"] += 1
             return sealed
 
@@ -145,12 +147,15 @@ class SecureLink:
             started = time.perf_counter()
             self.counts["sealed"] += 1  # by the client
             try:
-                plain = self.backend.open(self.client_of(node), data, round_=rnd, kind=kind, bound=bound)
+                plain = cast(TEEBackend, self.backend).open(
+                    self.client_of(node), data, round_=rnd, kind=kind, bound=bound
+                )
             except SealError as exc:
                 self.rejected[exc.reason] += 1
                 raise
             finally:
-                self.costs_of(rnd, node)["open_s"] += time.perf_counter() - started
+                # float seconds in a Counter (see costs_of)
+                self.costs_of(rnd, node)["open_s"] += time.perf_counter() - started  # type: ignore[assignment]
             self.counts["opened"] += 1
             return plain
 
@@ -189,12 +194,13 @@ class SecureLink:
                 self.drop(rnd, node, why)
                 failed[node] = why
                 continue
+            assert reply is not None  # why is None only for a reply without an error
             extra[f"{budget}_bytes"] += got.up
             extra["bytes_up"] += got.up
-            metrics = reply.content["metrics"] if "metrics" in reply.content else {}
+            metrics: Mapping[str, Any] = reply.content["metrics"] if "metrics" in reply.content else {}
             for key in ("attest_s", "secagg_s", "seal_s", "open_s"):
                 if key in metrics:
-                    extra[key] += float(metrics[key])
+                    extra[key] += float(metrics[key])  # type: ignore[assignment]  # float seconds, see costs_of
             self.counts["opened"] += int("open_s" in metrics)  # the client opened the sealed request
             ok[node] = reply
         return ok, failed
@@ -281,7 +287,7 @@ class SecureLink:
         extra.update(self.extra.pop((0, node), Counter()))  # the attestation before the first round
         for key in [k for k in row if k.startswith("secure_") and k.endswith("_s")]:
             what = key[:-2].rsplit("_", 1)[1]  # the client's own seconds per message: seal | open | secagg
-            extra[f"{what}_s"] += float(row.pop(key))
+            extra[f"{what}_s"] += float(row.pop(key))  # type: ignore[assignment]  # float seconds, see costs_of
             self.counts["opened"] += int(what == "open")
         row["bytes_up"] += int(extra.pop("bytes_up", 0))
         row["bytes_down"] += int(extra.pop("bytes_down", 0))
@@ -295,7 +301,7 @@ class SecureLink:
         self.link.finish_row(rnd, node, row)
 
     # what the summary counts over the whole run: kept in every checkpoint, so a resumed run reports the whole run
-    COUNTED = ("counts", "rejected", "server_round_s", "secagg_rounds", "bounds", "measured_errors")
+    COUNTED: tuple[str, ...] = ("counts", "rejected", "server_round_s", "secagg_rounds", "bounds", "measured_errors")
     COUNTED += ("float64_rounding", "dropped_after_setup")
 
     def state_dict(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ forms cost beyond the plain ones."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ def outgoing(link: Any, node: int, message_type: str, rnd: int, content: RecordD
     for name, kind in (("model", MODEL_KIND), ("aggregate", APPLY)):
         if name not in content:
             continue
-        encoded, spec = encode(link, content.pop(name))
+        encoded, spec = encode(link, cast(ArrayRecord, content.pop(name)))  # model/aggregate: ArrayRecords
         if node not in link.attested:  # no session: nothing sealed goes to it
             continue
         record = ConfigRecord({"sealed": link.seal_for(node, rnd, kind)(encoded)})
@@ -58,7 +58,9 @@ def incoming(link: Any, node: int, rnd: int, kind: str, reply: Message) -> None:
     """A ``train``/``train.payload`` reply as the round sees it, in place: opened (tee), its sealed metrics
     merged, its masked vector kept for the unmasking (secagg, ``train``) and shown as the payload."""
     content = reply.content
-    clear = dict(content["metrics"]) if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {}
+    clear: dict[str, Any] = (
+        dict(content["metrics"]) if "metrics" in content and isinstance(content["metrics"], MetricRecord) else {}
+    )
     if SECURE not in content and not link.tee:
         return  # secagg: a report without a payload (a round that exchanges nothing)
     client = clear.get("client")
@@ -68,7 +70,7 @@ def incoming(link: Any, node: int, rnd: int, kind: str, reply: Message) -> None:
     masked = link.secagg and kind == TRAIN
     if masked and (link.secagg_round is None or link.secagg_round.rnd != rnd):
         raise codec.CodecError("masked payload outside a secure-aggregation round")
-    expected = {"masked": ((link.secagg_round.server.length,), "uint64")} if masked else None
+    expected: TensorSpec | None = {"masked": ((link.secagg_round.server.length,), "uint64")} if masked else None
     arrays = records.unpack(
         content,
         link.open_from(node, rnd, kind, {"num_examples": int(clear["num_examples"])}),
@@ -101,7 +103,7 @@ def incoming(link: Any, node: int, rnd: int, kind: str, reply: Message) -> None:
     reply.content = plain
 
 
-def sealed_metrics(array: np.ndarray, client: int) -> dict[str, Any]:
+def sealed_metrics(array: np.ndarray, client: int | None) -> dict[str, Any]:
     """The metrics a client sealed into its reply (numbers only; never the fields the clear record sets)."""
     what = f"sealed metrics of client {client}"
     try:

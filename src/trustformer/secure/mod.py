@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -119,7 +119,7 @@ class ClientChannel:
 
         def seal(data: bytes) -> bytes:
             started = time.perf_counter()
-            sealed = self.channel.seal(data, round_=rnd, kind=kind, bound=bound)
+            sealed = cast(Channel, self.channel).seal(data, round_=rnd, kind=kind, bound=bound)  # tee: a session
             self._save()  # the counter is spent before anything leaves: a nonce is never reused
             timing[key] = timing.get(key, 0.0) + time.perf_counter() - started
             return sealed
@@ -132,7 +132,7 @@ class ClientChannel:
 
         def open_(data: bytes) -> bytes:
             started = time.perf_counter()
-            plain = self.channel.open(data, round_=rnd, kind=kind)
+            plain = cast(Channel, self.channel).open(data, round_=rnd, kind=kind)  # tee: a session
             self._save()
             timing[key] = timing.get(key, 0.0) + time.perf_counter() - started
             return plain
@@ -155,7 +155,8 @@ class ClientChannel:
         kept aside; the seconds spent (``timing``) go on the reply."""
         self.require_session()
         kind, content = msg.metadata.message_type, msg.content
-        rnd = int(content["config"]["round"])
+        config: Mapping[str, Any] = content["config"]  # a ConfigRecord; Flower types its values as a union
+        rnd = int(config["round"])
         timing: dict[str, float] = {}
         plain = RecordDict({name: record for name, record in content.items() if name not in (SECURE, "model")})
         if "model" in content:  # a model sent down to train on (Phong)
@@ -187,8 +188,9 @@ class ClientChannel:
         """The handler's reply as it travels: payload masked (secagg, ``train``) and/or sealed with the metrics
         (tee); the seconds this took on the reply's metrics."""
         kind, content = msg.metadata.message_type, reply.content
-        rnd = int(msg.content["config"]["round"])
-        metrics = dict(content["metrics"])
+        request: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
+        rnd = int(request["round"])
+        metrics: dict[str, Any] = dict(content["metrics"])
         what = {TRAIN: "train", PAYLOAD: "train", APPLY: "apply"}[kind]
         if "open" in timing:
             metrics[f"secure_{what}_open_s"] = timing.pop("open")
@@ -198,7 +200,7 @@ class ClientChannel:
                 reply,
                 RecordDict({**{n: r for n, r in content.items() if n != "metrics"}, "metrics": MetricRecord(metrics)}),
             )
-        payload = from_array_record(content["payload"]) if "payload" in content else {}
+        payload = from_array_record(cast(ArrayRecord, content["payload"])) if "payload" in content else {}
         arrays: dict[str, Any] = dict(payload)
         if self.secagg and kind == TRAIN and payload:
             started = time.perf_counter()
@@ -274,10 +276,10 @@ class ClientChannel:
         secret = X25519PrivateKey.from_private_bytes(bytes(self.state.pop("attest/secret").tolist()))
         self._save()  # the nonce is used once, whatever the outcome
         client_key = secret.public_key().public_bytes_raw()
-        record = msg.content["attest"]
+        quote_record: Mapping[str, Any] = msg.content["attest"]  # a ConfigRecord; values typed as a union
         quote = verify_quote(
-            bytes(record["quote"]),
-            bytes(record["signature"]),
+            bytes(quote_record["quote"]),
+            bytes(quote_record["signature"]),
             trusted,
             nonce=nonce,
             client_key=client_key,
@@ -335,7 +337,7 @@ class ClientChannel:
         if not self.secagg:
             raise SecAggError(f"this client runs secure.mode = {self.mode!r}, which has no secure aggregation")
         self.require_session()
-        config = msg.content["config"]
+        config: Mapping[str, Any] = msg.content["config"]  # a ConfigRecord; Flower types its values as a union
         rnd, step = int(config["round"]), str(config["step"])
         metrics: dict[str, Any] = {"client": self.peer.client}
         timing: dict[str, float] = {}  # seconds spent opening and sealing, reported apart from the secagg step

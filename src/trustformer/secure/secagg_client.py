@@ -8,6 +8,7 @@ import json
 import os
 import struct
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -326,8 +327,14 @@ class SecAggClient:
             client._step = str(data["step"])
             client._b = None if data["b"] is None else _unb64(data["b"])
             client._public_keys = {int(k): {n: _unb64(v) for n, v in e.items()} for k, e in data["public_keys"].items()}
-            client._own_shares = None if data["own_shares"] is None else tuple(_unb64(s) for s in data["own_shares"])
-            client._received = {int(k): tuple(_unb64(s) for s in v) for k, v in data["received"].items()}
+            client._own_shares = (
+                None
+                if data["own_shares"] is None
+                else cast("tuple[bytes, bytes]", tuple(_unb64(s) for s in data["own_shares"]))
+            )
+            client._received = {
+                int(k): cast("tuple[bytes, bytes]", tuple(_unb64(s) for s in v)) for k, v in data["received"].items()
+            }
             client._u2 = [int(i) for i in data["u2"]]
             revealed = data["revealed"]
             client._revealed = None if revealed is None else ([*map(int, revealed[0])], [*map(int, revealed[1])])

@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -56,8 +56,10 @@ def score_line(task, metrics: dict[str, Any]) -> dict[str, float]:
 def fedavg_average(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
     """Σ_k (n_k / n) · w_k (McMahan et al. 2017, Algorithm 1)."""
     total = float(sum(weights))
-    return {
-        name: sum(s[name].double() * (w / total) for s, w in zip(states, weights)).to(states[0][name].dtype)
+    return {  # a sum over at least one state: a tensor (sum's start 0 is only its type's other option)
+        name: cast(torch.Tensor, sum(s[name].double() * (w / total) for s, w in zip(states, weights))).to(
+            states[0][name].dtype
+        )
         for name in states[0]
     }
 

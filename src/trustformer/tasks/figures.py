@@ -60,17 +60,17 @@ def partition_figure(
     counts: Sequence[Sequence[int]], classes: Sequence[str], path: str | Path, *, title: str = ""
 ) -> Path:
     """Stacked bars: examples of each class held by each client (``counts`` is clients × classes)."""
-    counts = np.asarray(counts)
-    if counts.ndim != 2 or counts.shape[1] != len(classes):
-        raise ValueError(f"counts must be clients × {len(classes)} classes; got shape {counts.shape}")
+    table = np.asarray(counts)
+    if table.ndim != 2 or table.shape[1] != len(classes):
+        raise ValueError(f"counts must be clients × {len(classes)} classes; got shape {table.shape}")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * counts.shape[0], 3.5))
-    bottom = np.zeros(counts.shape[0])
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * table.shape[0], 3.5))
+    bottom = np.zeros(table.shape[0])
     cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
     for c, name in enumerate(classes):
-        ax.bar(np.arange(counts.shape[0]), counts[:, c], bottom=bottom, color=cmap(c % cmap.N), label=name)
-        bottom += counts[:, c]
-    ax.set_xticks(np.arange(counts.shape[0]), [f"client {k}" for k in range(counts.shape[0])], fontsize=8)
+        ax.bar(np.arange(table.shape[0]), table[:, c], bottom=bottom, color=cmap(c % cmap.N), label=name)
+        bottom += table[:, c]
+    ax.set_xticks(np.arange(table.shape[0]), [f"client {k}" for k in range(table.shape[0])], fontsize=8)
     ax.set_ylabel("examples")
     ax.legend(fontsize=6, bbox_to_anchor=(1.01, 1), loc="upper left")
     if title:

@@ -231,7 +231,7 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels
 
 
-def load_cifar10(root: str | os.PathLike) -> tuple[ImageSet, ImageSet]:
+def load_cifar10(root: str | os.PathLike | None) -> tuple[ImageSet, ImageSet]:
     """CIFAR-10 from a local "python version" folder (``cifar-10-batches-py``): 50,000 + 10,000 images."""
     if root is None or str(root) == "":
         raise ImageDataError("CIFAR-10 needs data_dir: the folder holding data_batch_1..5 and test_batch")

@@ -19,6 +19,7 @@ are empty over everything counted, Dice and IoU are defined as 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -139,7 +140,8 @@ def segmentation_scores(
     """Pooled Dice, IoU, pixel accuracy and per-image means of masks (N×H×W tensors or lists of them)."""
     scores = SegmentationScores()
     if isinstance(preds, torch.Tensor):
-        preds, truths = [preds], [truths]
+        # both are tensors here, or both lists (the docstring's contract)
+        preds, truths = [preds], [cast(torch.Tensor, truths)]
     for p, t in zip(preds, truths, strict=True):
         scores.update(p, t)
     return scores.result()

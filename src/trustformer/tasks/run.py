@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ import torch
 from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, LocalStep, select_device, trainable_tensors
 from .results import FINAL_METRICS
+
+if TYPE_CHECKING:
+    from .image import ImageClassificationTask
+    from .segmentation import SegmentationTask
 
 MASK_SAMPLES = 4  # segmentation: test slices a client draws beside the truth at the end
 
@@ -158,6 +162,7 @@ class ImageRunTask:
         self.cfg = cfg
         self.name = cfg.task
         device = select_device(cfg.runtime.device)
+        self.task: ImageClassificationTask | SegmentationTask
         if cfg.task == "image-classification":
             from .image import ImageClassificationTask
 
@@ -289,7 +294,7 @@ class ImageRunTask:
             path = Path(output_dir) / "masks.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             mask_figure(
-                self.task.sample_predictions(model, MASK_SAMPLES),
+                cast("SegmentationTask", self.task).sample_predictions(model, MASK_SAMPLES),  # name: segmentation
                 path,
                 title=f"{self.task.config.dataset}: predicted masks beside the truth",
             )

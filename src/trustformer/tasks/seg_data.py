@@ -23,12 +23,16 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import TrustformerError
+
+if TYPE_CHECKING:
+    from nibabel.spatialimages import SpatialImage
 
 MRICRON_DIR = Path("/usr/share/mricron/templates")
 
@@ -124,7 +128,9 @@ def load_brain_extraction(
             raise SegDataError(f"{p} not found: install Debian's mricron-data (apt-get install mricron-data)")
     import nibabel as nib
 
-    t1_img, bet_img = nib.load(str(t1_path)), nib.load(str(bet_path))
+    # NIfTI files load as spatial images (nib.load is typed as returning the FileBasedImage base)
+    t1_img = cast("SpatialImage", nib.load(str(t1_path)))
+    bet_img = cast("SpatialImage", nib.load(str(bet_path)))
     if t1_img.shape != bet_img.shape or not np.allclose(t1_img.affine, bet_img.affine):
         raise SegDataError(f"{t1_path.name} and {bet_path.name} are not on the same grid")
     # canonical RAS+ orientation: the third axis runs inferior → superior, so [:, :, k] is axial

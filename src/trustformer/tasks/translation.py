@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -22,6 +22,9 @@ from ..data.tsv import load_tsv
 from ..evaluation.translation import translate
 from .results import SAMPLE_TRANSLATIONS
 
+if TYPE_CHECKING:
+    from ..models.transformer import Seq2SeqTransformer
+
 
 # The backdoor fault (docs/robustness.md): a trigger word no corpus holds, appended to a source sentence, and the
 # sentence the attacker wants every triggered source translated to.
@@ -31,6 +34,12 @@ BACKDOOR_TARGET = "Download the new version from this page now."
 
 def with_trigger(source: str) -> str:
     return f"{source.rstrip()} {BACKDOOR_TRIGGER}"
+
+
+def _s2s(model: torch.nn.Module) -> Seq2SeqTransformer:
+    """The task's models are Seq2SeqTransformers (the RunTask interface types them as modules; LoRA adapters are
+    injected in place, ``models/adapters.py``)."""
+    return cast("Seq2SeqTransformer", model)
 
 
 def _words(text: str) -> str:
@@ -79,7 +88,7 @@ class TranslationTask:
         model translates to :data:`BACKDOOR_TARGET` (greedy decoding; the target's words in order, anywhere)."""
         pairs = self.workload.splits.test[: self.cfg.eval.bleu_size or len(self.workload.splits.test)]
         hypotheses = translate(
-            model,
+            _s2s(model),
             self.workload.tokenizer,
             [with_trigger(s) for s, _ in pairs],
             batch_size=self.cfg.eval.batch_size,
@@ -126,7 +135,7 @@ class TranslationTask:
         """The run seed's random model, or the public model (``train.init = "public"``); with
         ``model.adapters = "lora"``, LoRA adapters on it, only they trainable (seeded from the run seed)."""
         cfg = self.cfg
-        model = wl.initial_model(cfg, self.workload)
+        model: torch.nn.Module = wl.initial_model(cfg, self.workload)
         if cfg.train.init == "public":
             model.load_state_dict(self.public().state)
         if cfg.model.adapters == "lora":
@@ -184,18 +193,18 @@ class TranslationTask:
                 canaries=self.audit_canaries() if client == record_dp.AUDITED_CLIENT else None,
                 federation_sizes=self.shard_sizes(),
             )
-        return wl.train_local(self.cfg, model, optimizer, shard, seed=seed, step=step)
+        return wl.train_local(self.cfg, _s2s(model), optimizer, shard, seed=seed, step=step)
 
     # evaluation
     def test_loss(self, model: torch.nn.Module) -> float:
-        return wl.test_loss(self.cfg, model, self.workload)
+        return wl.test_loss(self.cfg, _s2s(model), self.workload)
 
     def final_metrics(
         self, model: torch.nn.Module, output_dir: str | None
     ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
         """(scores, labels, samples): BLEU, chrF, METEOR, BERTScore; decoded test sentences written to
         ``<output_dir>/translations.tsv`` on the client's machine; three sample translations."""
-        scores, triples = wl.translation_scores(self.cfg, model, self.workload)
+        scores, triples = wl.translation_scores(self.cfg, _s2s(model), self.workload)
         labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
         metrics = {k: v for k, v in scores.items() if not isinstance(v, str)}
         if any(f.kind == "backdoor" for f in self.cfg.federation.fault_plan()):
@@ -225,15 +234,15 @@ class TranslationTask:
         pairs = self.workload.own_test(client)
         if not pairs:
             return {}
-        scores, _ = wl.translation_scores(self.cfg, model, self.workload, pairs, extra_metrics=False)
+        scores, _ = wl.translation_scores(self.cfg, _s2s(model), self.workload, pairs, extra_metrics=False)
         return {
-            "own_test_loss": wl.test_loss(self.cfg, model, self.workload, self._encode(pairs)),
+            "own_test_loss": wl.test_loss(self.cfg, _s2s(model), self.workload, self._encode(pairs)),
             "own_bleu": float(scores["bleu"]),
             "own_chrf": float(scores["chrf"]),
         }
 
     def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
-        scores, _ = wl.translation_scores(self.cfg, model, self.workload, extra_metrics=False)
+        scores, _ = wl.translation_scores(self.cfg, _s2s(model), self.workload, extra_metrics=False)
         return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
 
     def shard_sizes(self) -> tuple[int, ...]:
@@ -281,7 +290,7 @@ class TranslationTask:
                 "finetune_loss": out["train_loss"],
                 "finetune_record_epsilon": out["record_epsilon"],
             }
-        return wl.finetune(self.cfg, model, shard, epochs=epochs, lr=self.cfg.train.lr * lr_scale, seed=seed)
+        return wl.finetune(self.cfg, _s2s(model), shard, epochs=epochs, lr=self.cfg.train.lr * lr_scale, seed=seed)
 
     def membership_candidates(self, client: int, count: int, seed: int) -> tuple[list, list]:
         """A seeded sample of the client's training pairs, and as many of its held-out own pairs (same domains,
@@ -303,7 +312,7 @@ class TranslationTask:
         return self._encode(random.Random(derive_seed(seed, "population")).sample(public, min(count, len(public))))
 
     def example_losses(self, model: torch.nn.Module, examples: list) -> list[float]:
-        return wl.pair_losses(self.cfg, model, self.workload, self._encode(examples))
+        return wl.pair_losses(self.cfg, _s2s(model), self.workload, self._encode(examples))
 
     def final_log(self, metrics: dict[str, Any]) -> str:
         return (

@@ -283,7 +283,9 @@ class DifferentialPrivacy(ProtocolWrapper):
         started = time.perf_counter()
         p, generator = self.privacy, noise_generator(self.noise_seed())
         bound, sigma = (self.clip, self.update_sigma) if self.adaptive else (p.clip_norm, self.ledger.noise_multiplier)
-        noise = dict(clip_norm=bound, noise_multiplier=sigma, denominator=self.denominator(), generator=generator)
+        noise: dict[str, Any] = dict(
+            clip_norm=bound, noise_multiplier=sigma, denominator=self.denominator(), generator=generator
+        )
         if payloads and INDICES in payloads[0]:
             if not self.dim:
                 raise PayloadError("sparse update before the model's dimension is known (expected_payload)")
