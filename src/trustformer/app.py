@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from .config import CONFIG_KEY, run_config_of
 from .runtime import client
+from .runtime.node import process_setup
 from .runtime.server import run_federation
 from .secure.mod import make_secure_mod
 from .wire import FederationError
@@ -27,7 +28,7 @@ client_app = ClientApp(mods=[make_secure_mod(client.secure_view)])
 @server_app.main()
 def server_main(grid: Grid, context: Context) -> None:
     cfg = run_config_of(context.run_config)
-    client.process_setup(cfg, log_file=Path(cfg.out) / "server.log")
+    process_setup(cfg, log_file=Path(cfg.out) / "server.log")
     run_federation(grid, cfg)
 
 

@@ -38,6 +38,8 @@ from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, PayloadError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
 from .node import (
+    DEPLOYED_PROCESSES,
+    process_setup,
     client_id,
     client_store,
     node_setting,
@@ -49,31 +51,6 @@ if TYPE_CHECKING:
     from flwr.app.typing import ConfigRecordValues
 
 log = logging.getLogger(__name__)
-
-DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
-
-
-def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
-    """Torch threads from ``runtime.threads``. In a process Flower's deployment runtime started, also
-    the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's ``server.log``,
-    since Flower keeps a ServerApp's own output for ``flwr log``)."""
-    threads = cfg.runtime.threads or os.cpu_count() or 1
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    root = logging.getLogger("trustformer")
-    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES or root.handlers or not cfg.runtime.progress:
-        return
-    formatter = logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    root.propagate = False
-
 
 # --------------------------------------------------------------------------------------- the client's view
 
@@ -337,7 +314,6 @@ def train(msg: Message, context: Context) -> Message:
         **env.timings(msg),
     }
     protocol = env.protocol
-    training = protocol
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
         specs = protocol.catch_up_specs(session)
         what = "model from the server"
@@ -355,12 +331,12 @@ def train(msg: Message, context: Context) -> Message:
             env.shard,
             seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
             client=env.client,
-            step=training.local_step(session),
-            **training.train_options(session),
+            step=protocol.local_step(session),
+            **protocol.train_options(session),
         )
     )
     poison_trained_model(env, session, start)
-    training.client_trained(session, metrics)
+    protocol.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:
         diagnostics.record_local_model(
@@ -551,7 +527,6 @@ __all__ = [
     "client_env",
     "evaluate",
     "open_session",
-    "process_setup",
     "query",
     "release_memory_store",
     "save_session",

@@ -1,10 +1,15 @@
-"""What a client node is, apart from its message handlers: its client id (data partition), where it keeps its state
-(memory or disk, ``runtime.store``) and its node settings (output folders), with the engines' defaults."""
+"""What a node of the run is, apart from its message handlers. Every process, the server's and each client's: torch's
+threads and the progress lines (:func:`process_setup`). A client node: its client id (data partition), where it keeps
+its state (memory or disk, ``runtime.store``) and its node settings (output folders), with the engines' defaults."""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from pathlib import Path
 
+import torch
 from flwr.app import Context
 
 from ..config import RunConfig
@@ -13,6 +18,31 @@ from ..tasks.run import initial_tensors
 from ..wire import FederationError
 from .checkpoint import run_key
 from .store import DiskStore, MemoryStore
+
+DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
+
+
+def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
+    """Torch threads from ``runtime.threads``. In a process Flower's deployment runtime started, also
+    the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's ``server.log``,
+    since Flower keeps a ServerApp's own output for ``flwr log``)."""
+    threads = cfg.runtime.threads or os.cpu_count() or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    root = logging.getLogger("trustformer")
+    if Path(sys.argv[0]).name not in DEPLOYED_PROCESSES or root.handlers or not cfg.runtime.progress:
+        return
+    formatter = logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
 
 _memory_stores: dict[int, MemoryStore] = {}
 
@@ -72,6 +102,8 @@ def node_setting(cfg: RunConfig, context: Context, key: str) -> str | None:
 
 
 __all__ = [
+    "DEPLOYED_PROCESSES",
+    "process_setup",
     "client_id",
     "client_store",
     "keeps_state_on_disk",
