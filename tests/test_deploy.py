@@ -203,6 +203,40 @@ def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     assert summary["client_ids"] == [0, 1, 2]
 
 
+@pytest.mark.matrix  # the full matrix's tier (bash scripts/test.sh -m matrix): it waits on Flower's heartbeats
+def test_a_supernode_killed_and_restarted_mid_round_ends_as_the_uninterrupted_run(federation, tmp_path):
+    """federation.restart_wait_s: client 1's SuperNode is killed during round 2 and started again (same key, same
+    node id, same state folder). The message it held is sent again once it is back, and the run ends exactly as
+    the uninterrupted in-process one: nobody is dropped, every loss is the same."""
+    fed = federation
+    settings = {"federation.restart_wait_s": 240.0, "federation.rounds": 3}
+    cfg = tiny(tmp_path / "restarted", **settings)
+    with hard_limit(fed, 600):
+        submitted = time.time() - 1.0
+        run_id = submit_run(fed.server.home, cfg)
+        wait_until(lambda: completed_round(Path(cfg.out)) >= 1, 150, "round 1")
+        fed.nodes[1].kill()  # the whole SuperNode process tree, while round 2 runs
+        fed.start_client(1, retry_refused_s=150)
+        status = wait_for_run(
+            fed.server.home,
+            run_id,
+            Path(cfg.out) / "summary.json",
+            submitted_at=submitted,
+            timeout_s=450,
+            server=fed.server.superlink,
+        )
+    log = Path(cfg.out) / "server.log"
+    assert status == "finished:completed", log.read_text()[-4000:] if log.exists() else status
+    reference = run_in_process(tiny(tmp_path / "uninterrupted", **settings, **{"runtime.progress": False}))
+    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+    assert [x for x in lines(cfg) if "event" in x] == []  # nobody dropped
+    assert summary["test_loss"] == reference["test_loss"]
+    rows = {(x["round"], x["client"]): results(x) for x in lines(cfg)}
+    expected = {(x["round"], x["client"]): results(x) for x in lines(tiny(tmp_path / "uninterrupted"))}
+    drop_bytes = lambda row: {k: v for k, v in row.items() if k != "bytes_down"}  # noqa: E731 - resent: more down
+    assert {k: drop_bytes(v) for k, v in rows.items()} == {k: drop_bytes(v) for k, v in expected.items()}
+
+
 @pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_server_killed_after_round_1_resumes_to_the_same_result(federation, tmp_path):
     fed = federation

@@ -82,7 +82,7 @@ def test_a_catch_up_in_float32_decoded_against_the_wrong_reference_is_seen(tmp_p
     original = CodedDownload.client_start_from
 
     def stale(self, session, model):
-        return self.inner.client_start_from(session, model)  # the held state is not refreshed
+        return self.inner.catching_up().client_start_from(session, model)  # the held state is not refreshed
 
     monkeypatch.setattr(CodedDownload, "catch_up_from", lambda self, version: None)  # always the full state
     monkeypatch.setattr(CodedDownload, "client_start_from", stale)

@@ -20,6 +20,7 @@ REASONS = {  # what the dropped event says for each kind
     "huge_num_examples": "federation.max_examples",
     "replay": "is for round 1, not round 2",
     "dropout": "Node Unavailable",
+    "restart": "Node Unavailable",  # federation.restart_wait_s = 0: not waited for
     "stall": "no reply to train",
 }
 
@@ -93,6 +94,34 @@ def test_a_faulty_client_is_dropped_in_its_round_and_nothing_else_changes(baseli
     assert summary["client_ids"] == [0, 1, 2]  # the faulty client rejoins for the final evaluation
     assert [summary["test_loss"][i] for i in (0, 2)] == [ref_summary["test_loss"][i] for i in (0, 2)]
     assert all(math.isfinite(x) for x in summary["test_loss"])
+
+
+@pytest.mark.parametrize("message", ["train", "train.apply"])
+def test_a_node_that_dies_holding_a_message_and_comes_back_is_sent_it_again(baseline, message):
+    """federation.restart_wait_s: client 1's node handles its message of round 2, dies before its reply leaves,
+    and is back: the server sends the message again, the client computes it again from its snapshot, and the run
+    ends exactly as the fault-free one. Only the bytes sent down grow (the message went twice)."""
+    tmp, clean_summary, clean_rows, _clean_events = baseline
+    cfg = tiny(
+        tmp,
+        f"restart-{message}",
+        [f"client=1,round=2,kind=restart,message={message}"],
+        **{"federation.restart_wait_s": 5.0},
+    )
+    summary = run_in_process(cfg)
+    rows, events = read(cfg)
+    assert events == []
+    assert summary["test_loss"] == clean_summary["test_loss"]
+    for key, row in clean_rows.items():
+        resent = key == (2, 1)
+        assert {k: v for k, v in rows[key].items() if k != "bytes_down"} == {
+            k: v for k, v in row.items() if k != "bytes_down"
+        }, key
+        assert (rows[key]["bytes_down"] > row["bytes_down"]) == resent, key
+    # without the wait, the same fault drops the client from the round
+    cfg = tiny(tmp, f"restart-{message}-no-wait", [f"client=1,round=2,kind=restart,message={message}"])
+    run_in_process(cfg)
+    assert [(e["event"], e["round"], e["client"]) for e in read(cfg)[1]] == [("dropped", 2, 1)]
 
 
 def test_faults_in_several_rounds_and_clients(baseline):
@@ -198,7 +227,7 @@ def test_a_reply_that_arrived_while_a_pull_blocked_past_the_deadline_still_count
     import time
     from types import SimpleNamespace
 
-    from trustformer.runtime.rounds import exchange
+    from trustformer.wire import exchange
 
     class SlowFirstPull:
         def __init__(self):
@@ -219,3 +248,11 @@ def test_a_reply_that_arrived_while_a_pull_blocked_past_the_deadline_still_count
     replies = exchange(grid, messages, timeout=0.1)
     assert sorted(replies) == [1, 2]
     assert grid.pulls == 2  # the last pull started after the deadline, and there was no other
+
+
+@pytest.mark.parametrize("mode", ["tee", "secagg"])
+def test_a_resend_after_a_restart_is_refused_at_load_under_a_secure_channel(tmp_path, mode):
+    """The secure channel takes no message twice (measured: the resent message is refused and the client dropped),
+    so the configuration says so before anything runs."""
+    with pytest.raises(ConfigError, match="federation.restart_wait_s"):
+        tiny(tmp_path, "secure", **{"secure.mode": mode, "federation.restart_wait_s": 5.0})

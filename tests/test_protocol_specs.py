@@ -1,4 +1,4 @@
-"""A protocol is one module: the narrow core interface, hooks with defaults, plain wrappers, a complete spec
+"""A protocol is one module: the narrow core interface, optional parts with defaults, plain wrappers, a complete spec
 per protocol, and no protocol named outside its own module, the registry and the experiment/report layers."""
 
 import ast
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trustformer.protocols.interface.base import REQUIRED, FederatedProtocol, hooks
+from trustformer.protocols.interface.base import REQUIRED, CatchUp, FederatedProtocol, hooks
+from trustformer.protocols.interface.state import server_state
 from trustformer.protocols.wrappers.base import ProtocolWrapper
 from trustformer.protocols.interface.spec import COMPOSITIONS, ProtocolSpec
 from trustformer.registry import PROTOCOLS, protocol_spec, protocol_specs
@@ -21,8 +22,8 @@ EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce/", "registry.py", "cli.py")
 
 
 def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
-    """FederatedProtocol: 4 required members (its spec and the exchange: payload, aggregate, apply); every other hook
-    is an ordinary method with a default on the base class."""
+    """FederatedProtocol: 4 required members (its spec and the exchange: payload, aggregate, apply), at most 10 hooks
+    in all; what only some protocols need is an optional part with defaults, reached through one hook each."""
     assert REQUIRED == ("spec", "client_payload", "aggregate", "client_apply")
     bare_object = type("P", (), {"name": "p"})()
     for call in (
@@ -32,15 +33,19 @@ def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
     ):
         with pytest.raises(NotImplementedError):
             call()
-    assert {"catch_up", "participants", "server_state", "coding_view", "check_payload"} <= set(hooks())
+    assert len(hooks()) <= 10, hooks()
+    assert {"training", "server", "catching_up", "coding"} <= set(hooks())
+    assert {"catch_up", "participants", "coding_view", "check_payload"}.isdisjoint(hooks())
 
 
-def test_the_wrapper_forwards_every_hook_in_plain_code():
-    """ProtocolWrapper writes out every hook (no class is built at run time): a wrapper's type is its source class."""
-    own = set(vars(ProtocolWrapper))
-    assert set(hooks()) <= own, sorted(set(hooks()) - own)
+def test_the_wrapper_forwards_the_core_in_plain_code_and_reaches_the_inner_parts():
+    """ProtocolWrapper writes out the core hooks it forwards (no class is built at run time): a wrapper's type is its
+    source class; a part the wrapper does not subclass is its inner protocol's."""
+    forwarded = [n for n in hooks() if n in vars(ProtocolWrapper) and n != "run_round"]
+    assert len(forwarded) <= 8, forwarded
+    assert {"client_payload", "aggregate", "client_apply"} <= set(forwarded)
 
-    class Inner(FederatedProtocol):
+    class Inner(FederatedProtocol, CatchUp):
         spec = ProtocolSpec(name="inner", factory=lambda cfg: None, summary="x")
 
         def catch_up(self):
@@ -52,9 +57,20 @@ def test_the_wrapper_forwards_every_hook_in_plain_code():
     class Cfg:
         pass
 
-    outer = Outer(Inner(Cfg()))
-    assert type(outer) is Outer and outer.catch_up() == (7, {})
-    assert outer.server_state() == {"class": "Outer", "state": {}, "inner": {"class": "Inner", "state": {}}}
+    inner = Inner(Cfg())
+    outer = Outer(inner)
+    assert type(outer) is Outer and outer.catching_up() is inner and outer.catching_up().catch_up() == (7, {})
+    assert outer.coding().stable_payload_layout() and outer.training().local_step(None) is None
+    assert server_state(outer) == {"class": "Outer", "state": {}, "inner": {"class": "Inner", "state": {}}}
+
+
+def test_a_part_method_on_a_class_without_the_part_is_refused_at_definition():
+    """A method named like an optional part's, on a class that does not subclass that part, would never be called."""
+    with pytest.raises(TypeError, match=r"Forgot defines catch_up \(a method of CatchUp\)"):
+
+        class Forgot(FederatedProtocol):
+            def catch_up(self):
+                return None
 
 
 def test_no_protocol_class_is_built_at_run_time():
@@ -176,6 +192,7 @@ OTHER_MEANINGS = {
     "trustformer": {
         "runtime/server.py",
         "runtime/client.py",
+        "runtime/node.py",
         "cli_options.py",
         "recording/tracking.py",
         "deploy/fab.py",

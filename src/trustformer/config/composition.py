@@ -40,6 +40,8 @@ class _Federation(Protocol):
     def download_bits(self) -> int: ...
     @property
     def clients_per_round(self) -> int: ...
+    @property
+    def restart_wait_s(self) -> float: ...
     def fault_plan(self) -> list[Fault]: ...
 
 
@@ -169,7 +171,14 @@ def _check_faults(fed: _Federation) -> None:
 
 
 def _check_secure_aggregation(secure: _Secure, fed: _Federation) -> None:
-    """Secure aggregation needs a mean-of-payloads protocol, two clients and a threshold they can meet."""
+    """Secure aggregation needs a mean-of-payloads protocol, two clients and a threshold they can meet. No secure
+    mode takes a message sent again after a restart: the channel refuses it (its nonce or step is spent)."""
+    if secure.mode != "none" and fed.restart_wait_s > 0:
+        raise ConfigError(
+            f"federation.restart_wait_s = {fed.restart_wait_s} sends a message again to a node that restarted, and "
+            f"secure.mode = {secure.mode!r} refuses a message it was sent before (a replay to its channel): set "
+            "federation.restart_wait_s = 0 (a restarted client is dropped from that round) or secure.mode = 'none'"
+        )
     if secure.mode not in ("secagg", "tee+secagg"):
         return
     why = _refusal(fed.strategy, "secure_aggregation")

@@ -17,6 +17,8 @@ FAULT_KINDS = {
     "huge_num_examples": "the reply claims 10^15 training examples",
     "replay": "the client's reply to an earlier message is sent again instead",
     "dropout": "the client's node is gone: the SuperLink's 'Node Unavailable' error instead of a reply",
+    "restart": "the client's node dies after handling the message, before its reply leaves, and comes back at once: "
+    "'Node Unavailable', then the node is online again (federation.restart_wait_s sends the message again)",
     "stall": "the client answers only after the server stopped waiting (federation.round_timeout_s)",
 }
 PAYLOAD_FAULTS = ("nan", "wrong_shape")

@@ -206,14 +206,18 @@ class FederationConfig:
     clients_per_round: int = 0
     round_timeout_s: float = 0.0  # seconds to wait for the replies to one message; later = dropped; 0 = no limit
     node_wait_s: float = 120.0  # seconds to wait for enough client nodes (at the start, or for min_clients)
+    # a node whose SuperNode died while it held a message (Flower's "Node Unavailable" error): seconds to wait for it
+    # to come back (a restarted SuperNode, same key: same node id), then send it the message again; its state
+    # snapshots make the resent message compute what the first would have. 0 = drop it from the round at once
+    restart_wait_s: float = 0.0
     # the largest num_examples a client may report (its training pairs); a larger, non-integer or < 1
     # count drops that client from the round: one client must not take over a data-weighted mean
     max_examples: int = 1_000_000
     # fault injection (docs/privacy.md "Invalid replies and fault injection"): strings such as
     # "client=1,round=2,kind=nan"; kinds of the reply, in-process runtime only: nan, wrong_shape, empty_reply,
-    # malformed_reply, huge_num_examples, replay, dropout, stall (FAULT_KINDS); well-formed malicious clients, any
-    # engine (docs/robustness.md): "client=1,round=*,kind=scale,factor=-10", sign_flip, noise, and for the whole
-    # run "client=1,round=*,kind=backdoor,share=0.1", shuffled_targets (POISON_KINDS)
+    # malformed_reply, huge_num_examples, replay, dropout, restart, stall (FAULT_KINDS); well-formed malicious
+    # clients, any engine (docs/robustness.md): "client=1,round=*,kind=scale,factor=-10", sign_flip, noise, and for
+    # the whole run "client=1,round=*,kind=backdoor,share=0.1", shuffled_targets (POISON_KINDS)
     faults: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -227,6 +231,7 @@ class FederationConfig:
         check_choice("federation.finetune_params", self.finetune_params, ("all", "trainable"))
         check_at_least("federation.round_timeout_s", self.round_timeout_s, 0.0)
         check_positive("federation.node_wait_s", self.node_wait_s)
+        check_at_least("federation.restart_wait_s", self.restart_wait_s, 0.0)
         check_at_least("federation.max_examples", self.max_examples, 1)
         self._check_coding_and_sampling()
         self._check_faults()

@@ -12,7 +12,8 @@ entry names), so the server's real validation and drop path handles them: ``nan`
 ``wrong_shape`` corrupt the payload (a sealed or masked record loses its last byte), ``empty_reply``
 sends no content, ``malformed_reply`` replaces the metrics record by one of strings,
 ``huge_num_examples`` claims 10^15 examples, ``replay`` sends the client's reply to its previous
-``train`` message again (its previous message of any type in round 1), ``dropout`` answers with the
+``train`` message again (its previous message of any type in round 1), ``restart`` lets the client handle the message
+and then answers for its node as ``dropout`` does (the node is back at once), ``dropout`` answers with the
 SuperLink's "Node Unavailable" error without running the client, ``stall`` runs the client and never
 delivers its reply (the server stops waiting after ``federation.round_timeout_s``).
 """
@@ -87,6 +88,7 @@ class InProcessGrid(Grid):
         self._history: dict[int, dict[str, RecordDict]] = {}  # node -> message type -> content of its last reply
         self._last: dict[int, RecordDict] = {}  # node -> content of its last reply of any type
         self.injected: list[tuple[int, int, str]] = []  # (client, round, kind) of the faults applied
+        self._restarted: set[tuple[int, int]] = set()  # (client, round) of the restart faults applied
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -117,6 +119,14 @@ class InProcessGrid(Grid):
                 reply = Message(
                     Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: dropout)"), reply_to=delivered
                 )
+            elif fault is not None and fault.kind == "restart":  # handled, then the node died before replying
+                self._restarted.add((fault.client, fault.round))
+                self.injected.append((fault.client, fault.round, fault.kind))
+                self._client_app(delivered, self._contexts[node])
+                reply = Message(
+                    Error(NODE_UNAVAILABLE, "Node Unavailable (injected fault: restart)"), reply_to=delivered
+                )
+                fault = None  # back at once: the node is online again, and a resent message goes through
             else:
                 try:
                     reply = self._client_app(delivered, self._contexts[node])
@@ -144,6 +154,8 @@ class InProcessGrid(Grid):
         except ValueError:
             return None
         fault = self._faults.get((client, rnd))
+        if fault is not None and fault.kind == "restart" and (client, rnd) in self._restarted:
+            return None  # the restarted node handles a message sent again
         return fault if fault is not None and fault.message == message.metadata.message_type else None
 
     def _remember(self, node: int, message_type: str, reply: Message) -> None:

@@ -7,10 +7,11 @@ import time
 from collections.abc import Sequence
 from ..core.aggregation import weighted_mean
 from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
+from .interface.parts import CatchUp, ServerHooks
 from .interface.spec import ProtocolSpec
 
 
-class FedAvg(FederatedProtocol):
+class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
     """With client sampling, the server keeps the last global model: a client drawn after missing exchanges
     receives it with its ``train`` message and starts from it."""
 

@@ -22,6 +22,7 @@ from ..config import RunConfig
 from ..config.checks import check_in_range
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
+from .interface.parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks
 from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
@@ -49,7 +50,7 @@ class TopKConfig:
         check_in_range("fedavg-topk.keep", self.keep, 0.0, 1.0, lo_open=True)
 
 
-class FedAvgTopK(FederatedProtocol):
+class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, PayloadCoding):
     spec = ProtocolSpec(
         name="fedavg-topk",
         factory=lambda cfg: FedAvgTopK(cfg),

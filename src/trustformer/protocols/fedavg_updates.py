@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
+from .interface.parts import LocalTraining
 from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
@@ -27,7 +28,7 @@ from .interface.base import (
 GLOBAL = "global/"  # protocol_state key prefix of the last global model
 
 
-class FedAvgUpdates(FederatedProtocol):
+class FedAvgUpdates(FederatedProtocol, LocalTraining):
     """A building block (the DP baselines'), not registered as a strategy."""
 
     spec = ProtocolSpec(

@@ -52,6 +52,7 @@ from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
+from .interface.parts import LocalTraining, ServerHooks
 from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
@@ -119,7 +120,7 @@ def private_hyperparameters(cfg: RunConfig, client: int) -> dict[str, Any]:
     }
 
 
-class FedPC(FederatedProtocol):
+class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
     # train reports the cost only; the payloads come with train.payload
     spec = ProtocolSpec(
         name="fedpc",

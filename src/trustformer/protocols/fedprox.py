@@ -22,6 +22,7 @@ from ..config import ConfigError, RunConfig
 from ..core.shared import LocalStep
 from .interface.base import ClientSession
 from .fedavg import FedAvg
+from .interface.parts import LocalTraining
 from .interface.spec import ProtocolSpec
 
 
@@ -70,7 +71,7 @@ def proximal_step(session: ClientSession, mu: float) -> LocalStep:
     return step
 
 
-class FedProx(FedAvg):
+class FedProx(FedAvg, LocalTraining):
     spec = ProtocolSpec(
         name="fedprox",
         factory=lambda cfg: FedProx(cfg),

@@ -32,6 +32,7 @@ from .interface.base import (
     assign_tensors,
     trainable_tensors,
 )
+from .interface.parts import ServerHooks
 from .interface.spec import ProtocolSpec
 
 
@@ -45,7 +46,7 @@ class PhongConfig:
         check_choice("phong.order", self.order, ("fixed", "shuffled"))
 
 
-class Phong(FederatedProtocol):
+class Phong(FederatedProtocol, ServerHooks):
     # each worker's reply carries the test loss of the model it produced
     spec = ProtocolSpec(
         name="phong",

@@ -77,6 +77,7 @@ from ..core.kmeans import choose_initial_rows, cluster_layers
 from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
 from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors
+from .interface.parts import PayloadCoding, ServerHooks
 from .interface.spec import ProtocolSpec
 
 LABELS, LOCAL, GLOBAL, REFERENCE, MOVED = "labels/", "local/", "global/", "reference/", "moved/"
@@ -143,7 +144,7 @@ def check_config(cfg: RunConfig) -> None:
         )
 
 
-class Trustformer(FederatedProtocol):
+class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
     spec = ProtocolSpec(
         name="trustformer",
         factory=lambda cfg: Trustformer(cfg),

@@ -1,6 +1,6 @@
 """The server's round checkpoint, and resuming a stopped run from it.
 
-Before round 1 and after every completed round the server writes the protocol's server state (``server_state()``: the
+Before round 1 and after every completed round the server writes the protocol's server state (``server_state``: the
 ``state_attrs`` every protocol and wrapper declares, nested wrapper by wrapper, tensors included) to
 ``<out>/server-state-r<round>.pt``, and then replaces the manifest ``<out>/checkpoint.json`` (each written
 to a temporary file, synced and renamed): the round number, the run's resolved configuration, every
@@ -11,7 +11,7 @@ names a complete state file of its own round: the run resumes from that round, n
 
 Resuming (``runtime.resume = true``, the CLI's ``--resume DIR``) restores all of it: ``metrics.jsonl``
 is rewritten up to the end of the checkpointed round (lines of an interrupted round are dropped) and
-continues; the protocol's state is loaded with ``load_server_state``; the loop starts at the next
+continues; the protocol's state is loaded with ``state.load_server_state``; the loop starts at the next
 round. Client state is not in the checkpoint: each client keeps its own on disk (``runtime.store``),
 with per-round snapshots that make a re-sent round compute the same thing again
 (``trustformer.runtime.store``). A resumed run therefore ends with the same result as an
@@ -35,7 +35,13 @@ import torch
 
 from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig, build_config
-from ..protocols.interface.state import UndeclaredStateError, fingerprint, undeclared_changes
+from ..protocols.interface.state import (
+    UndeclaredStateError,
+    fingerprint,
+    load_server_state,
+    server_state,
+    undeclared_changes,
+)
 
 CHECKPOINT_FILE = "checkpoint.json"
 STATE_PREFIX = "server-state-r"  # + the round, 5 digits, + ".pt": the protocol's server state of that round
@@ -213,7 +219,7 @@ class Checkpointer:
     """The server loop's side of checkpoints: restores a resumed run, writes one after every round."""
 
     def __init__(self, cfg: RunConfig, recorder: Any, protocol: Any) -> None:
-        """On resume, call after the protocol's ``server_begin``: its state is loaded here."""
+        """On resume, call after the protocol's ``server().server_begin``: its state is loaded here."""
         self.cfg = cfg
         self._config = cfg.to_dict()  # what every checkpoint records of the run
         self.recorder = recorder
@@ -251,7 +257,7 @@ class Checkpointer:
             raise CheckpointError(f"{checkpoint_path(self.cfg.out)} names no server state: start the run again")
         self._saved_link = state.get("link")
         try:
-            self.protocol.load_server_state(state["protocol"])
+            load_server_state(self.protocol, state["protocol"])
         except (KeyError, ValueError) as exc:
             raise CheckpointError(f"{checkpoint.state_file}: cannot restore {self.protocol.name}: {exc}") from None
         rec.event(
@@ -297,7 +303,7 @@ class Checkpointer:
                 resumed=self.resumed,
             ),
             {
-                "protocol": self.protocol.server_state(),
+                "protocol": server_state(self.protocol),
                 "link": self.link.state_dict() if hasattr(self.link, "state_dict") else None,
             },
         )

@@ -252,7 +252,7 @@ def open_session(
     state = env.store.load(env.key, upto=upto)
     optimizer: torch.optim.Optimizer | SavedOptimizerState
     if train or state is None:
-        optimizer = env.protocol.client_optimizer(model, env.client) or env.task.new_optimizer(model)
+        optimizer = env.protocol.training().client_optimizer(model, env.client) or env.task.new_optimizer(model)
     else:
         optimizer = SavedOptimizerState(state.optimizer)
     protocol_state: dict[str, torch.Tensor] = {}
@@ -313,16 +313,17 @@ def train(msg: Message, context: Context) -> Message:
         "num_examples": session.num_examples,
         **env.timings(msg),
     }
-    protocol = env.protocol
+    protocol, training = env.protocol, env.protocol.training()
     if "model" in msg.content:  # the model to start from: a catch-up after missed exchanges, Phong's sequence
-        specs = protocol.catch_up_specs(session)
+        catching_up = protocol.catching_up()
+        specs = catching_up.catch_up_specs(session)
         what = "model from the server"
         incoming = from_array_record(
             cast(ArrayRecord, msg.content["model"]), specs[0] if len(specs) == 1 else None, what=what
         )
         if len(specs) > 1 and not any(spec_of(incoming) == spec for spec in specs):
             raise PayloadError(f"{what}: its arrays match none of the {len(specs)} layouts the protocol expects")
-        metrics.update(protocol.client_start_from(session, incoming))
+        metrics.update(catching_up.client_start_from(session, incoming))
     start = _poison_start(env, session, exchange)
     metrics.update(
         env.task.train_local(
@@ -331,12 +332,12 @@ def train(msg: Message, context: Context) -> Message:
             env.shard,
             seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
             client=env.client,
-            step=protocol.local_step(session),
-            **protocol.train_options(session),
+            step=training.local_step(session),
+            **training.train_options(session),
         )
     )
     poison_trained_model(env, session, start)
-    protocol.client_trained(session, metrics)
+    training.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:
         diagnostics.record_local_model(

@@ -5,7 +5,7 @@ apply) only says which messages go to which clients and what the server computes
 :class:`RoundIO` does the rest for every protocol alike:
 
 - **transport**: every message goes out and comes back through the run's :class:`~trustformer.wire.Link`:
-  :class:`PlainLink` here, or the secure channel that wraps it (``secure/channel.py``: sealed after
+  :class:`~trustformer.wire.PlainLink`, or the secure channel that wraps it (``secure/channel.py``: sealed after
   attestation, masked by secure aggregation); a round never sees the difference;
 - **validation**: a reply must be a metrics record of numbers naming the client this node is and the
   round (:func:`validate_reply`), every payload must have the names/shapes/dtypes the configuration and
@@ -24,14 +24,12 @@ ternary vector), ``train.apply`` (the server's model or aggregate, then a test e
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 
 from ..errors import TrustformerError
 from ..config import RunConfig
@@ -48,15 +46,12 @@ from ..wire import (
     PayloadError,
     TensorSpec,
     from_array_record,
-    payload_bytes,
     spec_of,
     to_array_record,
 )
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.5  # seconds between two pulls of the replies still awaited
-TTL_MARGIN_S = 10.0  # a message outlives the wait for its reply by this much (the SuperLink then drops it)
 # metrics keys the server writes itself: a client's reply may not set them
 SERVER_KEYS = frozenset(
     {
@@ -81,80 +76,6 @@ class ReplyError(TrustformerError, ValueError):
 
 
 # --------------------------------------------------------------------------------------- messages
-
-
-def ttl(timeout: float | None) -> float | None:
-    """Message lifetime for a wait of ``timeout`` seconds (None: Flower's default)."""
-    return None if timeout is None else timeout + TTL_MARGIN_S
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict[int, Message]:
-    """Push the messages, then pull their replies until all came or ``timeout`` seconds passed.
-
-    Every reply the SuperLink holds when the wait ends counts: the last pull starts after the deadline. One pull
-    can block for many seconds (it fetches a reply's tensors while the client is still uploading them), and
-    replies that arrived meanwhile were not in its answer."""
-    if not messages:
-        return {}
-    ids = list(grid.push_messages(messages))
-    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
-    pending = set(node_of)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: dict[int, Message] = {}
-    while pending:
-        last = deadline is not None and time.monotonic() >= deadline  # taken before the pull, not after
-        for reply in grid.pull_messages(list(pending)):
-            mid = reply.metadata.reply_to_message_id
-            if mid in pending:
-                pending.discard(mid)
-                replies[node_of[mid]] = reply
-        if not pending or last:
-            break
-        time.sleep(POLL_S)
-    return replies
-
-
-class PlainLink:
-    """The :class:`~trustformer.wire.Link` of ``secure.mode = none``: messages as they are, aggregation in the
-    clear. The secure channel (``secure/channel.py``) wraps one of these."""
-
-    def __init__(self, grid: Grid, timeout: float | None) -> None:
-        self.grid, self.timeout = grid, timeout
-
-    def setup(self, nodes: list[int], needed: int) -> None:
-        return None
-
-    def prepare(self, rnd: int, nodes: list[int], exchange: bool) -> list[int]:
-        return nodes
-
-    def send(
-        self, nodes, message_type: str, rnd: int, make_content: Callable[[int], RecordDict]
-    ) -> dict[int, Delivery]:
-        messages, down = [], {}
-        for node in nodes:
-            content = make_content(node)
-            down[node] = payload_bytes(content)
-            messages.append(Message(content, node, message_type, group_id=str(rnd), ttl=ttl(self.timeout)))
-        replies = exchange(self.grid, messages, self.timeout)
-        return {node: Delivery(replies.get(node), down[node], _bytes_up(replies.get(node))) for node in nodes}
-
-    def payload_spec(self, spec: TensorSpec) -> TensorSpec:
-        return spec
-
-    def combine(
-        self, rnd: int, payloads: dict[int, Tensors], examples: dict[int, int], weighting: str | None
-    ) -> tuple[list[Tensors], list[int], dict[str, float]]:
-        return list(payloads.values()), [examples[n] for n in payloads], {}
-
-    def finish_row(self, rnd: int, node: int, row: dict[str, Any]) -> None:
-        return None
-
-    def summary(self) -> dict[str, Any] | None:
-        return None
-
-
-def _bytes_up(reply: Message | None) -> int:
-    return payload_bytes(reply.content) if reply is not None and reply.has_content() else 0
 
 
 # --------------------------------------------------------------------------------------- validation
@@ -276,8 +197,8 @@ class RoundIO:
     def __init__(self, server: Server, rnd: int, nodes: list[int], exchange: bool) -> None:
         self.server, self.rnd, self.nodes, self.exchange = server, rnd, list(nodes), exchange
         self.cfg, self.protocol, self.clients, self.link = server.cfg, server.protocol, server.clients, server.link
-        self.report = self.protocol
-        self.check_payload = self.protocol.check_payload
+        self.report = self.protocol.server()  # the protocol's payload check and round reports
+        self.check_payload = self.report.check_payload
         self.synced = server.synced
         self.needed = server.min_valid
         self.rows: dict[int, dict[str, Any]] = {}
@@ -519,4 +440,4 @@ class RoundIO:
             self.server.recorder.record(row)
 
 
-__all__ = ["FederationError", "PlainLink", "ReplyError", "RoundIO", "SERVER_KEYS", "Server", "validate_reply"]
+__all__ = ["FederationError", "ReplyError", "RoundIO", "SERVER_KEYS", "Server", "validate_reply"]

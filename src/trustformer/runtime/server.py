@@ -26,9 +26,9 @@ from ..registry import protocol_spec
 from ..secure.channel import secure_link
 from ..tasks.results import FINAL_METRICS, task_summary, under
 from ..tasks.run import initial_tensors
-from ..wire import EVALUATE, QUERY
+from ..wire import EVALUATE, QUERY, PlainLink
 from .checkpoint import Checkpointer
-from .rounds import FederationError, PlainLink, ReplyError, RoundIO, Server, client_of, describe, drop, exchange, ttl
+from .rounds import FederationError, ReplyError, RoundIO, Server, client_of, describe, drop
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     protocol, fed = get_protocol(cfg), cfg.federation
     nodes = Nodes(grid, cfg, node_wait_s)
     try:
-        protocol.server_begin(nodes.expected)
+        protocol.server().server_begin(nodes.expected)
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
@@ -57,7 +57,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.json)))
     link = secure_link(
         cfg,
-        PlainLink(grid, nodes.timeout),
+        PlainLink(grid, nodes.timeout, cfg.federation.restart_wait_s),
         run_id=int(grid.run.run_id),
         recorder=recorder,
         drop=lambda r, n, why: drop(recorder, r, n, nodes.clients, why),
@@ -134,7 +134,7 @@ def finish_run(
     recorder, protocol = server.recorder, server.protocol
     per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
     order = sorted(per_client)
-    extra: dict[str, Any] = {**protocol.server_summary(), "round_time_s": checkpoints.round_s}
+    extra: dict[str, Any] = {**protocol.server().server_summary(), "round_time_s": checkpoints.round_s}
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
     if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)
@@ -312,20 +312,10 @@ class Nodes:
         """Ask the nodes not met yet which client they are (a ``query``); return the nodes of known
         clients in client order. A client answering from a new node id retires its old one."""
         unknown = [n for n in nodes if n not in self.clients and n not in self.retired]
-        replies = exchange(
-            self.grid,
-            [
-                Message(
-                    RecordDict({"config": ConfigRecord({"round": 0})}),
-                    n,
-                    QUERY,
-                    group_id="identify",
-                    ttl=ttl(self.timeout),
-                )
-                for n in unknown
-            ],
-            self.timeout,
+        deliveries = PlainLink(self.grid, self.timeout).send(
+            unknown, QUERY, "identify", lambda _node: RecordDict({"config": ConfigRecord({"round": 0})})
         )
+        replies = {node: d.reply for node, d in deliveries.items() if d.reply is not None}
         for node in unknown:
             reply = replies.get(node)
             if reply is None or reply.has_error():

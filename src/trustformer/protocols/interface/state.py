@@ -116,6 +116,27 @@ def load_own_state(protocol: Any, state: dict[str, Any]) -> None:
             setattr(protocol, name, saved)
 
 
+def server_state(protocol: Any) -> dict[str, Any]:
+    """What a resumed server needs of ``protocol``: its declared ``state_attrs`` under its class's name, and a
+    wrapper's inner protocol's (its ``inner``) under ``inner``; the checkpoint saves it every round."""
+    out: dict[str, Any] = {"class": type(protocol).__name__, "state": own_state(protocol)}
+    inner = getattr(protocol, "inner", None)
+    if inner is not None:
+        out["inner"] = server_state(inner)
+    return out
+
+
+def load_server_state(protocol: Any, state: dict[str, Any]) -> None:
+    """Restore :func:`server_state` onto ``protocol`` on resume (after ``server_begin``); ValueError when the
+    checkpoint holds another class's state or other attributes."""
+    if state.get("class") != type(protocol).__name__:
+        raise ValueError(f"the checkpoint holds the state of {state.get('class')}, not of {type(protocol).__name__}")
+    load_own_state(protocol, state["state"])
+    inner = getattr(protocol, "inner", None)
+    if inner is not None:
+        load_server_state(inner, state["inner"])
+
+
 def _digest(value: Any, hasher: Any, depth: int = 0) -> None:
     """Feed ``value``'s content to ``hasher`` (tensors by their bytes; objects by their attributes, 4 levels)."""
     if isinstance(value, torch.Tensor):
@@ -166,6 +187,8 @@ __all__ = [
     "STATE",
     "UndeclaredStateError",
     "check_declared",
+    "load_server_state",
+    "server_state",
     "declared",
     "fingerprint",
     "load_own_state",

@@ -1,26 +1,29 @@
 """The base of every wrapper: a protocol that behaves as ``self.inner`` except where a subclass overrides a hook.
 
-The way Flower's DP strategies hold ``self.strategy``: every hook is written out below and forwards to ``inner``, so
-a debugger steps from the wrapper into the protocol it wraps, and ``type(wrapper)`` is the class in the source.
-A wrapper's server state is its own declared ``state_attrs`` plus its inner protocol's, nested under ``inner``.
+The way Flower's DP strategies hold ``self.strategy``: the core hooks are written out below and forward to
+``inner``, so a debugger steps from the wrapper into the protocol it wraps, and ``type(wrapper)`` is the class in the
+source. The optional parts (``interface/parts.py``) are the inner protocol's, reached through it, unless the
+wrapper subclasses a part itself; then the part's methods it leaves alone forward to the inner protocol's part
+(:class:`InnerServerHooks`, :class:`InnerCatchUp`). A wrapper's server state is its own declared ``state_attrs``
+plus its inner protocol's, nested under ``inner`` (``interface/state.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
-from ...core.shared import LocalStep, Tensors
+from ...core.shared import Tensors
 from ...wire import TensorSpec
-from ..interface.base import FederatedProtocol, RoundMessages, standard_round
+from ..interface.base import FederatedProtocol, P, RoundMessages, standard_round
+from ..interface.parts import CatchUp, ServerHooks
 from ..interface.session import ClientSession, Phases
 
 
 class ProtocolWrapper(FederatedProtocol):
     """``inner`` with some hooks overridden by a subclass (differential privacy, payload coding, robust
-    aggregation, the attack harness's observer); every hook a subclass leaves alone forwards to ``inner``."""
+    aggregation, the attack harness's observer); every core hook a subclass leaves alone forwards to ``inner``,
+    and every part it does not subclass is ``inner``'s."""
 
     def __init__(self, inner: FederatedProtocol) -> None:
         super().__init__(inner.cfg)
@@ -43,15 +46,11 @@ class ProtocolWrapper(FederatedProtocol):
         else:
             inner.run_round(io)
 
-    # ------------------------------------------------------------------ server state: own + inner's
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "inner": self.inner.server_state()}
+    def _part(self, kind: type[P], default: Callable[[FederatedProtocol], P]) -> P:
+        # a part this wrapper does not subclass is its inner protocol's (built there, defaults included)
+        return self if isinstance(self, kind) else self.inner._part(kind, default)
 
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
-        self.inner.load_server_state(state["inner"])
-
-    # ------------------------------------------------------------------ every other hook: forwarded
+    # ------------------------------------------------------------------ the core: forwarded
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return self.inner.client_payload(session)
 
@@ -67,77 +66,61 @@ class ProtocolWrapper(FederatedProtocol):
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         return self.inner.payload_spec(session)
 
-    def client_optimizer(self, model: torch.nn.Module, client: int) -> torch.optim.Optimizer | None:
-        return self.inner.client_optimizer(model, client)
 
-    def local_step(self, session: ClientSession) -> LocalStep | None:
-        return self.inner.local_step(session)
+class InnerServerHooks(ServerHooks):
+    """:class:`ServerHooks` for a wrapper that changes some of them (``class W(ProtocolWrapper, InnerServerHooks)``):
+    every one it leaves alone is its inner protocol's."""
 
-    def train_options(self, session: ClientSession) -> dict[str, int]:
-        return self.inner.train_options(session)
-
-    def client_trained(self, session: ClientSession, metrics: dict[str, Any]) -> None:
-        self.inner.client_trained(session, metrics)
+    inner: FederatedProtocol
 
     def server_begin(self, num_clients: int) -> None:
-        self.inner.server_begin(num_clients)
+        self.inner.server().server_begin(num_clients)
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
-        return self.inner.participants(rnd, clients, exchange)
+        return self.inner.server().participants(rnd, clients, exchange)
 
     def samples_clients(self) -> bool:
-        return self.inner.samples_clients()
+        return self.inner.server().samples_clients()
 
     def stop_reason(self) -> str:
-        return self.inner.stop_reason()
-
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        return self.inner.catch_up()
-
-    def catch_up_from(self, version: int) -> Tensors | None:
-        return self.inner.catch_up_from(version)
-
-    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
-        return self.inner.client_start_from(session, model)
-
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        self.inner.aggregate_delivered(delivered)
-
-    def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
-        return self.inner.catch_up_specs(session)
-
-    def aggregate_events(self) -> list[dict[str, Any]]:
-        return self.inner.aggregate_events()
-
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        return self.inner.exchange_done(rnd)
-
-    def line_fields(self) -> dict[str, Any]:
-        return self.inner.line_fields()
-
-    def server_summary(self) -> dict[str, Any]:
-        return self.inner.server_summary()
+        return self.inner.server().stop_reason()
 
     def check_payload(self, payload: Tensors) -> None:
-        self.inner.check_payload(payload)
+        self.inner.server().check_payload(payload)
 
-    def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
-        return self.inner.coding_view(payload, initial)
+    def aggregate_delivered(self, delivered: Tensors) -> None:
+        self.inner.server().aggregate_delivered(delivered)
 
-    def coded_names(self, payload: Tensors) -> set[str]:
-        return self.inner.coded_names(payload)
+    def aggregate_events(self) -> list[dict[str, Any]]:
+        return self.inner.server().aggregate_events()
 
-    def coding_unview(self, view: Tensors, rest: Tensors, initial: Tensors) -> Tensors:
-        return self.inner.coding_unview(view, rest, initial)
+    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+        return self.inner.server().exchange_done(rnd)
 
-    def payload_reference(self, session: ClientSession) -> Tensors | None:
-        return self.inner.payload_reference(session)
+    def line_fields(self) -> dict[str, Any]:
+        return self.inner.server().line_fields()
 
-    def server_payload_reference(self, rnd: int) -> Tensors | None:
-        return self.inner.server_payload_reference(rnd)
+    def server_summary(self) -> dict[str, Any]:
+        return self.inner.server().server_summary()
 
-    def stable_payload_layout(self) -> bool:
-        return self.inner.stable_payload_layout()
+
+class InnerCatchUp(CatchUp):
+    """:class:`CatchUp` for a wrapper that changes some of it: every method it leaves alone is its inner
+    protocol's."""
+
+    inner: FederatedProtocol
+
+    def catch_up(self) -> tuple[int, Tensors] | None:
+        return self.inner.catching_up().catch_up()
+
+    def catch_up_from(self, version: int) -> Tensors | None:
+        return self.inner.catching_up().catch_up_from(version)
+
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        return self.inner.catching_up().client_start_from(session, model)
+
+    def catch_up_specs(self, session: ClientSession) -> list[TensorSpec]:
+        return self.inner.catching_up().catch_up_specs(session)
 
 
 def bare(protocol: FederatedProtocol) -> FederatedProtocol:
@@ -145,4 +128,4 @@ def bare(protocol: FederatedProtocol) -> FederatedProtocol:
     return protocol.innermost() if isinstance(protocol, ProtocolWrapper) else protocol
 
 
-__all__ = ["ProtocolWrapper", "bare"]
+__all__ = ["InnerCatchUp", "InnerServerHooks", "ProtocolWrapper", "bare"]

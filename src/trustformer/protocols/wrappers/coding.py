@@ -41,14 +41,14 @@ from ...core.shared import Tensors, derive_seed
 from ...config import ConfigError
 from ...wire import TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
-from .base import ProtocolWrapper
+from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .coded_arrays import coded_spec, decode, per_row
 
 CODES, GRID = "codes", "grid"  # the coded payload's arrays: packed codes (uint8), each grid's offset and step
 RESIDUAL, REFERENCE = "coded/residual/", "coded/reference/"  # client state: error feedback, the last aggregate
 
 
-class CodedPayload(ProtocolWrapper):
+class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
 
     state_attrs = ("reference",)  # server: the last aggregate, what the next round's payloads are decoded against
@@ -57,7 +57,7 @@ class CodedPayload(ProtocolWrapper):
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
-        if rounding == "nearest" and not inner.stable_payload_layout():
+        if rounding == "nearest" and not inner.coding().stable_payload_layout():
             raise ConfigError(
                 "federation.payload_rounding = 'nearest' needs error feedback to make up for its bias, and this "
                 "protocol's payload coordinates change meaning every round (no feedback is kept): set "
@@ -75,15 +75,15 @@ class CodedPayload(ProtocolWrapper):
         return per_row(shape, self.scale)
 
     def _split(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
-        view = self.inner.coding_view(payload, initial)
-        return view, {n: t for n, t in payload.items() if n not in self.inner.coded_names(payload)}
+        view = self.inner.coding().coding_view(payload, initial)
+        return view, {n: t for n, t in payload.items() if n not in self.inner.coding().coded_names(payload)}
 
     def _default_reference(self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]]) -> Tensors:
         """The last aggregate (or the initial model), viewed like the payload, when it has the payload's layout."""
         if held is None:
             return {}
         try:
-            view = self.inner.coding_view(held, self.initial or held)
+            view = self.inner.coding().coding_view(held, self.initial or held)
         except (KeyError, ValueError, RuntimeError):
             return {}
         same = set(view) == set(view_shapes) and all(tuple(view[n].shape) == view_shapes[n] for n in view)
@@ -96,11 +96,11 @@ class CodedPayload(ProtocolWrapper):
         initial = session.initial_tensors()
         view, rest = self._split(payload, initial)
         shapes = {n: tuple(t.shape) for n, t in view.items()}
-        reference = self.inner.payload_reference(session)
+        reference = self.inner.coding().payload_reference(session)
         if reference is None:
             held = {n[len(REFERENCE) :]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
             reference = self._default_reference(held or initial, shapes)
-        state, feedback = session.protocol_state, self.inner.stable_payload_layout()
+        state, feedback = session.protocol_state, self.inner.coding().stable_payload_layout()
         generator = None  # federation.payload_rounding = "nearest"
         if self.rounding == "stochastic":
             generator = torch.Generator().manual_seed(
@@ -126,7 +126,7 @@ class CodedPayload(ProtocolWrapper):
         return phases
 
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
-        phases = self.inner.client_start_from(session, model)
+        phases = self.inner.catching_up().client_start_from(session, model)
         self._hold(session, model)
         return phases
 
@@ -150,12 +150,12 @@ class CodedPayload(ProtocolWrapper):
 
     def participants(self, rnd, clients, exchange):
         self.round = rnd
-        return self.inner.participants(rnd, clients, exchange)
+        return self.inner.server().participants(rnd, clients, exchange)
 
     def _server_reference(self) -> Tensors:
         """The reference of this round's payloads (computed once per round)."""
         if getattr(self, "_reference_round", None) != self.round:
-            reference = self.inner.server_payload_reference(self.round)
+            reference = self.inner.coding().server_payload_reference(self.round)
             if reference is None:
                 reference = self._default_reference(self.reference or self.initial, self.view_spec)
             self._reference_round, self._round_reference = self.round, reference
@@ -166,15 +166,15 @@ class CodedPayload(ProtocolWrapper):
         malformed)."""
         reference = self._server_reference()
         view = decode(payload[CODES], payload[GRID], self.view_spec, reference, self.bits, self.scale, "coded payload")
-        return self.inner.coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
+        return self.inner.coding().coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
 
     def check_payload(self, payload: Tensors) -> None:
-        self.inner.check_payload(self.decode(payload))
+        self.inner.server().check_payload(self.decode(payload))
 
     def aggregate_delivered(self, delivered: Tensors) -> None:
         self.reference = {n: t.detach().clone() for n, t in delivered.items()}  # what the clients hold
         self._reference_round = -1
-        self.inner.aggregate_delivered(delivered)
+        self.inner.server().aggregate_delivered(delivered)
 
     def aggregate(self, payloads, num_examples):
         aggregate, phases = self.inner.aggregate([self.decode(p) for p in payloads], num_examples)

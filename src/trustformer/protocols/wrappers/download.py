@@ -42,7 +42,7 @@ from ...core.shared import Tensors, derive_seed
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from . import coded_arrays
-from .base import ProtocolWrapper
+from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .coded_arrays import per_row
 
 CODES, GRID = "download/codes", "download/grid"  # the coded state's arrays: packed codes (uint8), grids (float32)
@@ -67,7 +67,7 @@ def decode(
     return coded_arrays.decode(codes, grid, shapes, reference, bits, scale, "coded download")
 
 
-class CodedDownload(ProtocolWrapper):
+class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with what it sends down after an exchange coded to ``bits`` bits (see the module docstring)."""
 
     # server: the decoded global state every synced client holds, the round it is from, the coding error not yet
@@ -88,8 +88,8 @@ class CodedDownload(ProtocolWrapper):
 
     # ------------------------------------------------------------------ layout and reference (both ends)
     def _view(self, state: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
-        view = self.inner.coding_view(state, initial)
-        return view, {n: t for n, t in state.items() if n not in self.inner.coded_names(state)}
+        view = self.inner.coding().coding_view(state, initial)
+        return view, {n: t for n, t in state.items() if n not in self.inner.coding().coded_names(state)}
 
     def _shapes(self, spec: TensorSpec, initial: Tensors) -> tuple[dict[str, tuple[int, ...]], Tensors]:
         zeros = {n: torch.zeros(shape, dtype=getattr(torch, dtype)) for n, (shape, dtype) in spec.items()}
@@ -105,7 +105,7 @@ class CodedDownload(ProtocolWrapper):
             if not candidate:
                 continue
             try:
-                view = self.inner.coding_view(candidate, initial)
+                view = self.inner.coding().coding_view(candidate, initial)
             except (KeyError, ValueError, RuntimeError):
                 continue
             if set(view) == set(shapes) and all(tuple(view[n].shape) == shapes[n] for n in view):
@@ -119,19 +119,21 @@ class CodedDownload(ProtocolWrapper):
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
         self.round = rnd
-        return self.inner.participants(rnd, clients, exchange)
+        return self.inner.server().participants(rnd, clients, exchange)
 
     def server_reference(self, view: Tensors) -> Tensors:
         """What this round's coded difference is taken from (the error-feedback point: the delivered state)."""
         shapes = {n: tuple(t.shape) for n, t in view.items()}
-        return self._reference(self.inner.server_payload_reference(self.round), self.delivered, self.initial, shapes)
+        return self._reference(
+            self.inner.coding().server_payload_reference(self.round), self.delivered, self.initial, shapes
+        )
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         aggregate, phases = self.inner.aggregate(payloads, num_examples)
         started = time.perf_counter()
         view, rest = self._view(aggregate, self.initial)
         reference = self.server_reference(view)
-        feedback = self.inner.stable_payload_layout()
+        feedback = self.inner.coding().stable_payload_layout()
         exact = self.exact_model(view)  # no residual is kept without feedback
         # round to nearest where the residual makes up for the bias, else unbiased (seeded) stochastic rounding
         generator = None
@@ -150,9 +152,9 @@ class CodedDownload(ProtocolWrapper):
         decoded = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
         self.residual = {n: (exact[n] - decoded[n].double()).float() for n in exact} if feedback else {}
         self._remember(message)
-        self.delivered = self.inner.coding_unview(decoded, rest, self.initial)
+        self.delivered = self.inner.coding().coding_unview(decoded, rest, self.initial)
         self.delivered_round = self.round
-        self.inner.aggregate_delivered(self.delivered)
+        self.inner.server().aggregate_delivered(self.delivered)
         return message, {**phases, "download_code_s": time.perf_counter() - started}
 
     def exact_model(self, view: Tensors) -> Tensors:
@@ -166,7 +168,7 @@ class CodedDownload(ProtocolWrapper):
     def _remember(self, message: Tensors) -> None:
         """Keep this round's message for catch-ups while the kept ones weigh less than the delivered state; none
         where the difference is from the protocol's own reference (a client that missed it cannot decode it)."""
-        if self.inner.server_payload_reference(self.round) is not None:
+        if self.inner.coding().server_payload_reference(self.round) is not None:
             self.recent = []
             return
         self.recent.append({"from": self.delivered_round, "round": self.round, "message": dict(message)})
@@ -177,7 +179,7 @@ class CodedDownload(ProtocolWrapper):
     def catch_up(self) -> tuple[int, Tensors] | None:
         """The delivered state, in float32: as the model to adopt where the protocol catches clients up, else only
         to refresh the state a client holds (the protocol's own state then stays the client's)."""
-        inner = self.inner.catch_up()
+        inner = self.inner.catching_up().catch_up()
         if self.delivered is None:
             return inner
         if inner is not None:
@@ -188,7 +190,12 @@ class CodedDownload(ProtocolWrapper):
         """The coded messages a client whose state is from round ``version`` missed, in order, when the server keeps
         them all and they are fewer bytes than the delivered state; else None (the delivered state in float32)."""
         missed = [m for m in self.recent if m["round"] > version]
-        if not missed or missed[0]["from"] != version or self.inner.catch_up() is None or self.delivered is None:
+        if (
+            not missed
+            or missed[0]["from"] != version
+            or self.inner.catching_up().catch_up() is None
+            or self.delivered is None
+        ):
             return None
         if sum(nbytes(m["message"]) for m in missed) >= nbytes(self.delivered):
             return None
@@ -200,7 +207,7 @@ class CodedDownload(ProtocolWrapper):
         missed coded messages (as many as may weigh less than the state)."""
         spec = self.inner.payload_spec(session)
         if spec is None:
-            return self.inner.catch_up_specs(session)
+            return self.inner.catching_up().catch_up_specs(session)
         refresh = {REFRESH + n: s for n, s in spec.items()}
         coded = self.payload_spec(session) or {}
         full = sum(int(torch.tensor(shape).prod()) * 4 for shape, _ in spec.values())
@@ -212,7 +219,7 @@ class CodedDownload(ProtocolWrapper):
             {f"{REPLAY}{k}/{n}": s for k in range(count) for n, s in coded.items()}
             for count in range(1, max(1, full // max(one, 1)) + 1)
         ]
-        return [*self.inner.catch_up_specs(session), refresh, *replays]
+        return [*self.inner.catching_up().catch_up_specs(session), refresh, *replays]
 
     def payload_spec(self, session: ClientSession) -> TensorSpec | None:
         spec = self.inner.payload_spec(session)
@@ -230,9 +237,9 @@ class CodedDownload(ProtocolWrapper):
         shapes, rest_spec = self._shapes(spec, initial)
         state = session.protocol_state
         held = {n[len(HELD) :]: t for n, t in state.items() if n.startswith(HELD)}
-        reference = self._reference(self.inner.payload_reference(session), held or None, initial, shapes)
+        reference = self._reference(self.inner.coding().payload_reference(session), held or None, initial, shapes)
         view = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
-        decoded = self.inner.coding_unview(view, {n: message[n] for n in rest_spec}, initial)
+        decoded = self.inner.coding().coding_unview(view, {n: message[n] for n in rest_spec}, initial)
         self._hold(session, decoded)
         return decoded
 
@@ -258,7 +265,7 @@ class CodedDownload(ProtocolWrapper):
             self._hold(session, {n[len(REFRESH) :]: t for n, t in model.items()})
             return {}
         self._hold(session, model)
-        return self.inner.client_start_from(session, model)
+        return self.inner.catching_up().client_start_from(session, model)
 
     @staticmethod
     def _hold(session: ClientSession, state: Tensors) -> None:

@@ -54,7 +54,7 @@ from ...core.dp import (
 from ...core.shared import derive_seed
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors
-from .base import ProtocolWrapper
+from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from ..interface.spec import ProtocolSpec
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str
     )
 
 
-class DifferentialPrivacy(ProtocolWrapper):
+class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` under user-level DP; ``spec`` is the composed baseline's (e.g. ``dp-fedavg``)."""
 
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far

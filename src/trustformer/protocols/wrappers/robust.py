@@ -36,12 +36,12 @@ from ...core.robust import (
     trimmed_mean,
 )
 from ..interface.base import FederatedProtocol, Phases, Tensors
-from .base import ProtocolWrapper
+from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
 
 
-class RobustAggregation(ProtocolWrapper):
+class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
 
     # whole-model payloads: the model the round's clients started from (the last aggregate; before it, the initial
@@ -81,12 +81,12 @@ class RobustAggregation(ProtocolWrapper):
     def aggregate_delivered(self, delivered: Tensors) -> None:
         if self._holds_last_aggregate:  # the clients start the next round from what they received
             self._start = {n: t.detach().clone() for n, t in delivered.items()}
-        self.inner.aggregate_delivered(delivered)
+        self.inner.server().aggregate_delivered(delivered)
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
         if self._start is not None and self._holds_last_aggregate:
             self._start_round = rnd
-        return self.inner.exchange_done(rnd)
+        return self.inner.server().exchange_done(rnd)
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         """Client sampling under a robust rule: the protocol's own mean did not make the global model, this wrapper
@@ -94,10 +94,10 @@ class RobustAggregation(ProtocolWrapper):
         if self.aggregator != "mean" and self.cfg.federation.clients_per_round and self._start_round:
             assert self._start is not None
             return self._start_round, self._start
-        return self.inner.catch_up()
+        return self.inner.catching_up().catch_up()
 
     def aggregate_events(self) -> list[dict[str, Any]]:
-        return [*self._events, *self.inner.aggregate_events()]
+        return [*self._events, *self.inner.server().aggregate_events()]
 
     def _bounded(self, payloads: list[Tensors]) -> tuple[list[Tensors], list[int]]:
         """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
