@@ -19,10 +19,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from .flower_internals import content_wire_bytes
+from .flower_internals import NODE_UNAVAILABLE, content_wire_bytes
 from .errors import TrustformerError
 
 log = logging.getLogger(__name__)
@@ -204,7 +203,7 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict
 
 def node_unavailable(reply: Message | None) -> bool:
     """The SuperLink answered for the node: it died (or left) while it held the message."""
-    return reply is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE
+    return reply is not None and reply.has_error() and reply.error.code == NODE_UNAVAILABLE
 
 
 class PlainLink:
