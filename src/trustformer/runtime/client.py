@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -47,8 +47,6 @@ from .node import (
 )
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
-if TYPE_CHECKING:
-    from flwr.app.typing import ConfigRecordValues
 
 log = logging.getLogger(__name__)
 
@@ -485,7 +483,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     session, _optimizer = open_session(env, rnd, upto=(rnd, ROUND_END), train=False)
     metrics: dict[str, Any] = {"client": env.client}
     _evaluate_into(env, session, metrics)
-    labels: dict[str, ConfigRecordValues] = {"fingerprint": model_fingerprint(session.model)}
+    labels: dict[str, Any] = {  # ConfigRecord values (Flower names their type only in an internal module)
+        "fingerprint": model_fingerprint(session.model)
+    }
     content = RecordDict()
     if not score:  # what is this client's own: its held-out data, and its model fine-tuned on its data
         metrics.update(env.task.own_metrics(session.model, env.client))
@@ -508,7 +508,7 @@ def evaluate(msg: Message, context: Context) -> Message:
                 )
             )
         if samples:
-            content["samples"] = ConfigRecord(cast("dict[str, ConfigRecordValues]", samples))  # lists of str
+            content["samples"] = ConfigRecord(cast("dict[str, Any]", samples))  # lists of str
         log.info("client %s · final test loss %.3f · %s", env.client, metrics["test_loss"], env.task.final_log(metrics))
     # what the trainable tensors cost under the same serializer (the size of a FedAvg payload), and the whole model
     metrics["model_bytes"] = payload_bytes(RecordDict({"payload": to_array_record(trainable_tensors(session.model))}))
