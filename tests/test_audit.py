@@ -82,3 +82,52 @@ def test_one_run_rejects_inconsistent_inputs():
         one_run_epsilon_lower_bound([0.0, 1.0, 2.0], [True, False], DELTA)
     with pytest.raises(ValueError):
         one_run_epsilon_lower_bound([0.0, 1.0, 2.0], [True, False, True], DELTA, guesses=(2, 2))
+
+
+def _grouped_scores(mu: float, seed: int, m: int = 5000, groups: int = 47):
+    rng = np.random.default_rng(seed)
+    included = rng.random(m) < 0.5
+    labels = [f"g{i % groups}" for i in range(m)]
+    return mu * included + rng.normal(size=m), included, labels
+
+
+def test_groups_cost_a_leak_on_every_canary_little_power_and_keep_the_bound_valid():
+    """The weighted Bonferroni: the guesses over all canaries keep half of the 5% (an even split would leave them 8 of
+    the 149 guess sets' shares), so a bug that reaches every canary (clipping, sampling, accounting) loses little to
+    the group audits; the even split loses half of it and more. The levels still sum to 5%: an honest Gaussian
+    mechanism, groups and all, stays under its ε."""
+    for seed in range(3):
+        scores, included, labels = _grouped_scores(0.9, seed)
+        alone = one_run_epsilon_lower_bound(scores, included, DELTA)
+        grouped = one_run_epsilon_lower_bound(scores, included, DELTA, groupings=[labels])
+        assert grouped["tried"] > 100 and grouped["epsilon_lb"] > 1.0
+        assert grouped["epsilon_lb"] >= 0.8 * alone["epsilon_lb"], (alone, grouped)
+        even = one_run_epsilon_lower_bound(
+            scores, included, DELTA, groupings=[labels], share_all=alone["tried"] / grouped["tried"]
+        )
+        assert even["epsilon_lb"] < 0.6 * grouped["epsilon_lb"] and even["epsilon_lb"] < 1.0, (even, grouped)
+        rng = np.random.default_rng(200 + seed)
+        honest = included + SIGMA_EPS1 * rng.normal(size=len(included))
+        assert one_run_epsilon_lower_bound(honest, included, DELTA, groupings=[labels])["epsilon_lb"] <= 1.0
+    with pytest.raises(ValueError):
+        one_run_epsilon_lower_bound(scores, included, DELTA, groupings=[labels], share_all=0.0)
+
+
+def test_group_guess_sets_that_cannot_exceed_the_target_are_not_tried():
+    """``target``: a 32-canary group cannot bound ε above 1 even with every guess right, so its guess sets are dropped
+    before looking, and their share of the 5% goes to the groups that can: a leak in one 234-canary group then shows
+    more clearly. The honest Gaussian mechanism stays under its ε either way."""
+    sizes = [234] * 17 + [64] * 2 + [32] * 28
+    labels = [f"g{g}" for g, n in enumerate(sizes) for _ in range(n)]
+    m = len(labels)
+    for seed in range(3):
+        rng = np.random.default_rng(300 + seed)
+        included = rng.random(m) < 0.5
+        leak = np.where(np.asarray(labels) == "g0", 4.0, 0.25)
+        scores = leak * included + rng.normal(size=m)
+        everything = one_run_epsilon_lower_bound(scores, included, DELTA, groupings=[labels])
+        reachable = one_run_epsilon_lower_bound(scores, included, DELTA, groupings=[labels], target=1.0)
+        assert reachable["tried"] < everything["tried"] - 80
+        assert reachable["epsilon_lb"] > max(1.0, everything["epsilon_lb"] + 0.2) and reachable["group"] == "g0"
+        honest = included + SIGMA_EPS1 * rng.normal(size=m)
+        assert one_run_epsilon_lower_bound(honest, included, DELTA, groupings=[labels], target=1.0)["epsilon_lb"] <= 1

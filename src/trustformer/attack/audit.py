@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-GUESS_GRID = (10, 25, 50, 100)  # k+ = k− tried by one_run_epsilon_lower_bound, besides m/4 and m/2
+GUESS_GRID = (10, 25, 50, 100, 200, 400)  # k+ = k− tried by one_run_epsilon_lower_bound, besides m/4 and m/2
 
 
 # ------------------------------------------------------------------------------ binomial bounds
@@ -173,6 +173,8 @@ def one_run_epsilon_lower_bound(
     confidence: float = 0.95,
     guesses: int | tuple[int, int] | None = None,
     groupings: Sequence[Sequence[str]] = (),
+    share_all: float = 0.5,
+    target: float | None = None,
 ) -> dict[str, Any]:
     """ε lower bound from ONE training run (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846): m canaries,
     each included in training independently with probability ½ (``included``); the auditor guesses "in" for
@@ -182,19 +184,27 @@ def one_run_epsilon_lower_bound(
     1 − confidence. The δ > 0 version is the paper's, with the 2mδ term of Theorem 5.2 computed as in their
     Appendix algorithm; δ = 0 gives the pure-ε bound exactly (the logit of a Clopper-Pearson bound).
 
-    ``guesses``: k (k+ = k− = k) or (k+, k−). If None, k+ = k− ∈ {10, 25, 50, 100, m/4, m/2} (clipped to m/2,
+    ``guesses``: k (k+ = k− = k) or (k+, k−). If None, k+ = k− ∈ :data:`GUESS_GRID` ∪ {m/4, m/2} (clipped to m/2,
     deduplicated) are all tried and the best is returned **with a Bonferroni correction**: each is tested at
     level (1 − confidence) / (number tried), so choosing k after looking keeps the bound valid at
     ``confidence``. The guesses depend on the scores alone (ties broken by position), never on ``included``.
 
     ``groupings`` (each one label per canary; with ``guesses`` None): the canaries of each group are also guessed
-    on their own, ranked within the group: k+ = k− = n/4, k+ = n/4 alone and k− = n/4 alone for a group of n,
-    under the same Bonferroni correction. Abstaining on every other canary is allowed (the guesses still depend on
-    scores and labels alone), and a mechanism whose noise is missing from one group shows there even when the
-    other groups' noise drowns it in the ranking of all. Given the coins of the canaries outside the group (fixed,
-    independent of the group's), the group's n canaries are an audit of their own: its 2mδ term takes m = n.
-    Returns ``epsilon_lb``, the ``k`` = (k+, k−) used,
-    ``correct``, ``guesses`` (r), the ``group`` that gave it (None: all canaries), ``m`` and the level.
+    on their own, ranked within the group: k+ = k− = n/4, k+ = n/4 alone and k− = n/4 alone for a group of n.
+    Abstaining on every other canary is allowed (the guesses still depend on scores and labels alone), and a
+    mechanism whose noise is missing from one group shows there even when the other groups' noise drowns it in the
+    ranking of all. Given the coins of the canaries outside the group (fixed, independent of the group's), the
+    group's n canaries are an audit of their own: its 2mδ term takes m = n. The correction is then a **weighted**
+    Bonferroni (the levels of all guess sets sum to 1 − confidence, as the union bound needs): the guesses over all
+    canaries share ``share_all`` of it, the groups' guess sets the rest, each family evenly. With the ~150 group
+    guess sets of a transformer an even split would test every guess over all canaries at a level 25 times
+    smaller, and a bug that touches every canary (clipping, sampling, accounting) would pass for lack of power.
+    ``target`` (the ε the run reports): a group guess set that could not bound ε above it even if every one of its
+    guesses were right (its n, k and δ alone decide, at the level it would get with every guess set kept) is not
+    tried, and leaves its share of the level to the others; the choice depends on neither scores nor coins. A
+    32-canary group, whose 16 guesses bound ε at 0.4 at best, then costs nothing to the audit of ε = 1.
+    Returns ``epsilon_lb``, the ``k`` = (k+, k−) used, ``correct``, ``guesses`` (r), the ``group`` that gave it
+    (None: all canaries), ``m``, the level of that guess set and the number of guess sets ``tried``.
     """
     s = np.asarray(scores, dtype=np.float64)
     inc = np.asarray(included, dtype=bool)
@@ -221,25 +231,36 @@ def one_run_epsilon_lower_bound(
             if quarter and len(members) < m:
                 candidates += [(label, members, quarter, quarter), (label, members, quarter, 0)]
                 candidates.append((label, members, 0, quarter))
-    alpha = (1.0 - confidence) / len(candidates)
+    if not 0.0 < share_all <= 1.0:
+        raise ValueError(f"need 0 < share_all <= 1; got {share_all}")
+    overall = sum(1 for c in candidates if c[0] is None)
+    if target is not None and overall < len(candidates):  # drop the group guess sets that cannot exceed the target
+        floor = (1.0 - confidence) * (1.0 - share_all) / (len(candidates) - overall)  # their level if all were kept
+        candidates = [
+            c
+            for c in candidates
+            if c[0] is None or _one_run_epsilon(len(c[1]), c[2] + c[3], c[2] + c[3], delta, floor) > target
+        ]
+    share = 1.0 if overall == len(candidates) else share_all
     best: dict[str, Any] | None = None
     for label, members, k_plus, k_minus in candidates:
         n = len(members)
         if k_plus < 0 or k_minus < 0 or k_plus + k_minus > n:
             raise ValueError(f"need k+ + k− ≤ m = {n}; got {k_plus} + {k_minus}")
+        alpha = (1.0 - confidence) * (share / overall if label is None else (1.0 - share) / (len(candidates) - overall))
         order = members[np.argsort(-s[members], kind="stable")]  # highest first
         v = int(inc[order[:k_plus]].sum() + (~inc[order[n - k_minus :]]).sum())
         r = k_plus + k_minus
         eps = _one_run_epsilon(n, r, v, delta, alpha)  # given the other canaries' coins, n canaries are audited
         if best is None or eps > best["epsilon_lb"]:
             best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r, "group": label}
+            best["level_per_guess"] = alpha
     assert best is not None
     return {
         **best,
         "m": m,
         "delta": delta,
         "confidence": confidence,
-        "level_per_guess": alpha,
         "tried": len(candidates),
     }
 

@@ -19,9 +19,13 @@ Optional, both post-processing of the noisy gradient and so free in privacy:
 - ``penalty(model)``: a data-independent term (DP-BLUR-LUS's bounded-update regulariser) whose exact
   gradient is added after the noise.
 
-``Canaries`` (the one-run audit, ``attack/audit.py``): gradient-space canaries (Nasr et al. 2023), each a
-record whose gradient is a large spike on one coordinate, Poisson-sampled like any record and clipped and
-noised with the rest. They exist only in audit runs.
+``Canaries`` (the one-run audit, ``attack/audit.py``): gradient-space canaries (Nasr et al. 2023, "Tight auditing of
+differentially private machine learning"), each a record whose gradient is a large spike on one coordinate. An
+included canary takes every step a record takes, so that a bug in any step shows in the audit: it is drawn by the
+same Poisson draw as the records (one :func:`poisson_indices` call over the records and the included canaries, at
+the records' rate q), its per-record gradient row is clipped to C by Opacus' own ``clip_and_accumulate`` (in
+physical batches, like the records), and it then gets the same noise and the same division by B. They exist only in
+audit runs; a run without canaries draws and computes exactly what it did before they existed.
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ class RecordDP:
 @dataclass(frozen=True)
 class Canaries:
     """Gradient canaries: canary i is a record whose gradient is ``signs[i]`` × ``magnitude`` at flat coordinate
-    ``coordinates[i]`` of parameter ``names[i]`` (clipped to C like every record); ``included[i]`` says
-    whether it is in the data (the audit's coin flip)."""
+    ``coordinates[i]`` of parameter ``names[i]`` and 0 elsewhere (clipped to C by the records' clipping, so a
+    magnitude above C leaves C); ``included[i]`` says whether it is in the data (the audit's coin flip)."""
 
     names: tuple[str, ...]
     coordinates: tuple[int, ...]
@@ -121,16 +125,40 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _add_canaries(params: dict[str, nn.Parameter], canaries: Canaries, chosen: Sequence[int], clip: float) -> None:
-    """The sampled canaries' clipped gradients, added to the sum of clipped record gradients (``p.summed_grad``).
-    A canary's gradient is ±magnitude at one coordinate, so its per-record clipping to C (Opacus' factor
-    min(1, C/‖g‖)) leaves ±min(magnitude, C) there and 0 elsewhere: added as such, without a per-record row of
-    every parameter (which would cost the model's size per canary)."""
-    value = min(canaries.magnitude, clip)
-    with torch.no_grad():
-        for i in chosen:
-            sign = canaries.signs[i] if canaries.signs else 1.0
-            params[canaries.names[i]].summed_grad.view(-1)[canaries.coordinates[i]] += sign * value
+def _canary_rows(
+    params: Sequence[nn.Parameter], where: dict[int, tuple[int, int]], canaries: Canaries, rows: Sequence[int]
+) -> None:
+    """Set ``p.grad_sample`` of every parameter the optimizer holds to the per-record gradients of the canaries
+    ``rows`` (indices into ``canaries``), as Opacus' hooks set them for records: canary i's row is ``signs[i]`` ×
+    ``magnitude`` at its coordinate of its tensor and 0 everywhere else (its norm is the magnitude, which the clipping
+    cuts to C). ``where`` maps each canary to (its tensor's position in ``params``, its flat coordinate). A tensor that
+    holds none of these canaries gets its rows of zeros as a broadcast view, which takes no memory."""
+    hosts: dict[int, list[tuple[int, int, float]]] = {}
+    for row, i in enumerate(rows):
+        t, flat = where[i]
+        hosts.setdefault(t, []).append((row, flat, (canaries.signs[i] if canaries.signs else 1.0) * canaries.magnitude))
+    for t, p in enumerate(params):
+        if t not in hosts:
+            p.grad_sample = torch.zeros((), dtype=p.dtype, device=p.device).expand(len(rows), *p.shape)
+            continue
+        dense = torch.zeros((len(rows), p.numel()), dtype=p.dtype, device=p.device)
+        for row, flat, value in hosts[t]:
+            dense[row, flat] = value
+        p.grad_sample = dense.view(len(rows), *p.shape)
+
+
+def _clip_canaries(
+    dp_optimizer, where: dict[int, tuple[int, int]], canaries: Canaries, chosen: Sequence[int], piece: int
+) -> None:
+    """The sampled canaries through Opacus' own per-record clipping and accumulation (``clip_and_accumulate``) into
+    ``p.summed_grad``, as records are: in physical batches of ``piece`` rows, each row the gradient of one canary
+    (:func:`_canary_rows`). Taken in the order of their tensors, so that a batch materialises rows for few tensors:
+    memory stays at ``piece`` rows of the largest tensors, whatever the number of canaries."""
+    params = list(dp_optimizer.params)
+    ordered = sorted(chosen, key=lambda i: where[i])
+    for start in range(0, len(ordered), piece):
+        _canary_rows(params, where, canaries, ordered[start : start + piece])
+        dp_optimizer.clip_and_accumulate()
 
 
 def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
@@ -182,23 +210,23 @@ def dp_sgd(
         loss_reduction="mean",
         generator=noise,
     )
+    planted: list[int] = [c for c in range(len(canaries.included)) if canaries.included[c]] if canaries else []
+    if canaries is not None:  # each canary's tensor (its position among the optimizer's parameters) and coordinate
+        position = {id(p): t for t, p in enumerate(dp_optimizer.params)}
+        where = {c: (position[id(params[canaries.names[c]])], canaries.coordinates[c]) for c in planted}
     started = time.perf_counter()
-    loss_sum, seen, last_grad = 0.0, 0, None
+    loss_sum, seen, last_grad, drawn_canaries = 0.0, 0, None, 0
     model.train()
     try:
         for i in range(steps):
             if before_step is not None:
                 before_step(i)
-            indices = poisson_indices(n_records, dp.sample_rate, sampler)
-            chosen = (
-                [
-                    c
-                    for c in range(len(canaries.included))
-                    if canaries.included[c] and float(torch.rand((), generator=sampler)) < dp.sample_rate
-                ]
-                if canaries
-                else []
-            )
+            if canaries is None:
+                indices, chosen = poisson_indices(n_records, dp.sample_rate, sampler), []
+            else:  # one draw over the records and the included canaries, at the records' rate
+                drawn = poisson_indices(n_records + len(planted), dp.sample_rate, sampler)
+                indices = drawn[drawn < n_records]
+                chosen = [planted[int(k) - n_records] for k in drawn[drawn >= n_records]]
             offsets = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
             pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
@@ -210,12 +238,13 @@ def dp_sgd(
                 losses.mean().backward()
                 dp_optimizer.clip_and_accumulate()
                 loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
-            if not pieces:  # an empty Poisson batch still releases noise: on a zero sum
+            if chosen:  # the sampled canaries: clipped per record by the same code, into the same sum
+                _clip_canaries(dp_optimizer, where, canaries, chosen, physical_batch)
+                drawn_canaries += len(chosen)
+            elif not pieces:  # an empty Poisson batch still releases noise: on a zero sum
                 for p in params.values():
                     p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
                 dp_optimizer.clip_and_accumulate()
-            if chosen:
-                _add_canaries(params, canaries, chosen, dp.clip_norm)
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)
@@ -242,6 +271,7 @@ def dp_sgd(
         "dp_records": seen,
         "train_s": elapsed,
         "examples_per_s": seen / elapsed if elapsed > 0 else 0.0,
+        **({"dp_canaries": drawn_canaries} if canaries is not None else {}),
     }
 
 
