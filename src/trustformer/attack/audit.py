@@ -29,7 +29,7 @@ GUESS_GRID = (10, 25, 50, 100, 200, 400)  # k+ = k− tried by one_run_epsilon_l
 # ------------------------------------------------------------------------------ binomial bounds
 
 
-def _cp_lower(successes: np.ndarray, trials: np.ndarray, confidence: float) -> np.ndarray:
+def _cp_lower(successes: np.ndarray | int, trials: np.ndarray | int, confidence: float) -> np.ndarray:
     """Clopper-Pearson one-sided lower bound: the p with P[Bin(n, p) ≥ k] = 1 − confidence (0 when k = 0)."""
     k, n = np.asarray(successes, dtype=np.float64), np.asarray(trials, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -37,7 +37,7 @@ def _cp_lower(successes: np.ndarray, trials: np.ndarray, confidence: float) -> n
     return np.where(k <= 0, 0.0, bound)
 
 
-def _cp_upper(successes: np.ndarray, trials: np.ndarray, confidence: float) -> np.ndarray:
+def _cp_upper(successes: np.ndarray | int, trials: np.ndarray | int, confidence: float) -> np.ndarray:
     """Clopper-Pearson one-sided upper bound: the p with P[Bin(n, p) ≤ k] = 1 − confidence (1 when k = n)."""
     k, n = np.asarray(successes, dtype=np.float64), np.asarray(trials, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -166,8 +166,8 @@ def _one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float) -> floa
 
 
 def one_run_epsilon_lower_bound(
-    scores: Sequence[float],
-    included: Sequence[bool],
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
     delta: float,
     *,
     confidence: float = 0.95,
@@ -220,7 +220,8 @@ def one_run_epsilon_lower_bound(
     elif isinstance(guesses, int):
         candidates = [(None, everyone, guesses, guesses)]
     else:
-        candidates = [(None, everyone, *tuple(guesses))]
+        k_plus, k_minus = guesses
+        candidates = [(None, everyone, int(k_plus), int(k_minus))]
     for grouping in groupings if guesses is None else ():
         labels = np.asarray(grouping)
         if len(labels) != m:

@@ -45,7 +45,8 @@ def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[n
     """(score per canary, its coin flip, its groupings: parameter group and kind): how far each canary's
     coordinate moved the way the canary pushes it (descent for a canary gradient of + sign), in the server's view
     of the audited client's updates, summed over the exchanges."""
-    canaries = load_task(cfg).audit_canaries()
+    task: Any = load_task(cfg)  # the translation task: it plants the canaries
+    canaries = task.audit_canaries()
     if canaries is None:
         raise ValueError("the audit needs privacy.audit_canaries > 0 (and privacy.unit = 'record')")
     scores = np.zeros(len(canaries.names))

@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -125,6 +126,11 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+def _set_grad_sample(p: nn.Parameter, rows: torch.Tensor | None) -> None:
+    """Set the per-record gradient rows Opacus reads (``p.grad_sample``, an attribute Opacus adds to parameters)."""
+    setattr(p, "grad_sample", rows)
+
+
 def _canary_rows(
     params: Sequence[nn.Parameter], where: dict[int, tuple[int, int]], canaries: Canaries, rows: Sequence[int]
 ) -> None:
@@ -139,12 +145,12 @@ def _canary_rows(
         hosts.setdefault(t, []).append((row, flat, (canaries.signs[i] if canaries.signs else 1.0) * canaries.magnitude))
     for t, p in enumerate(params):
         if t not in hosts:
-            p.grad_sample = torch.zeros((), dtype=p.dtype, device=p.device).expand(len(rows), *p.shape)
+            _set_grad_sample(p, torch.zeros((), dtype=p.dtype, device=p.device).expand(len(rows), *p.shape))
             continue
         dense = torch.zeros((len(rows), p.numel()), dtype=p.dtype, device=p.device)
         for row, flat, value in hosts[t]:
             dense[row, flat] = value
-        p.grad_sample = dense.view(len(rows), *p.shape)
+        _set_grad_sample(p, dense.view(len(rows), *p.shape))
 
 
 def _clip_canaries(
@@ -163,7 +169,7 @@ def _clip_canaries(
 
 def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
     """SAM's ascent w + ρ·d/‖d‖ along an already released direction; returns the offsets to undo."""
-    norm = torch.sqrt(sum((d.float() ** 2).sum() for d in direction.values()))
+    norm = torch.sqrt(cast(torch.Tensor, sum((d.float() ** 2).sum() for d in direction.values())))
     if not torch.isfinite(norm) or norm <= 0:
         return {}
     offsets = {n: rho * d / norm for n, d in direction.items()}
@@ -227,23 +233,24 @@ def dp_sgd(
                 drawn = poisson_indices(n_records + len(planted), dp.sample_rate, sampler)
                 indices = drawn[drawn < n_records]
                 chosen = [planted[int(k) - n_records] for k in drawn[drawn >= n_records]]
-            offsets = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
+            offsets: dict[str, torch.Tensor] = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
             pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
             for j, piece in enumerate(pieces):  # physical batches: each record clipped once, into p.summed_grad
                 if j:
                     for p in params.values():
-                        p.grad_sample = None
+                        _set_grad_sample(p, None)
                 losses = example_losses(model, *make_batch(piece))
                 losses.mean().backward()
                 dp_optimizer.clip_and_accumulate()
                 loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
             if chosen:  # the sampled canaries: clipped per record by the same code, into the same sum
+                assert canaries is not None  # only canaries are chosen
                 _clip_canaries(dp_optimizer, where, canaries, chosen, physical_batch)
                 drawn_canaries += len(chosen)
             elif not pieces:  # an empty Poisson batch still releases noise: on a zero sum
                 for p in params.values():
-                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+                    _set_grad_sample(p, torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))
                 dp_optimizer.clip_and_accumulate()
             with torch.no_grad():
                 for n, e in offsets.items():
@@ -256,7 +263,7 @@ def dp_sgd(
                 extra = torch.autograd.grad(penalty(model), list(params.values()), allow_unused=True)
                 for p, g in zip(params.values(), extra):
                     if g is not None:
-                        p.grad.add_(g)
+                        cast(torch.Tensor, p.grad).add_(g)  # set by scale_grad above
             optimizer.step()
     finally:
         dp_optimizer.zero_grad(set_to_none=True)

@@ -160,14 +160,15 @@ def _gradient_moments(
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
     squares = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
-    pad_id = model.config.pad_id
+    net: Any = model  # the translation model (config.pad_id, pair_losses)
+    pad_id = net.config.pad_id
     was_training = model.training
     model.eval()
     batches = [reference[i : i + batch] for i in range(0, len(reference), batch)]
     for chunk in batches:
         src = pad_sequences([s for s, _ in chunk], pad_id)
         tgt = pad_sequences([g for _, g in chunk], pad_id)
-        grads = torch.autograd.grad(model.pair_losses(src, tgt).mean(), list(params.values()), allow_unused=True)
+        grads = torch.autograd.grad(net.pair_losses(src, tgt).mean(), list(params.values()), allow_unused=True)
         for (n, _p), g in zip(params.items(), grads):
             if g is not None:
                 sums[n] += g.double()
@@ -380,7 +381,8 @@ def run_steps(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int,
         )
 
     def example_losses(m: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        return m.pair_losses(src, tgt, label_smoothing=t.label_smoothing)
+        net: Any = m  # the translation model
+        return net.pair_losses(src, tgt, label_smoothing=t.label_smoothing)
 
     sampler, noise = generators(cfg, seed)
     torch.manual_seed(seed)  # dropout masks
