@@ -26,6 +26,7 @@ import torch
 from trustformer.config import load_config
 from trustformer.core import dpsgd
 from trustformer.tasks import record_dp
+from test_record_dp import _model  # the tiny Transformer the record-DP tests clip through Opacus
 
 torch.set_num_threads(1)
 
@@ -188,27 +189,6 @@ def test_honest_runs_seldom_fail_the_audit(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the canaries' path through DP-SGD
-
-
-def _model() -> torch.nn.Module:
-    from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
-
-    torch.manual_seed(0)
-    return Seq2SeqTransformer(
-        TransformerConfig(
-            vocab_size=40,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            d_model=16,
-            n_heads=2,
-            n_encoder_layers=1,
-            n_decoder_layers=1,
-            d_ff=32,
-            max_len=12,
-            dropout=0.0,
-        )
-    )
 
 
 def _records(n: int = 5):
