@@ -244,7 +244,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         previous = self.costs.get(client)
         return None if previous is None else size * (previous - cost)
 
-    def run_round(self, io: RoundMessages) -> None:
+    def run_round(self, io: RoundMessages) -> bool:
         """Report → choose the pilot → request model and ternary vectors → Eq. 3 → every worker adopts P^t."""
         if not self.model_spec:
             self.expected_payload(io.initial())
@@ -306,6 +306,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
             self.pilots[-1],
             {io.client(n): None if scores[n] is None else round(cast(float, scores[n]), 4) for n in order},
         )
+        return True
 
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
         """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps

@@ -94,7 +94,7 @@ class Phong(FederatedProtocol, ServerHooks):
             random.Random(derive_seed(self.cfg.seed, "phong-order", rnd)).shuffle(clients)
         return clients
 
-    def run_round(self, io: RoundMessages) -> None:
+    def run_round(self, io: RoundMessages) -> bool:
         """The model visits the workers one after another; the last epoch ends with the final model sent to all."""
         model = self.model if self.model is not None else dict(io.initial())
         nodes = io.prepare(io.nodes)
@@ -110,6 +110,7 @@ class Phong(FederatedProtocol, ServerHooks):
         self.model = {n: t.clone() for n, t in model.items()}
         if io.rnd == self.cfg.federation.rounds:  # every client ends with the final model
             io.apply(order, self.model)
+        return True
 
     def server_summary(self) -> dict[str, Any]:
         return {"phong": {"order": self.cfg.section("phong").order, "orders": self.orders}}

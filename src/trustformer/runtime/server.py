@@ -1,8 +1,10 @@
 """The server's run loop (Algorithm 1 of the paper, server side) for any protocol, in any runtime.
 
-:func:`run_federation` reads in one screen: connect the clients, then for each round the protocol runs its
-round over the send/receive helper (``runtime/rounds.py``), the round's lines are recorded and a checkpoint
-is written; after the last round every client evaluates its model and the summary is written.
+:func:`run_federation` reads in one screen: connect the clients, run every round, then every client evaluates its
+model and the summary is written. :func:`run_round` is one round, top to bottom: select the participants, train
+(a client that missed exchanges catches up first), aggregate, apply, record the round's lines, checkpoint. It runs
+over the send/receive helper (``runtime/rounds.py``); a protocol with a round of its own (FedPC, Phong) replaces the
+select-to-apply part by its ``run_round``.
 """
 
 from __future__ import annotations
@@ -89,15 +91,54 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     checkpoints.start(nodes.clients)  # round 0: a run killed in round 1 resumes too
     rounds_run = checkpoints.completed
     for rnd in range(checkpoints.completed + 1, fed.rounds + 1):
-        io = RoundIO(server, rnd, nodes.connected(), exchange=protocol.spec.exchanges and rnd % fed.agg_every == 0)
-        protocol.run_round(io)
-        if io.stopped is not None:
+        if not run_round(server, checkpoints, rnd, nodes.connected()):
             break
-        io.finish()
-        recorder.round_done(rnd)
-        checkpoints.round_done(rnd, nodes.clients)
         rounds_run = rnd
     return finish_run(cfg, server, nodes, checkpoints, rounds_run)
+
+
+def run_round(server: Server, checkpoints: Checkpointer, rnd: int, nodes: list[int]) -> bool:
+    """Round ``rnd`` on the server, over the connected ``nodes`` (Algorithm 1 of the paper, server side); False
+    when the protocol stops the run before it (e.g. its privacy budget is spent).
+
+    1. select: the protocol's participants (``server().participants``), every client or
+       ``federation.clients_per_round`` of them; the link's setup of the round (secure aggregation's keys);
+    2. train: each participant trains (one that missed exchanges first adopts the protocol's catch-up model,
+       ``catching_up()``) and, in an exchange round, replies with its payload;
+    3. aggregate the valid payloads (``aggregate``, through every wrapper: defences, DP, coding);
+    4. apply: the clients that replied (and, where the protocol says so, those left out) adopt the aggregate
+       and evaluate;
+    5. record the round's lines (``metrics.jsonl``) and 6. checkpoint.
+
+    A protocol with a round of its own (FedPC, Phong) runs steps 1 to 4 in its ``run_round``.
+    """
+    protocol, fed = server.protocol, server.cfg.federation
+    io = RoundIO(server, rnd, nodes, exchange=protocol.spec.exchanges and rnd % fed.agg_every == 0)
+    hooks = protocol.server()
+    if not protocol.run_round(io):
+        chosen = hooks.participants(rnd, [io.client(n) for n in nodes], io.exchange)  # 1. select (by client id)
+        if chosen is None:
+            io.stop(hooks.stop_reason())
+            return False
+        participants = io.prepare([n for n in nodes if io.client(n) in set(chosen)], sampled=hooks.samples_clients())
+        catching_up = protocol.catching_up()  # 2. train
+        models = io.behind(participants, catching_up.catch_up(), catching_up.catch_up_from)
+        payloads = io.train(participants, payload=io.exchange, models=models)
+        io.require("train")
+        if io.exchange and not payloads:
+            io.event(event="no_participants", reason="no client was sampled for this round")
+        elif io.exchange:
+            aggregate, phases = io.aggregate(payloads)  # 3. aggregate
+            receivers = list(io.replied()) + (io.left_out() if protocol.spec.informs_left_out else [])
+            io.apply(receivers, aggregate, phases)  # 4. apply
+        if io.exchange:
+            io.add_fields(hooks.exchange_done(rnd))
+    if io.stopped is not None:
+        return False
+    io.finish()  # 5. record
+    server.recorder.round_done(rnd)
+    checkpoints.round_done(rnd, server.clients)  # 6. checkpoint
+    return True
 
 
 def bytes_summary(records: list[dict[str, Any]], finals: list[dict[str, Any]]) -> dict[str, Any]:

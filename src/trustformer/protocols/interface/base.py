@@ -2,10 +2,11 @@
 
 A protocol says what a client sends after local training (``client_payload``), how the server combines
 what it received (``aggregate``) and how a client applies what comes back (``client_apply``); the layouts of
-both (``expected_payload``, ``payload_spec``) and the server's round (``run_round``) have defaults. What one round
-does on the server is the protocol's ``run_round`` over :class:`RoundMessages` (the runtime's validated, measured,
-secure send/receive helper, ``runtime/rounds.py``); the default is :func:`standard_round`. Protocols import neither
-a task nor the runtime: they move tensors.
+both (``expected_payload``, ``payload_spec``) have defaults. The server's round is the runtime's
+(``runtime/server.py:run_round``: select, train, aggregate, apply, record, checkpoint, top to bottom); a protocol with a
+round of its own (FedPC, Phong) overrides one method, ``run_round``, over :class:`RoundMessages` (the runtime's
+validated, measured, secure send/receive helper, ``runtime/rounds.py``). Protocols import neither a task nor the
+runtime: they move tensors.
 
 What only some protocols need is an optional part (``parts.py``), each reached through one hook: local training
 (``training()``: :class:`LocalTraining`), the server around each round (``server()``: :class:`ServerHooks`, client
@@ -125,9 +126,10 @@ class FederatedProtocol:
         """The names/shapes/dtypes a client expects back from the server (None: checked in ``client_apply``)."""
         return spec_of({n: p for n, p in session.model.named_parameters() if p.requires_grad})
 
-    def run_round(self, io: RoundMessages) -> None:
-        """The server side of one round, as messages (default: :func:`standard_round`)."""
-        standard_round(self, io)
+    def run_round(self, io: RoundMessages) -> bool:
+        """A round of the protocol's own, as messages over ``io`` (FedPC, Phong); returns whether it ran one. The
+        default runs nothing and returns False: the runtime's standard round runs (``runtime/server.py:run_round``)."""
+        return False
 
     # ------------------------------------------------------------------ the optional parts (``parts.py``)
     def training(self) -> LocalTraining:
@@ -190,32 +192,6 @@ def hooks() -> tuple[str, ...]:
     return tuple(n for n, v in vars(FederatedProtocol).items() if callable(v) and not n.startswith("_"))
 
 
-def standard_round(protocol: FederatedProtocol, io: RoundMessages) -> None:
-    """The participants train (a client that missed exchanges first catches up) and, in exchange rounds, send
-    their payloads; the server aggregates the valid ones; the clients apply the aggregate and evaluate
-    (Algorithm 1 of the paper, server side)."""
-    server = protocol.server()
-    chosen = server.participants(io.rnd, [io.client(n) for n in io.nodes], io.exchange)  # by client id
-    if chosen is None:  # the protocol ends the run here (e.g. its privacy budget is spent)
-        io.stop(server.stop_reason())
-        return
-    participants = io.prepare([n for n in io.nodes if io.client(n) in set(chosen)], sampled=server.samples_clients())
-    catching_up = protocol.catching_up()
-    held = catching_up.catch_up()
-    payloads = io.train(
-        participants, payload=io.exchange, models=io.behind(participants, held, catching_up.catch_up_from)
-    )
-    io.require("train")
-    if not io.exchange:
-        return
-    if not payloads:
-        io.event(event="no_participants", reason="no client was sampled for this round")
-    else:
-        aggregate, phases = io.aggregate(payloads)
-        io.apply(list(io.replied()) + (io.left_out() if protocol.spec.informs_left_out else []), aggregate, phases)
-    io.add_fields(server.exchange_done(io.rnd))
-
-
 def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
     """The last global model a client holds in its protocol state under ``prefix`` (before its first
     exchange: the identical initial model)."""
@@ -243,6 +219,5 @@ __all__ = [
     "assign_tensors",
     "hooks",
     "held_global",
-    "standard_round",
     "trainable_tensors",
 ]

@@ -56,7 +56,7 @@ class LocalTraining:
 
 
 class ServerHooks:
-    """The server around each round (``standard_round``, ``runtime/rounds.py``, ``runtime/server.py``): client
+    """The server around each round (``runtime/server.py:run_round``, ``runtime/rounds.py``): client
     selection, the protocol's own payload check, and the round's reports. The defaults: every client (or
     ``federation.clients_per_round`` of them, drawn from the run seed), every valid payload, nothing reported."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...core.shared import Tensors
 from ...wire import TensorSpec
-from ..interface.base import FederatedProtocol, P, RoundMessages, standard_round
+from ..interface.base import FederatedProtocol, P, RoundMessages
 from ..interface.parts import CatchUp, ServerHooks
 from ..interface.session import ClientSession, Phases
 
@@ -37,14 +37,10 @@ class ProtocolWrapper(FederatedProtocol):
             inner = inner.inner
         return inner
 
-    def run_round(self, io: RoundMessages) -> None:
-        # the standard round calls the outermost wrapper's hooks; a protocol-declared round calls io.aggregate,
-        # which goes through the server's protocol object (the outermost wrapper) too
-        inner = self.innermost()
-        if type(inner).run_round is FederatedProtocol.run_round:
-            standard_round(self, io)
-        else:
-            inner.run_round(io)
+    def run_round(self, io: RoundMessages) -> bool:
+        # a protocol's own round (FedPC, Phong) calls io.aggregate, which goes through the server's protocol object:
+        # the outermost wrapper
+        return self.inner.run_round(io)
 
     def _part(self, kind: type[P], default: Callable[[FederatedProtocol], P]) -> P:
         # a part this wrapper does not subclass is its inner protocol's (built there, defaults included)
