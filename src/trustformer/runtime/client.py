@@ -27,16 +27,18 @@ from typing import Any, cast
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..config import CONFIG_KEY, DATA_POISON_KINDS, MODEL_POISON_KINDS, RunConfig, parse_run_config, run_config_of
+from ..config import CONFIG_KEY, DATA_POISON_KINDS, ConfigError, RunConfig, parse_run_config, run_config_of
 from ..core.poisoning import poisoned_model
-from ..core.shared import ALL_SHARDS, Tensors, assign_tensors, derive_seed, trainable_tensors
+from ..core.shared import ALL_SHARDS, assign_tensors, derive_seed, trainable_tensors
 from ..export import export_model, model_fingerprint
 from ..protocols import ProtocolObserver, active_observer, make_protocol
 from ..protocols.interface.base import ClientSession, FederatedProtocol
+from ..protocols.wrappers.robust import provide_root_training
 from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, PayloadError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
+from .attacker import AttackerView, honest_samples, poisoned_update
 from .node import (
     DEPLOYED_PROCESSES,
     process_setup,
@@ -45,10 +47,14 @@ from .node import (
     node_setting,
     release_memory_store,
 )
+from .root_training import root_training
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
 
 log = logging.getLogger(__name__)
+# FLTrust's server update (robust.aggregator = "fltrust"): the task's training on root data, handed to the defences
+# here because every process the apps run in (app.py) imports this module and the protocols import no task
+provide_root_training(root_training)
 
 # --------------------------------------------------------------------------------------- the client's view
 
@@ -186,7 +192,7 @@ def _client_data(cfg_json: str, client: int, train_file: str = ""):
     """The run's task and the client's training shard (translation: its encoded pairs, or those of
     its own ``train_file``; see the task's ``shard``). A data-poisoning client (``federation.faults``:
     backdoor, shuffled_targets) poisons its own shard, seeded from the run seed."""
-    cfg = RunConfig.from_json(cfg_json)
+    cfg = parse_run_config(cfg_json)
     task = load_task(cfg)
     fault = cfg.federation.poisoning(client)
     if fault is not None and fault.kind in DATA_POISON_KINDS:
@@ -196,21 +202,28 @@ def _client_data(cfg_json: str, client: int, train_file: str = ""):
     return task, task.shard(client, train_file)
 
 
-def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors | None) -> None:
-    """A model-poisoning client (``federation.faults``: scale, sign_flip, noise) replaces what it trained by
-    ``start + g(trained − start)`` before the protocol builds its payload (``core/poisoning.py``)."""
-    if start is None:
+def poison_trained_model(env: ClientEnv, session: ClientSession, view: AttackerView | None, run_id: int = 0) -> None:
+    """A model-poisoning client (``federation.faults``: scale, sign_flip, noise; alie, min_max, min_sum and a
+    boosted backdoor craft theirs from the honest updates they see, ``runtime/attacker.py``) replaces what it
+    trained by ``start + g(trained − start)`` before the protocol builds its payload (``core/poisoning.py``)."""
+    if view is None:
         return
     fault = _poisoning(env.cfg.federation, env.client)
     assert fault is not None
     log.warning(
         "client %s · round %d · poisoning its update (federation.faults: %s)", env.client, session.round, fault.kind
     )
+    trained, start = trainable_tensors(session.model), view.start
+    if fault.crafts:
+        own = {n: trained[n].detach().cpu() - start[n].detach().cpu() for n in start}
+        update = poisoned_update(env.cfg, fault, env.client, session.round, run_id, own, view)
+        assign_tensors(session.model, {n: start[n] + update[n].to(start[n].device) for n in start})
+        return
     assign_tensors(
         session.model,
         poisoned_model(
             start,
-            trainable_tensors(session.model),
+            trained,
             fault.kind,
             factor=fault.factor,
             seed=derive_seed(env.cfg.seed, "poison", env.client, session.round),
@@ -218,12 +231,20 @@ def poison_trained_model(env: ClientEnv, session: ClientSession, start: Tensors 
     )
 
 
-def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool) -> Tensors | None:
-    """The model a model-poisoning client starts this round from (None: it sends an honest payload)."""
+def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool, optimizer: Any = None) -> AttackerView | None:
+    """What a model-poisoning client knows before it trains this round: the model it starts from and, for a
+    crafting kind, its honest updates on parts of its data (None: it sends an honest payload)."""
     fault = _poisoning(env.cfg.federation, env.client)
-    if not exchange or fault is None or fault.kind not in MODEL_POISON_KINDS or not fault.hits(session.round):
+    if not exchange or fault is None or not fault.poisons_model or not fault.hits(session.round):
         return None
-    return trainable_tensors(session.model)
+    refusal = env.protocol.spec.refuses.get("model_poisoning")
+    if refusal:
+        raise ConfigError(
+            f"federation.faults: {fault.text!r} poisons what a client sends, which federation.strategy = "
+            f"{env.cfg.federation.strategy!r} cannot carry: {refusal}"
+        )
+    samples = honest_samples(env, session, optimizer, fault) if fault.crafts else []
+    return AttackerView(trainable_tensors(session.model), samples)
 
 
 # --------------------------------------------------------------------------------------- the session
@@ -322,7 +343,7 @@ def train(msg: Message, context: Context) -> Message:
         if len(specs) > 1 and not any(spec_of(incoming) == spec for spec in specs):
             raise PayloadError(f"{what}: its arrays match none of the {len(specs)} layouts the protocol expects")
         metrics.update(catching_up.client_start_from(session, incoming))
-    start = _poison_start(env, session, exchange)
+    start = _poison_start(env, session, exchange, optimizer)
     metrics.update(
         env.task.train_local(
             session.model,
@@ -334,7 +355,7 @@ def train(msg: Message, context: Context) -> Message:
             **training.train_options(session),
         )
     )
-    poison_trained_model(env, session, start)
+    poison_trained_model(env, session, start, int(context.run_id))
     training.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:

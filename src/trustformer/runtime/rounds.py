@@ -1,6 +1,7 @@
 """One round's validated, measured messages: the send/receive helper every protocol's round runs over.
 
-A round (``runtime/server.py:run_round``, or a protocol's own ``run_round``: FedPC, Phong) only says which messages go to which clients and what the server computes from the replies;
+A round (``runtime/server.py:run_round``, or a protocol's own ``run_round``: FedPC, Phong) only says which
+messages go to which clients and what the server computes from the replies;
 :class:`RoundIO` does the rest for every protocol alike:
 
 - **transport**: every message goes out and comes back through the run's :class:`~trustformer.wire.Link`:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config import RunConfig, parse_run_config
 from ..core.accounting import PrivacyBudgetError
 from ..core.dp import noise_generator, os_seed
 from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, epsilon_spent, sample_rate
@@ -90,7 +90,7 @@ def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
 @lru_cache(maxsize=256)
 def _sigma(cfg_json: str, n_records: int) -> float:
     """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``."""
-    cfg = RunConfig.from_json(cfg_json)
+    cfg = parse_run_config(cfg_json)
     p = cfg.privacy
     return calibrate(
         p.epsilon, p.delta, sample_rate(n_records, expected_batch(cfg, n_records)), planned_steps(cfg, n_records)[1]
@@ -99,7 +99,7 @@ def _sigma(cfg_json: str, n_records: int) -> float:
 
 @lru_cache(maxsize=64)
 def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
-    cfg = RunConfig.from_json(cfg_json)
+    cfg = parse_run_config(cfg_json)
     p = cfg.privacy
     batch = expected_batch(cfg, n_records)
     rate = sample_rate(n_records, batch)

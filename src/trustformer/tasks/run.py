@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import torch
 
-from ..config import RunConfig
+from ..config import RunConfig, parse_run_config
 from ..core.shared import ALL_SHARDS, LocalStep, select_device, trainable_tensors
 from .results import FINAL_METRICS
 
@@ -134,7 +134,7 @@ class RunTask(Protocol):
 @lru_cache(maxsize=4)
 def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
     """The identical initial model's trainable tensors of a configuration (what every payload's shapes follow)."""
-    return trainable_tensors(load_task(RunConfig.from_json(cfg_json)).initial_model())
+    return trainable_tensors(load_task(parse_run_config(cfg_json)).initial_model())
 
 
 def load_task(cfg: RunConfig) -> RunTask:
@@ -145,7 +145,7 @@ def load_task(cfg: RunConfig) -> RunTask:
 
 @lru_cache(maxsize=4)
 def _load_task(cfg_json: str):
-    cfg = RunConfig.from_json(cfg_json)
+    cfg = parse_run_config(cfg_json)
     if cfg.task == "translation":
         from .translation import TranslationTask
 

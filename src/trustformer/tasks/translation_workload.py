@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import TrustformerError
-from ..config import RunConfig
+from ..config import RunConfig, parse_run_config
 from ..core.shared import ALL_SHARDS, derive_seed, select_device
 from ..data.batching import encode_pairs, make_batches, make_token_batches
 from ..data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
@@ -131,7 +131,7 @@ def _workload_key(cfg: RunConfig) -> str:
 
 @lru_cache(maxsize=4)
 def _load_workload_cached(key: str) -> Workload:
-    cfg = RunConfig.from_json(key)
+    cfg = parse_run_config(key)
     d = cfg.data
     started = time.perf_counter()
     try:
