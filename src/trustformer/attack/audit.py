@@ -165,6 +165,25 @@ def _one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float) -> floa
     return lo
 
 
+def _quarters(label: str, members: np.ndarray) -> list[tuple[str | None, np.ndarray, int, int]]:
+    """A group's three guess sets: k+ = k− = n/4, k+ = n/4 alone, k− = n/4 alone (n = its canaries)."""
+    quarter = len(members) // 4
+    return [(label, members, quarter, quarter), (label, members, quarter, 0), (label, members, 0, quarter)]
+
+
+def _pool_candidates(
+    pools: Sequence[Sequence[bool] | np.ndarray], m: int
+) -> list[tuple[str | None, np.ndarray, int, int]]:
+    """The pools' guess sets, three per pool whatever its size (an empty or tiny pool guesses nothing)."""
+    out: list[tuple[str | None, np.ndarray, int, int]] = []
+    for j, pool in enumerate(pools):
+        flags = np.asarray(pool, dtype=bool)
+        if len(flags) != m:
+            raise ValueError(f"need one pool flag per canary; got {len(flags)} for {m}")
+        out += _quarters(f"pool {j}", np.flatnonzero(flags))
+    return out
+
+
 def one_run_epsilon_lower_bound(
     scores: Sequence[float] | np.ndarray,
     included: Sequence[bool] | np.ndarray,
@@ -175,6 +194,7 @@ def one_run_epsilon_lower_bound(
     groupings: Sequence[Sequence[str]] = (),
     share_all: float = 0.5,
     target: float | None = None,
+    pools: Sequence[Sequence[bool] | np.ndarray] = (),
 ) -> dict[str, Any]:
     """ε lower bound from ONE training run (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846): m canaries,
     each included in training independently with probability ½ (``included``); the auditor guesses "in" for
@@ -203,6 +223,13 @@ def one_run_epsilon_lower_bound(
     guesses were right (its n, k and δ alone decide, at the level it would get with every guess set kept) is not
     tried, and leaves its share of the level to the others; the choice depends on neither scores nor coins. A
     32-canary group, whose 16 guesses bound ε at 0.4 at best, then costs nothing to the audit of ε = 1.
+
+    ``pools`` (with ``guesses`` None): subsets of the canaries (one flag per canary) that the caller chose from the
+    **scores alone** (never the coins), e.g. the canaries of the tensors whose scores spread least, where a bug left
+    less noise. Each is guessed on like a group (the same three guess sets), with abstention on every other canary,
+    which Steinke et al.'s theorem allows for guesses that depend on the output only; as the subset depends on the
+    output, its 2mδ term keeps the whole m. Its guess sets are always kept (their number fixed in advance, their
+    levels shared with the groups' as above), so that the split of the level depends on neither scores nor coins.
     Returns ``epsilon_lb``, the ``k`` = (k+, k−) used, ``correct``, ``guesses`` (r), the ``group`` that gave it
     (None: all canaries), ``m``, the level of that guess set and the number of guess sets ``tried``.
     """
@@ -228,20 +255,22 @@ def one_run_epsilon_lower_bound(
             raise ValueError(f"need one group label per canary; got {len(labels)} for {m}")
         for label in dict.fromkeys(labels.tolist()):
             members = np.flatnonzero(labels == label)
-            quarter = len(members) // 4
-            if quarter and len(members) < m:
-                candidates += [(label, members, quarter, quarter), (label, members, quarter, 0)]
-                candidates.append((label, members, 0, quarter))
+            if len(members) // 4 and len(members) < m:
+                candidates += _quarters(label, members)
     if not 0.0 < share_all <= 1.0:
         raise ValueError(f"need 0 < share_all <= 1; got {share_all}")
+    pooled = [] if guesses is not None else _pool_candidates(pools, m)
     overall = sum(1 for c in candidates if c[0] is None)
-    if target is not None and overall < len(candidates):  # drop the group guess sets that cannot exceed the target
-        floor = (1.0 - confidence) * (1.0 - share_all) / (len(candidates) - overall)  # their level if all were kept
+    grouped = len(candidates) - overall + len(pooled)
+    if target is not None and len(candidates) > overall:  # drop the group guess sets that cannot exceed the target
+        floor = (1.0 - confidence) * (1.0 - share_all) / grouped  # their level if all were kept
         candidates = [
             c
             for c in candidates
             if c[0] is None or _one_run_epsilon(len(c[1]), c[2] + c[3], c[2] + c[3], delta, floor) > target
         ]
+    pool_labels = {c[0] for c in pooled}
+    candidates += pooled
     share = 1.0 if overall == len(candidates) else share_all
     best: dict[str, Any] | None = None
     for label, members, k_plus, k_minus in candidates:
@@ -252,7 +281,8 @@ def one_run_epsilon_lower_bound(
         order = members[np.argsort(-s[members], kind="stable")]  # highest first
         v = int(inc[order[:k_plus]].sum() + (~inc[order[n - k_minus :]]).sum())
         r = k_plus + k_minus
-        eps = _one_run_epsilon(n, r, v, delta, alpha)  # given the other canaries' coins, n canaries are audited
+        # given the other canaries' coins, a group's n canaries are audited; a pool, chosen from the output, keeps m
+        eps = _one_run_epsilon(m if label in pool_labels else n, r, v, delta, alpha)
         if best is None or eps > best["epsilon_lb"]:
             best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r, "group": label}
             best["level_per_guess"] = alpha

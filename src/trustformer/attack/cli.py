@@ -47,15 +47,28 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     )
     a = what.add_parser(
         "audit",
-        help="audit a record-level DP run in one training run: gradient canaries, the server's view, ε_lb vs ε",
-        description="Run a record-level DP federation (privacy.unit = record) in this process with gradient canaries "
-        "planted in client 0's DP-SGD (each included with probability ½), score each canary from the server's view "
-        "of client 0's updates, and print the one-run lower bound ε_lb on ε at 95% confidence beside the ε the run "
-        "reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). An audit run is not private for its canaries.",
+        help="audit a DP run in one training run: canaries through the real path, the server's view, ε_lb vs ε",
+        description="Run a DP federation in this process with canaries and print the one-run lower bound ε_lb on ε at "
+        "95% confidence beside the ε the run reports (Steinke, Nasr & Jagielski 2023; docs/privacy.md). Record level "
+        "(the default): gradient canaries planted in client 0's DP-SGD (each included with probability ½), scored "
+        "from the server's view of client 0's updates. Client level (--level client; dp-fedavg, dp-fedsam): canary "
+        "clients sending random-direction updates of norm 10·C (Andrew et al. 2024), drawn, clipped and noised by "
+        "the DP wrapper's own code, scored from the noisy aggregates the server releases. An audit run is not "
+        "private for its canaries.",
     )
     add_config_options(a)
     a.add_argument(
-        "--canaries", type=int, default=5000, help="gradient canaries, spread over every parameter group (default 5000)"
+        "--level",
+        choices=("record", "client"),
+        default="record",
+        help="record: DP-SGD's per-record guarantee (privacy.unit = record) | client: the DP baselines' per-client "
+        "guarantee (privacy.unit = client; strategy dp-fedavg unless given)",
+    )
+    a.add_argument(
+        "--canaries",
+        type=int,
+        help="canaries, spread over every parameter group (record level) or tensor (client level); default 5000 "
+        "record, 2000 client",
     )
     a.add_argument(
         "--seeds",
@@ -156,29 +169,37 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    """``attack audit``: one record-level run with gradient canaries, ε_lb beside ε; with ``--seeds`` N > 1 or
-    ``--epsilons``, the honest-run benchmark (:func:`dp_audit.honest_benchmark`)."""
+    """``attack audit``: one run with canaries, ε_lb beside ε (record level: gradient canaries, :mod:`.dp_audit`;
+    client level: canary clients, :mod:`.client_dp_audit`); with ``--seeds`` N > 1 or ``--epsilons``, the honest-run
+    benchmark (:func:`dp_audit.honest_benchmark`)."""
     import functools
     import json
 
+    from ..protocols.dp_fedavg import SPEC as DP_FEDAVG
+    from . import client_dp_audit
     from .dp_audit import audit, format_benchmark, honest_benchmark
 
+    client = args.level == "client"
+    m = args.canaries or (2000 if client else 5000)
     given = {item.partition("=")[0] for item in args.set}
-    defaults = {
-        "privacy.unit": "record",
-        "privacy.audit_canaries": args.canaries,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-    }
+    defaults: dict[str, object] = {"eval.meteor": False, "eval.bertscore": False}
+    if client:
+        defaults["privacy.unit"] = "client"
+        if args.strategy is None:
+            defaults["federation.strategy"] = DP_FEDAVG.name
+    else:
+        defaults.update({"privacy.unit": "record", "privacy.audit_canaries": m})
     args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
     if args.out is None:
         args.out = os.path.join("runs", "attack-audit")
     setup_logging(quiet=True)
     cfg = resolve_config(args)
-    slack = 2 * cfg.privacy.audit_canaries * cfg.privacy.delta
+    run_audit = functools.partial(client_dp_audit.audit, canaries=m) if client else audit
+    m = m if client else cfg.privacy.audit_canaries
+    slack = 2 * m * cfg.privacy.delta
     if slack >= 0.5:
         print(
-            f"warning: 2·m·δ = {slack:.2g} (m = {cfg.privacy.audit_canaries} canaries, δ = {cfg.privacy.delta:g}): "
+            f"warning: 2·m·δ = {slack:.2g} (m = {m} canaries, δ = {cfg.privacy.delta:g}): "
             "the one-run bound's δ term leaves it almost no power; lower privacy.delta (e.g. 1e-5) or --canaries",
             file=sys.stderr,
         )
@@ -186,19 +207,20 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seeds = {args.seeds}: need at least 1")
     if args.seeds > 1 or args.epsilons:
         say = functools.partial(print, file=sys.stderr)
-        bench = honest_benchmark(cfg, args.seeds, args.epsilons or (), progress=say)
+        bench = honest_benchmark(cfg, args.seeds, args.epsilons or (), progress=say, auditor=run_audit)
         print(format_benchmark(bench))
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             bench["command"] = "trustformer " + " ".join(sys.argv[1:])
             Path(args.json).write_text(json.dumps(bench, indent=2) + "\n", encoding="utf-8")
         return 0 if all(row["failures"] <= _allowed_failures(row["seeds"]) for row in bench["rows"]) else 1
-    result = audit(cfg)
+    result = run_audit(cfg)
+    estimate = f" · ε̂ = {result['epsilon_estimate']:.3f} (Andrew et al. 2024, an estimate)" if client else ""
     print(
         f"{result['strategy']} · secure {result['secure']} · {result['canaries']} canaries "
         f"({result['included']} included) · ε = {result['epsilon']:.3f} at δ = {result['delta']:g} · "
         f"ε_lb = {result['epsilon_lb']:.3f} (95%, one run; {result['correct']} of {result['guesses']} guesses right)"
-        f" · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}"
+        f"{estimate} · {'KEPT' if result['epsilon_lb'] <= result['epsilon'] else 'BROKEN: ε_lb > ε'}"
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,7 @@ def honest_benchmark(
     *,
     plain: bool = True,
     progress: Callable[[str], None] | None = None,
+    auditor: Callable[[RunConfig], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The audit on honest runs: for each ε (``epsilons``, default the configured one) ``seeds`` audits of ``cfg``
     at that ε, seeds ``cfg.seed``, ``cfg.seed`` + 1, … (each its own data order, canary coins and, unless the
@@ -111,16 +112,19 @@ def honest_benchmark(
     confidence at most 5% of honest runs may, and ``failure_rate_upper95`` is the Clopper-Pearson bound on the rate),
     ε_lb / ε (its tightness; Steinke et al. 2023 report ε_lb ≈ 1.8 at ε = 4 in their white-box CIFAR-10 audit), and
     the wall time of an audit against that of the same run without canaries (``plain``: one run, seed ``cfg.seed``,
-    the federation alone)."""
+    the federation alone). ``auditor``: the audit of one run (default :func:`audit`, record level; the client-level
+    one is ``attack/client_dp_audit.py:audit``)."""
     from ..engine.inprocess import run_in_process
 
-    rows = []
+    run_audit = auditor or audit
+    rows, canaries = [], cfg.privacy.audit_canaries
     for eps in epsilons or (cfg.privacy.epsilon,):
         results, audit_s = [], []
         for i in range(seeds):
             folder = Path(cfg.out) / f"eps-{eps:g}" / f"seed-{cfg.seed + i}"
             started = time.perf_counter()
-            result = audit(_with(cfg, {"privacy.epsilon": eps, "seed": cfg.seed + i, "out": str(folder)}))
+            result = run_audit(_with(cfg, {"privacy.epsilon": eps, "seed": cfg.seed + i, "out": str(folder)}))
+            canaries = result["canaries"]
             audit_s.append(time.perf_counter() - started)
             results.append(result)
             if progress is not None:
@@ -153,7 +157,7 @@ def honest_benchmark(
         )
     return {
         "preset": cfg.preset,
-        "canaries": cfg.privacy.audit_canaries,
+        "canaries": canaries,
         "delta": cfg.privacy.delta,
         "strategy": cfg.federation.strategy,
         "rows": rows,

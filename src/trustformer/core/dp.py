@@ -10,6 +10,7 @@ of participants qN. One such release is a sampled Gaussian mechanism with sensit
 from __future__ import annotations
 
 import math
+import random
 import secrets
 from collections.abc import Mapping, Sequence
 
@@ -43,6 +44,14 @@ def clip_by_global_norm(tensors: Mapping[str, torch.Tensor], clip_norm: float) -
 
 
 NOISE_SOURCES = ("os", "seeded-not-private")  # privacy.noise_source
+
+
+def poisson_sample(candidates: Sequence[int], rate: float, rng: random.Random) -> list[int]:
+    """Poisson sampling of clients (McMahan et al. 2018, Alg. 1): each candidate independently with probability
+    ``rate``, drawn in sorted order from ``rng``; every candidate, in the given order, when ``rate`` ≥ 1."""
+    if rate >= 1.0:
+        return list(candidates)
+    return [c for c in sorted(candidates) if rng.random() < rate]
 
 
 def os_seed() -> int:
@@ -262,6 +271,7 @@ __all__ = [
     "geometric_clip_update",
     "NOISE_SOURCES",
     "os_seed",
+    "poisson_sample",
     "global_norm",
     "clip_factor",
     "clip_by_global_norm",

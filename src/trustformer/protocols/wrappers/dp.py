@@ -28,14 +28,14 @@ spends (Andrew et al., Thm. 1): the accountant keeps σ. C_t and b̃ go on every
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from ...config import ConfigError, PrivacyConfig
 from ...core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_multiplier
@@ -47,6 +47,7 @@ from ...core.dp import (
     global_norm,
     noise_generator,
     noised_mean,
+    poisson_sample,
     sparse_noised_mean,
     unclipped_count,
     update_noise_multiplier,
@@ -60,6 +61,34 @@ from ..interface.spec import ProtocolSpec
 log = logging.getLogger(__name__)
 
 INDICES, VALUES = "indices", "values"  # a sparse update's arrays
+
+
+class ClientCanaryHook(Protocol):
+    """An audit's canary clients (``attack/client_dp_audit.py``), planted in this wrapper's own steps: drawn by its
+    client sampling, clipped by its clipping, summed and noised by its aggregation. None in every other run."""
+
+    def candidates(self, rnd: int, clients: Sequence[int]) -> list[int]: ...  # the clients plus the canaries in
+
+    def sampled(self, rnd: int, drawn: list[int]) -> list[int]: ...  # notes the canaries drawn; the real clients
+
+    def payloads(
+        self, rnd: int, payloads: Sequence[Tensors], clip: Callable[[Tensors], Tensors]
+    ) -> Sequence[Tensors]: ...  # the real payloads, then the drawn canaries' updates through ``clip``
+
+    def released(self, rnd: int, release: Tensors) -> None: ...  # what the aggregation released
+
+
+_CANARY_HOOKS: list[ClientCanaryHook] = []
+
+
+@contextlib.contextmanager
+def client_canaries(hook: ClientCanaryHook) -> Iterator[ClientCanaryHook]:
+    """While active, every :class:`DifferentialPrivacy` made plants ``hook``'s canaries (in-process audit runs)."""
+    _CANARY_HOOKS.append(hook)
+    try:
+        yield hook
+    finally:
+        _CANARY_HOOKS.remove(hook)
 
 
 DP_REFUSES = {  # what the DP baselines do not compose with, and why (their specs' ``refuses``)
@@ -81,6 +110,7 @@ def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str
         mean_weighting=None,
         informs_left_out=True,
         estimator="update",
+        aggregate_kind="update",
     )
 
 
@@ -90,7 +120,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
     state_attrs = ("ledger", "clip", "clip_history")
     # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); the round and its fields
-    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "_round_fields")
+    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "_round_fields", "canaries")
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -106,6 +136,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.count_stddev = 0.0
         self.clip_history: list[float] = []  # C_t of every exchange round so far
         self._round_fields: dict[str, float | None] = {}
+        self.canaries = _CANARY_HOOKS[-1] if _CANARY_HOOKS else None  # an audit run's (client_canaries)
 
     @property
     def adaptive(self) -> bool:
@@ -119,20 +150,24 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         the server clips it to the bound C_t only it knows (server-side adaptive clipping)."""
         started = time.perf_counter()
         update, phases = self.inner.client_payload(session)
-        if self.adaptive:
-            norm_key = "kept_norm" if INDICES in update else "update_norm"
-            payload, norm = update, global_norm({VALUES: update[VALUES]} if INDICES in update else update)
-        elif INDICES in update:  # sparse: the kept values are clipped
-            clipped, norm = clip_by_global_norm({VALUES: update[VALUES]}, self.privacy.clip_norm)
-            payload, norm_key = {**update, VALUES: clipped[VALUES]}, "kept_norm"
-        else:
-            payload, norm = clip_by_global_norm(update, self.privacy.clip_norm)
-            norm_key = "update_norm"
+        payload, norm, norm_key = self.clip_update(update)
         phases = {k: v for k, v in phases.items() if not k.endswith("_s")}
         phases["clip_s"] = time.perf_counter() - started  # form (and sparsify) the update, then clip it
         if session.diagnostics:  # the unclipped norm is not private: simulation diagnostics only
             phases[norm_key] = norm
         return payload, phases
+
+    def clip_update(self, update: Tensors) -> tuple[Tensors, float, str]:
+        """A client's clipping of its update Δ to ‖Δ‖ ≤ C (dense, or a sparse update's kept values; unclipped under
+        adaptive clipping): (payload, ‖Δ‖ before clipping, the diagnostics key of that norm)."""
+        if self.adaptive:
+            norm_key = "kept_norm" if INDICES in update else "update_norm"
+            return update, global_norm({VALUES: update[VALUES]} if INDICES in update else update), norm_key
+        if INDICES in update:  # sparse: the kept values are clipped
+            clipped, norm = clip_by_global_norm({VALUES: update[VALUES]}, self.privacy.clip_norm)
+            return {**update, VALUES: clipped[VALUES]}, norm, "kept_norm"
+        payload, norm = clip_by_global_norm(update, self.privacy.clip_norm)
+        return payload, norm, "update_norm"
 
     # ------------------------------------------------------------------------------ server
 
@@ -232,12 +267,12 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         p = self.privacy
         if p.on_exceed == "stop" and self.ledger.epsilon_with(1) > p.epsilon:
             return None
-        if p.sampling_rate >= 1.0:
-            return list(clients)
+        hook = self.canaries
         rng = (
             random.Random(derive_seed(self.cfg.seed, "client-sampling", rnd)) if self.seeded else random.SystemRandom()
         )
-        return [c for c in sorted(clients) if rng.random() < p.sampling_rate]
+        drawn = poisson_sample(list(clients) if hook is None else hook.candidates(rnd, clients), p.sampling_rate, rng)
+        return drawn if hook is None else hook.sampled(rnd, drawn)
 
     def samples_clients(self) -> bool:
         return True
@@ -281,6 +316,8 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         noise σ_Δ·C_t, then C moves (:meth:`adapt_clip`)."""
         assert self.ledger is not None, "server_begin was not called"
         started = time.perf_counter()
+        if self.canaries is not None:  # an audit's canary updates, clipped as a client clips its update
+            payloads = self.canaries.payloads(self._round, payloads, lambda u: self.clip_update(u)[0])
         p, generator = self.privacy, noise_generator(self.noise_seed())
         bound, sigma = (self.clip, self.update_sigma) if self.adaptive else (p.clip_norm, self.ledger.noise_multiplier)
         noise: dict[str, Any] = dict(
@@ -302,6 +339,8 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         if self.adaptive:
             norms = [global_norm({VALUES: q[VALUES]} if INDICES in q else q) for q in payloads]
             self._round_fields = {"dp_clip_norm": bound, "dp_unclipped_fraction": self.adapt_clip(norms)}
+        if self.canaries is not None:
+            self.canaries.released(self._round, out)
         return out, {"aggregate_s": time.perf_counter() - started}
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:
@@ -353,4 +392,4 @@ def record_level(inner: FederatedProtocol, spec: ProtocolSpec) -> FederatedProto
     return inner
 
 
-__all__ = ["DP_REFUSES", "DifferentialPrivacy", "dp_spec", "record_level"]
+__all__ = ["DP_REFUSES", "ClientCanaryHook", "DifferentialPrivacy", "client_canaries", "dp_spec", "record_level"]
