@@ -1,8 +1,9 @@
 """The compositions the configuration accepts, generated from the protocol specs and the wrappers' options.
 
 Every registered protocol (on a task its spec accepts) is combined with the options that wrap it or change its
-server: payload coding at 2/4/8 bits, client sampling, secure aggregation, a robust rule, record-level DP, adaptive
-clipping, a public start with LoRA, and every membership mode where the protocol has them. One option at a time
+server: payload coding at 2/4/8 bits, a server optimizer (Adam), client sampling, secure aggregation, a robust
+rule, record-level DP, adaptive clipping, a public start with LoRA, and every membership mode where the protocol has
+them. One option at a time
 and every pair of options are tried; a combination the configuration refuses (``build_config``) is left out, so
 the matrix follows the specs' ``refuses`` and the config's checks without a hand-kept list.
 """
@@ -44,9 +45,14 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
         "2-bit nearest": {"federation.payload_bits": 2, "federation.payload_rounding": "nearest"},
     },
     "download": {"down 4-bit": {"federation.download_bits": 4}},
+    "server-optimizer": {"adam": {"federation.server_optimizer": "adam"}},  # its moments and x_t: server state
     "sampling": {"2 of 3": {"federation.clients_per_round": 2}},
     "secure": {"secagg": {"secure.mode": "secagg"}},
-    "robust": {"median": {"robust.aggregator": "median"}},
+    "robust": {
+        "median": {"robust.aggregator": "median"},
+        "flame": {"robust.aggregator": "flame"},  # its noise's seed counts the aggregations: server state
+        "fltrust": {"robust.aggregator": "fltrust"},  # the root training's optimizer: server state
+    },
     "record-dp": {
         "record dp": {
             "privacy.unit": "record",

@@ -76,6 +76,8 @@ PINNED: tuple[tuple[str, KillPoint], ...] = (
     ("fedavg + 2 of 3", KillPoint(1, "train", 1)),
     ("fedavg + 2 of 3", KillPoint(3, EVALUATE, 4)),
     ("fedavg + secagg", KillPoint(2, "query.secagg", 4)),
+    # the server optimizer's moments, step count and x_t, checkpointed after round 1, with a client sitting out
+    ("fedavg + adam + 2 of 3", KillPoint(2, "train", 1)),
 )
 PINNED_SLOW: tuple[tuple[str, KillPoint], ...] = (  # once failed too; the slow tier keeps them
     ("fedavg + 2-bit", KillPoint(2, "train", 1)),
@@ -295,9 +297,16 @@ NEEDED_BY = {
     ("CodedDownload", "residual"): "fedavg + down 4-bit",
     ("RobustAggregation", "_start"): "fedavg + sign-flip",
     ("RobustAggregation", "_start_round"): "fedavg + 2 of 3 + median",
+    ("RobustAggregation", "_aggregations"): "fedavg + flame",
+    ("RobustAggregation", "_root_optimizer"): "fedavg + fltrust",
     ("DifferentialPrivacy", "ledger"): "dp-fedavg",
     ("DifferentialPrivacy", "clip"): "dp-fedavg + adaptive",
     ("DifferentialPrivacy", "clip_history"): "dp-fedavg + adaptive",
+    ("ServerOptimization", "model"): "fedavg + adam",
+    ("ServerOptimization", "model_round"): "fedavg-topk + adam + 2 of 3",
+    ("ServerOptimization", "first_moment"): "fedavg + adam",
+    ("ServerOptimization", "second_moment"): "fedavg + adam",
+    ("ServerOptimization", "steps"): "fedavg + adam",
 }
 SERVER_KILL = KillPoint(2, "train", 1)  # after round 1's checkpoint, with some clients trained in round 2
 DROPS = sorted(NEEDED_BY) if FULL else random.Random(SEED).sample(sorted(NEEDED_BY), min(COUNT // 2, len(NEEDED_BY)))

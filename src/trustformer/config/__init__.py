@@ -15,7 +15,7 @@ they change.
 """
 
 from .checks import ConfigError
-from .composition import STRATEGIES, check_composition
+from .composition import STRATEGIES, UPDATE_RULES, check_composition
 from .faults import (
     DATA_POISON_KINDS,
     FAULT_KINDS,
@@ -105,6 +105,7 @@ __all__ = [
     "SegmentationConfig",
     "TrainConfig",
     "build_config",
+    "UPDATE_RULES",
     "check_composition",
     "image_preset",
     "load_config",

@@ -13,6 +13,10 @@ from .faults import MODEL_POISON_KINDS, PAYLOAD_FAULTS, Fault
 STRATEGIES: tuple[str, ...] = tuple(PROTOCOLS)  # every registered protocol (trustformer/registry.py)
 
 
+UPDATE_RULES = ("fltrust", "flame", "clip_noise")
+"""``robust.aggregator`` values that work on each client's whole-model update (payload minus the global model)."""
+
+
 def _refusal(strategy: str, composition: str) -> str | None:
     """Why ``strategy`` does not take ``composition`` (its spec's ``refuses``), or None when it does."""
     return protocol_spec(strategy).refuses.get(composition)
@@ -257,6 +261,12 @@ def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:
             "each update from the server, which sees only their sum, so it can neither bound nor "
             "rank them (only honest clients' own clipping holds); use secure.mode = 'tee' or "
             "'none'"
+        )
+    if robust.aggregator in UPDATE_RULES and protocol_spec(fed.strategy).estimator != "model":
+        raise ConfigError(
+            f"robust.aggregator = {robust.aggregator!r} does not apply to federation.strategy = {fed.strategy!r}: "
+            "it works on each client's update (payload minus the global model), which the server can form only "
+            "where each payload is a whole model (fedavg, fedprox)"
         )
     why = _refusal(fed.strategy, "robust_rule")
     if robust.aggregator != "mean" and why:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from .checks import ConfigError
 
@@ -29,12 +29,24 @@ POISON_KINDS = {
     "scale": "the client's update (trained minus starting model) times factor=K (default -10)",
     "sign_flip": "the client's update negated",
     "noise": "the client's update replaced by Gaussian noise of the same norm",
-    "backdoor": "share=S of the client's pairs (default 0.1) carry a trigger word mapped to a target sentence",
+    "backdoor": "share=S of the client's pairs (default 0.1) carry a trigger word mapped to a target sentence; with "
+    "factor=K the update is also boosted K times and scaled back into the norm the server's bound accepts",
     "shuffled_targets": "share=S of the client's pairs (default 1) get the target of another pair",
+    "alie": "the mean of the honest updates the client sees minus z standard deviations per coordinate "
+    "(A Little Is Enough; z from the clients and the attackers, or factor=Z)",
+    "min_max": "the mean of the honest updates it sees moved along perturb=unit|std|sign as far as its largest "
+    "distance to them stays within theirs (Manipulating the Byzantine: Min-Max)",
+    "min_sum": "the same, with the sum of squared distances (Min-Sum)",
 }
-MODEL_POISON_KINDS = ("scale", "sign_flip", "noise")
+MODEL_POISON_KINDS = ("scale", "sign_flip", "noise", "alie", "min_max", "min_sum")
 DATA_POISON_KINDS = ("backdoor", "shuffled_targets")
+# kinds that craft their update from honest updates the client sees: its own on parts of its data (parts=P) and,
+# with collude=yes, those of the other colluding clients (runtime/attacker.py)
+STEALTHY_KINDS = ("alie", "min_max", "min_sum")
 POISON_DEFAULTS = {"scale": -10.0, "backdoor": 0.1, "shuffled_targets": 1.0}  # factor / share
+ATTACK_PARTS = 3  # stealthy kinds: the disjoint parts of its own data the client trains honest updates on
+PERTURBATIONS = ("unit", "std", "sign")  # min_max / min_sum: the direction of the perturbation
+FACTOR_KINDS = ("scale", "alie", "backdoor")  # scale: K; alie: z; backdoor: the boost
 FAULT_MESSAGES = ("train", "train.payload", "train.apply")  # the message whose reply a fault hits (default train)
 
 
@@ -48,13 +60,31 @@ class Fault:
     kind: str
     text: str = ""
     message: str = "train"
-    factor: float = 0.0  # scale: what the update is multiplied by
+    factor: float = 0.0  # scale: what the update is multiplied by; alie: z (-1: from n and f); backdoor: the boost
     share: float = 0.0  # backdoor, shuffled_targets: the share of the client's pairs poisoned
+    parts: int = 0  # stealthy kinds, boosted backdoor: parts of its own data it trains honest updates on
+    perturb: str = ""  # min_max / min_sum: unit | std | sign
+    collude: bool = False  # stealthy kinds, boosted backdoor: shares honest updates with the other colluders
 
     @property
     def poisons(self) -> bool:
         """A well-formed malicious client (POISON_KINDS), applied by the client itself."""
         return self.kind in POISON_KINDS
+
+    @property
+    def crafts(self) -> bool:
+        """A client that crafts its update from the honest updates it sees (STEALTHY_KINDS, boosted backdoor)."""
+        return self.kind in STEALTHY_KINDS or (self.kind == "backdoor" and self.factor > 0)
+
+    @property
+    def poisons_model(self) -> bool:
+        """A client that changes the model it trained before building its payload (every round it hits)."""
+        return self.kind in MODEL_POISON_KINDS or self.crafts
+
+    @property
+    def alie_z(self) -> float | None:
+        """alie: the z given with factor=Z (None: the paper's z_max from the clients and the attackers)."""
+        return self.factor if self.factor >= 0 else None
 
     def hits(self, rnd: int) -> bool:
         return self.round in (0, rnd)
@@ -63,20 +93,21 @@ class Fault:
     def parse(cls, text: str) -> "Fault":
         usage = (
             f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
-            "(poisoning kinds: round=R or round=*, and factor=K for scale, share=S for backdoor and "
-            "shuffled_targets)"
+            "(poisoning kinds: round=R or round=*; factor=K for scale, alie (z) and backdoor (a boost); share=S for "
+            "backdoor and shuffled_targets; parts=P and collude=yes for alie, min_max, min_sum and a boosted "
+            "backdoor; perturb=unit|std|sign for min_max and min_sum)"
         )
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
             key, sep, value = part.partition("=")
             if (
                 not sep
-                or key.strip() not in ("client", "round", "kind", "message", "factor", "share")
+                or key.strip() not in ("client", "round", "kind", "message", *OPTION_KEYS)
                 or key.strip() in fields_
             ):
                 raise ConfigError(usage)
             fields_[key.strip()] = value.strip()
-        if set(fields_) - {"message", "factor", "share"} != {"client", "round", "kind"}:
+        if set(fields_) - {"message", *OPTION_KEYS} != {"client", "round", "kind"}:
             raise ConfigError(usage)
         kind = fields_["kind"]
         if kind not in FAULT_KINDS and kind not in POISON_KINDS:
@@ -105,11 +136,25 @@ class Fault:
             raise ConfigError(f"federation.faults: {text!r}: client and round must be integers") from None
         if client < 0 or (rnd < 1 and not every):
             raise ConfigError(f"federation.faults: {text!r}: client must be >= 0 and round >= 1 (or *)")
-        factor = _fault_number(text, fields_, "factor", kind, ("scale",), POISON_DEFAULTS.get(kind, 0.0))
+        factor = _fault_number(text, fields_, "factor", kind, FACTOR_KINDS, _factor_default(kind))
         share = _fault_number(text, fields_, "share", kind, DATA_POISON_KINDS, POISON_DEFAULTS.get(kind, 0.0))
         if kind in DATA_POISON_KINDS and not 0.0 < share <= 1.0:
             raise ConfigError(f"federation.faults: {text!r}: share must be in (0, 1]")
-        return cls(client=client, round=rnd, kind=kind, text=str(text), message=message, factor=factor, share=share)
+        if kind in ("alie", "backdoor") and "factor" in fields_ and not factor > (-1 if kind == "alie" else 0):
+            raise ConfigError(
+                f"federation.faults: {text!r}: factor must be "
+                + ("a z >= 0" if kind == "alie" else "a boost > 0 (1: scaled into the bound, not boosted)")
+            )
+        return cls(
+            client=client,
+            round=rnd,
+            kind=kind,
+            text=str(text),
+            message=message,
+            factor=factor,
+            share=share,
+            **_crafting_options(text, fields_, kind, factor),
+        )
 
 
 def _fault_number(
@@ -126,3 +171,39 @@ def _fault_number(
     if not math.isfinite(value):
         raise ConfigError(f"federation.faults: {text!r}: {key} must be finite")
     return value
+
+
+OPTION_KEYS = ("factor", "share", "parts", "perturb", "collude")
+
+
+def _factor_default(kind: str) -> float:
+    return -1.0 if kind == "alie" else POISON_DEFAULTS.get(kind, 0.0) if kind == "scale" else 0.0
+
+
+def _crafting_options(text: str, fields_: Mapping[str, str], kind: str, factor: float) -> dict[str, Any]:
+    """``parts``, ``perturb`` and ``collude`` of a client that crafts its update (ConfigError naming a misplaced or
+    bad one)."""
+    crafts = kind in STEALTHY_KINDS or (kind == "backdoor" and factor > 0)
+    for key in ("parts", "collude"):
+        if key in fields_ and not crafts:
+            raise ConfigError(
+                f"federation.faults: {text!r}: {key}= applies to kind {' / '.join(STEALTHY_KINDS)} and to a "
+                "backdoor with factor=K only"
+            )
+    if "perturb" in fields_ and kind not in ("min_max", "min_sum"):
+        raise ConfigError(f"federation.faults: {text!r}: perturb= applies to kind min_max / min_sum only")
+    if not crafts:
+        return {}
+    try:
+        parts = int(fields_.get("parts", ATTACK_PARTS))
+    except ValueError:
+        raise ConfigError(f"federation.faults: {text!r}: parts must be an integer") from None
+    if parts < 1:
+        raise ConfigError(f"federation.faults: {text!r}: parts must be >= 1 (the client needs two honest updates)")
+    perturb = fields_.get("perturb", "unit") if kind in ("min_max", "min_sum") else ""
+    if perturb and perturb not in PERTURBATIONS:
+        raise ConfigError(f"federation.faults: {text!r}: perturb must be one of: {', '.join(PERTURBATIONS)}")
+    collude = fields_.get("collude", "no")
+    if collude not in ("yes", "no"):
+        raise ConfigError(f"federation.faults: {text!r}: collude must be yes or no")
+    return {"parts": parts, "perturb": perturb, "collude": collude == "yes"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .checks import ConfigError, check_at_least, check_choice, check_in_range, check_positive
+from ..registry import protocol_spec
 from .composition import STRATEGIES, server_sees_each_update
 from .faults import Fault
 
@@ -27,7 +28,18 @@ PRIVACY_UNITS = ("client", "record")
 ADAPTERS = ("none", "lora")
 LORA_TARGETS = ("attention", "ffn", "embedding")
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
-ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum")
+ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "fltrust", "flame", "clip_noise")
+# federation.server_optimizer (core/server_opt.py; Reddi et al. 2021) -> the hyperparameters it reads
+# (federation.server_<name>) and their defaults: Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad defaults, except
+# FedAvgM's momentum (0 in Flower, which is plain FedAvg; 0.9 here)
+SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "sgd": {"lr": 1.0},
+    "momentum": {"lr": 1.0, "momentum": 0.9},
+    "adam": {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-9},
+    "yogi": {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+    "adagrad": {"lr": 0.1, "tau": 1e-9},
+}
+SERVER_OPTIMIZERS = tuple(SERVER_OPTIMIZER_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -219,6 +231,20 @@ class FederationConfig:
     # clients, any engine (docs/robustness.md): "client=1,round=*,kind=scale,factor=-10", sign_flip, noise, and for
     # the whole run "client=1,round=*,kind=backdoor,share=0.1", shuffled_targets (POISON_KINDS)
     faults: tuple[str, ...] = ()
+    # the server's optimizer, stepping with the round's pseudo-gradient (the mean model minus the global model, or the
+    # mean update; docs/protocols.md "Server optimizers", Reddi et al. 2021): sgd (with server_lr = 1: FedAvg exactly)
+    # | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi) | adagrad (FedAdagrad). Under DP it steps with the noisy
+    # release: post-processing, no epsilon charged
+    server_optimizer: str = "sgd"
+    # the server's learning rate eta; -1 = the optimizer's default (Flower's): 1 (sgd, momentum), 0.1 (adam, adagrad),
+    # 0.01 (yogi)
+    server_lr: float = -1.0
+    server_momentum: float = -1.0  # server_optimizer = momentum: beta of FedAvgM; -1 = 0.9
+    server_beta1: float = -1.0  # adam, yogi: beta1, the first moment's decay; -1 = 0.9 (Flower's)
+    server_beta2: float = -1.0  # adam, yogi: beta2, the second moment's decay; -1 = 0.99 (Flower's)
+    # adam, yogi, adagrad: tau, added to the root of the second moment (the degree of adaptivity); -1 = Flower's:
+    # 1e-9 (adam, adagrad), 1e-3 (yogi)
+    server_tau: float = -1.0
 
     def validate(self) -> None:
         check_choice("federation.strategy", self.strategy, STRATEGIES)
@@ -235,6 +261,54 @@ class FederationConfig:
         check_at_least("federation.max_examples", self.max_examples, 1)
         self._check_coding_and_sampling()
         self._check_faults()
+        self._check_server_optimizer()
+
+    def server_optimizer_settings(self) -> dict[str, float]:
+        """The hyperparameters ``server_optimizer`` reads (``SERVER_OPTIMIZER_DEFAULTS``), each as given or its
+        default: ``lr``, and ``momentum`` / ``beta1``, ``beta2``, ``tau`` where the optimizer has them."""
+        given = self._server_hyperparameters()
+        defaults = SERVER_OPTIMIZER_DEFAULTS[self.server_optimizer]
+        return {k: (default if given[k] == -1.0 else given[k]) for k, default in defaults.items()}
+
+    def _server_hyperparameters(self) -> dict[str, float]:
+        return {
+            "lr": self.server_lr,
+            "momentum": self.server_momentum,
+            "beta1": self.server_beta1,
+            "beta2": self.server_beta2,
+            "tau": self.server_tau,
+        }
+
+    def _check_server_optimizer(self) -> None:
+        """A known optimizer, hyperparameters it reads in their ranges, and a strategy whose aggregate is a global
+        model or an update of it (its spec's ``aggregate_kind``)."""
+        name = self.server_optimizer
+        check_choice("federation.server_optimizer", name, SERVER_OPTIMIZERS)
+        reads = SERVER_OPTIMIZER_DEFAULTS[name]
+        for key, value in self._server_hyperparameters().items():
+            if value == -1.0:
+                continue
+            if key not in reads:
+                users = [o for o, d in SERVER_OPTIMIZER_DEFAULTS.items() if key in d]
+                raise ConfigError(
+                    f"federation.server_{key} = {value!r} is not read by federation.server_optimizer = {name!r} "
+                    f"(only by {', '.join(users)}): leave it at -1"
+                )
+            if key in ("lr", "tau"):
+                check_positive(f"federation.server_{key}", value)
+            else:
+                check_in_range(f"federation.server_{key}", value, 0.0, 1.0, hi_open=True)
+        if name == "sgd" and self.server_optimizer_settings()["lr"] == 1.0:
+            return  # FedAvg's own step: nothing wraps the protocol
+        spec = protocol_spec(self.strategy)
+        if spec.aggregate_kind is None:
+            takes = [s for s in STRATEGIES if protocol_spec(s).aggregate_kind is not None]
+            raise ConfigError(
+                f"federation.server_optimizer = {name!r} (server_lr {self.server_optimizer_settings()['lr']:g}) "
+                "takes its pseudo-gradient from an aggregate that is the global model or an update of it, and the "
+                f"aggregate of federation.strategy = {self.strategy!r} is neither ({spec.summary}); use it with "
+                f"{', '.join(takes)}, or set federation.server_optimizer = 'sgd' and federation.server_lr = -1"
+            )
 
     def _check_coding_and_sampling(self) -> None:
         check_choice("federation.payload_bits", self.payload_bits, (32, 16, 8, 4, 2))
@@ -511,11 +585,19 @@ class RobustConfig:
     min_cosine: float = 0.0
     bound_norm: float = 0.0  # bound = "fixed": the L2 bound of each client's deviation (payload units)
     # the aggregation rule: mean (the protocol's own) | median | trimmed_mean | krum | multikrum (coordinate-wise
-    # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum)
+    # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum) | fltrust |
+    # flame | clip_noise (whole-model payloads only, FedAvg and its coded or sampled forms: FLTrust's trust in each
+    # update by its cosine with the server's own update on root data; FLAME's HDBSCAN majority, median-norm clip
+    # and noise; norm clipping with weak DP noise, Sun et al. 2019)
     aggregator: str = "mean"
     trim_fraction: float = 0.2  # trimmed_mean: the fraction cut from each end of every coordinate (Flower's beta)
     byzantine: int = 1  # krum / multikrum: f, the malicious clients tolerated
     multikrum_keep: int = 0  # multikrum: the updates averaged; 0 = clients - byzantine
+    root_size: int = 300  # fltrust: pairs of the corpus's public split (no client's) the server trains on each round
+    # flame / clip_noise: the noise added to the aggregate per coordinate is N(0, (noise_factor x the clip bound)^2)
+    # (FLAME's lambda), seeded from the run seed: a defence's noise, not a privacy mechanism
+    noise_factor: float = 0.001
+    clip_norm: float = 0.0  # clip_noise: the L2 bound of each update; 0 = the round's median update norm
 
     def validate(self) -> None:
         check_choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
@@ -535,6 +617,9 @@ class RobustConfig:
         check_in_range("robust.trim_fraction", self.trim_fraction, 0.0, 0.5, hi_open=True)
         check_at_least("robust.byzantine", self.byzantine, 0)
         check_at_least("robust.multikrum_keep", self.multikrum_keep, 0)
+        check_at_least("robust.root_size", self.root_size, 1)
+        check_at_least("robust.noise_factor", self.noise_factor, 0.0)
+        check_at_least("robust.clip_norm", self.clip_norm, 0.0)
 
     def active(self, fed: "FederationConfig", secure_mode: str) -> tuple[str, str]:
         """(bound, aggregator) in force: ``auto`` resolved; ("none", "mean") where no defence applies."""

@@ -23,12 +23,14 @@ from .interface.base import ClientSession, FederatedProtocol
 from .wrappers.base import bare
 from .wrappers.observed import ObservedProtocol, ProtocolObserver
 from .wrappers.robust import with_defences
+from .wrappers.server_optimizer import with_server_optimizer
 
 
 def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
     """The protocol object named by ``federation.strategy``, with the server's defences (``robust.*``) around it,
-    payload coding around that when ``federation.payload_bits`` < 32, and download coding outermost when
-    ``federation.download_bits`` < 32; ``observer`` watches the defended protocol, inside the coding layers."""
+    the server optimizer (``federation.server_optimizer``) around those, payload coding around that when
+    ``federation.payload_bits`` < 32, and download coding outermost when ``federation.download_bits`` < 32;
+    ``observer`` watches the optimized, defended protocol, inside the coding layers."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
         raise ConfigError(
@@ -38,6 +40,11 @@ def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) ->
     if cfg.privacy.noise == "distributed":  # the owners' shares add up to the mechanism's noise in a plain mean
         protocol.spec = replace(protocol.spec, mean_weighting="uniform")
     protocol = with_defences(protocol)  # robust.*: the update bound and the aggregation rule, where in force
+    # federation.server_optimizer: outside DP (the factory's) and the defences, so it steps with what they release
+    # (the noisy mean: post-processing, no epsilon charged; the defended aggregate) and tells them what the clients
+    # now hold; inside the observer (which then sees what the clients apply) and the coding layers, which decode the
+    # payloads before it and code the step or model it returns
+    protocol = with_server_optimizer(protocol)
     if observer is not None:
         protocol = ObservedProtocol(protocol, observer)
     if cfg.federation.payload_bits != 32:

@@ -20,6 +20,7 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
         factory=lambda cfg: FedAvg(cfg),
         mean_weighting="examples",
         sums_noise_shares=True,
+        aggregate_kind="model",
         summary="clients send their model; the server returns the weighted mean",
     )
     state_attrs = ("latest",)  # server, client sampling: (round, the last global model)

@@ -56,6 +56,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
         factory=lambda cfg: FedAvgTopK(cfg),
         payload_is_update=True,
         estimator="update",
+        aggregate_kind="update",
         variants=lambda cfg, levels, _memberships: (
             [(f"fedavg-topk keep={b:g}", {"fedavg-topk.keep": b}) for b in levels] if levels else None
         ),

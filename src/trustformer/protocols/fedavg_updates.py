@@ -37,6 +37,7 @@ class FedAvgUpdates(FederatedProtocol, LocalTraining):
         mean_weighting="examples",
         estimator="update",
         sums_noise_shares=True,
+        aggregate_kind="update",
     )
 
     def __init__(self, cfg: RunConfig, *, local_step=None) -> None:

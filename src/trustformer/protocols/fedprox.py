@@ -78,6 +78,7 @@ class FedProx(FedAvg, LocalTraining):
         section=FedProxConfig,
         mean_weighting="examples",
         sums_noise_shares=True,  # one step from the global model: the proximal term's gradient is 0 there
+        aggregate_kind="model",
         summary="FedAvg whose clients add the proximal term (mu/2)||w - w_global||^2 (Li et al. 2020)",
     )
 

@@ -24,6 +24,8 @@ COMPOSITIONS: dict[str, str] = {
     "other_tasks": "task",  # a task outside ProtocolSpec.tasks (the reason says why it needs its own)
 }
 
+AGGREGATE_KINDS = ("model", "update", None)  # ProtocolSpec.aggregate_kind: a global model, an update of it, neither
+
 
 @dataclass(frozen=True)
 class ProtocolSpec:
@@ -44,6 +46,12 @@ class ProtocolSpec:
     payload's floats are an update centered on 0, not a model or centroids: the robust bound centers it on 0).
 
     ``pools_data``: one node trains on the union of every shard (the centralized reference).
+
+    ``aggregate_kind``: what its aggregate is, which says whether a server optimizer (``federation.server_optimizer``,
+    ``wrappers/server_optimizer.py``) can step with it: ``"model"`` (the global model every client adopts, which the
+    server may hold: FedAvg), ``"update"`` (an update of the global model every client holds, dense or sparse, which
+    every client adds to it: FedAvg of updates, top-k, the DP baselines); None: neither (centroids, a model passed
+    from client to client, nothing), so a server optimizer is refused.
 
     ``sums_noise_shares``: its aggregate is a mean of payloads linear in the client's one DP-SGD step from the
     global model (a model, an update), so the shares of distributed noise (``privacy.noise = "distributed"``) add
@@ -75,6 +83,7 @@ class ProtocolSpec:
     payload_is_update: bool = False
     pools_data: bool = False
     sums_noise_shares: bool = False
+    aggregate_kind: str | None = None
     estimator: str | None = "model"
     variants: (
         Callable[[Any, Sequence[float] | None, Sequence[str] | None], list[tuple[str, dict[str, Any]]] | None] | None
@@ -91,7 +100,11 @@ class ProtocolSpec:
                 f"protocol {self.name!r} refuses unknown compositions {sorted(unknown)} "
                 f"(known: {', '.join(COMPOSITIONS)})"
             )
+        if self.aggregate_kind not in AGGREGATE_KINDS:
+            raise ValueError(
+                f"protocol {self.name!r}: aggregate_kind = {self.aggregate_kind!r} is not one of {AGGREGATE_KINDS}"
+            )
         object.__setattr__(self, "payload_on_request", self.payload_message != "train")
 
 
-__all__ = ["COMPOSITIONS", "ProtocolSpec"]
+__all__ = ["AGGREGATE_KINDS", "COMPOSITIONS", "ProtocolSpec"]
