@@ -128,7 +128,10 @@ def test_krum_ties_and_selection_are_deterministic():
         ({"federation.faults": ["client=1,round=*,kind=nan"]}, "round=\\* \\(every round\\) applies to the poisoning"),
         ({"federation.faults": ["client=1,round=2,kind=backdoor"]}, "write round=\\*"),
         ({"federation.faults": ["client=1,round=*,kind=backdoor,share=2"]}, "share must be in \\(0, 1\\]"),
-        ({"federation.faults": ["client=1,round=*,kind=sign_flip,factor=3"]}, "factor= applies to kind scale only"),
+        (
+            {"federation.faults": ["client=1,round=*,kind=sign_flip,factor=3"]},
+            "factor= applies to kind scale / alie / backdoor only",
+        ),
         (
             {"federation.faults": ["client=1,round=*,kind=scale", "client=1,round=*,kind=noise"]},
             "more than one poisoning fault for client 1",
@@ -350,3 +353,31 @@ def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "left out: fedavg / multikrum" in printed.err and "2f + 3" in printed.err
     assert malicious_clients(100, 10) == [1, 10, 20, 30, 40, 50, 60, 70, 80, 90]
     assert malicious_clients(3, 1) == [1]
+
+
+def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates():
+    """The plan, without running: the crafting faults' entries (colluding when asked), a defence on updates left
+    out with its reason where the protocol refuses it, and the settings' CxM entries."""
+    from trustformer.bench.robustness_bench import fault_entries, plan, settings_of
+
+    assert fault_entries("backdoor_scaled", [1, 5], 10, True) == [
+        "client=1,round=*,kind=backdoor,factor=10,collude=yes",
+        "client=5,round=*,kind=backdoor,factor=10,collude=yes",
+    ]
+    assert fault_entries("alie", [1], 3, False) == ["client=1,round=*,kind=alie"]
+    assert fault_entries("scale", [1], 3, True) == ["client=1,round=*,kind=scale"]
+    assert settings_of("10x1, 10x2,3x1") == [(10, 1), (10, 2), (3, 1)]
+    cfg = load_config("tiny", None, {"federation.rounds": 2})
+    runs, skipped = plan(cfg, ["fedavg", "trustformer"], ["none", "flame"], ["alie", "absent"], [1])
+    assert [(s, d, f) for s, d, f, _ in runs] == [
+        ("fedavg", "none", "honest"),
+        ("fedavg", "none", "alie"),
+        ("fedavg", "none", "absent"),
+        ("fedavg", "flame", "honest"),
+        ("fedavg", "flame", "alie"),
+        ("fedavg", "flame", "absent"),
+        ("trustformer", "none", "honest"),
+        ("trustformer", "none", "alie"),
+        ("trustformer", "none", "absent"),
+    ]
+    assert len(skipped) == 1 and "trustformer / flame" in skipped[0] and "whole model" in skipped[0]

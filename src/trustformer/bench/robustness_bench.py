@@ -1,22 +1,30 @@
 """`trustformer bench robustness`: what malicious clients do to each protocol under each server defence.
 
-Every combination of ``--strategies`` × ``--defences`` × (honest, and each of ``--faults``) runs once on the same
-setting (by default the ``bench federation`` non-IID setting on ``small``: 3 clients, one LibreOffice help module
-each, 10 rounds). ``--malicious K`` clients (spread evenly over the client ids, client 0 always honest) carry the
-fault in every round (``round=*``). Measured per row, over the honest clients only:
+Every combination of ``--settings`` × ``--strategies`` × ``--defences`` × (honest, and each of ``--faults``) runs
+once (by default one setting, the ``bench federation`` non-IID setting on ``small``: 3 clients, one LibreOffice help
+module each, 10 rounds; ``--settings 10x1,10x2,3x1`` runs 10 clients with 1 and with 2 malicious, and 3 with 1).
+The malicious clients (spread evenly over the client ids, client 0 always honest) carry the fault in every round
+(``round=*``); with more than one, the crafting kinds collude (``--collude``). Measured per row, over the honest
+clients only:
 
 - the final test loss on the shared test set, and its change from the honest run without a defence; the fault
   ``absent`` is the reference every defence aims at: the malicious clients simply drop out of every round
   (in process only), so the honest clients' data alone train the model;
 - BLEU; the backdoor's success rate (triggered test sources translated to the attacker's sentence);
-- the events the defence raised (updates clipped, refused, left out);
-- for the honest rows, the defence's cost: its change of the honest test loss, and the server's time in it
-  (``server_time_s.robust_s``) as a share of the rounds' time.
+- its change from the same defence's ``absent`` run (what leaving the attackers out gives), where it ran;
+- the events the defence raised (updates clipped, refused, left out, down-weighted), against the malicious clients
+  and against honest ones;
+- the server's time in the defence (``server_time_s.robust_s``: FLTrust's root training included) per round and as
+  a share of the rounds' time; for the honest rows, its change of the honest test loss.
+
+Faults: the ``federation.faults`` kinds (``scale``, ``sign_flip``, ``noise``, ``backdoor``, ``shuffled_targets``,
+``alie``, ``min_max``, ``min_sum``), ``backdoor_scaled`` (a backdoor boosted n times, model replacement, and
+norm-matched into the bound: ``kind=backdoor,factor=n``) and ``absent``.
 
 Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
 defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``,
-``trimmed_mean``, ``multikrum`` (the last three with the default bound; a rule the configuration refuses
-for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
+``trimmed_mean``, ``multikrum``, ``fltrust``, ``flame``, ``clip_noise`` (the rules with the default bound; a rule
+the configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
 """
 
 from __future__ import annotations
@@ -44,8 +52,13 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "median": {"robust.aggregator": "median"},
     "trimmed_mean": {"robust.aggregator": "trimmed_mean"},
     "multikrum": {"robust.aggregator": "multikrum"},
+    "fltrust": {"robust.aggregator": "fltrust"},
+    "flame": {"robust.aggregator": "flame"},
+    "clip_noise": {"robust.aggregator": "clip_noise"},
 }
-FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", "absent")
+CRAFTING = ("alie", "min_max", "min_sum", "backdoor_scaled")  # the faults that craft from what they see
+FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", *CRAFTING, "absent")
+EVENTS = ("clipped", "refused", "excluded", "downweighted", "dropped")
 BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "runtime.threads": 1}
 
 
@@ -58,8 +71,22 @@ def malicious_clients(clients: int, count: int) -> list[int]:
     return sorted({1 + int(i * step) for i in range(count)})
 
 
+def fault_entries(fault: str, malicious: list[int], clients: int, collude: bool) -> list[str]:
+    """The ``federation.faults`` entries of ``fault`` for the malicious clients, every round."""
+    kind = "backdoor" if fault == "backdoor_scaled" else fault
+    extra = f",factor={clients}" if fault == "backdoor_scaled" else ""  # model replacement: gamma = n / eta, eta = 1
+    if fault in CRAFTING and collude:
+        extra += ",collude=yes"
+    return [f"client={c},round=*,kind={kind}{extra}" for c in malicious]
+
+
 def plan(
-    cfg: RunConfig, strategies: list[str], defences: list[str], faults: list[str], malicious: list[int]
+    cfg: RunConfig,
+    strategies: list[str],
+    defences: list[str],
+    faults: list[str],
+    malicious: list[int],
+    collude: bool = False,
 ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
     """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
     left out."""
@@ -76,7 +103,7 @@ def plan(
                 extra: dict[str, Any] = (
                     {}
                     if fault == "honest"
-                    else {"federation.faults": [f"client={c},round=*,kind={fault}" for c in malicious]}
+                    else {"federation.faults": fault_entries(fault, malicious, cfg.federation.clients, collude)}
                 )
                 if fault == "absent":  # the reference: the malicious clients are simply not there
                     extra = {
@@ -88,7 +115,10 @@ def plan(
                         "federation.min_clients": n - len(malicious),
                     }
                 try:
-                    load_config(cfg.preset, None, {**cfg.flat(), **values, **extra})
+                    checked = load_config(cfg.preset, None, {**cfg.flat(), **values, **extra})
+                    refused = update_rule_refusal(checked)
+                    if refused:
+                        raise ConfigError(refused)
                 except ConfigError as exc:
                     skipped.append(f"{strategy} / {defence}{'' if fault == 'honest' else ' / ' + fault}: {exc}")
                     if fault == "honest":
@@ -96,6 +126,18 @@ def plan(
                     continue
                 runs.append((strategy, defence, fault, {**values, **extra}))
     return runs, skipped
+
+
+def update_rule_refusal(cfg: RunConfig) -> str | None:
+    """Why the protocol refuses a defence on whole-model updates (``make_protocol`` raises it at the run's start),
+    or None."""
+    from ..protocols import make_protocol
+
+    try:
+        make_protocol(cfg)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def finished(cfg: RunConfig) -> dict[str, Any] | None:
@@ -130,10 +172,12 @@ def run_one(values: dict[str, Any], malicious: list[int], reuse: bool = False) -
         "bleu": _mean(pick("bleu")),
         "backdoor_success": _mean(pick("backdoor_success")),
         "wall_s": wall,
+        "rounds": len(summary.get("round_time_s", [])),
         "round_s": sum(summary.get("round_time_s", [])),
         "defence_s": summary["server_time_s"].get("robust_s", 0.0),
-        "events": {
-            kind: sum(e["event"] == kind for e in events) for kind in ("clipped", "refused", "excluded", "dropped")
+        "events": {kind: sum(e["event"] == kind for e in events) for kind in EVENTS},
+        "events_malicious": {
+            kind: sum(e["event"] == kind and e.get("client") in malicious for e in events) for kind in EVENTS
         },
     }
     (Path(cfg.out) / "robustness.json").write_text(
@@ -147,50 +191,78 @@ def _mean(values: list[Any]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def table(runs: list[tuple[str, str, str, dict[str, Any]]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per run, with the change from the same protocol's honest run without a defence and, for the honest
-    rows, the defence's cost."""
+def table(
+    runs: list[tuple[str, str, str, dict[str, Any]]],
+    results: list[dict[str, Any]],
+    setting: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per run, with the change from the same protocol's honest run without a defence, from the same
+    defence's ``absent`` run (else the undefended one's) and, for the honest rows, the defence's cost."""
     by = {(s, d, f): r for (s, d, f, _), r in zip(runs, results)}
     rows = []
     for (strategy, defence, fault, _), result in zip(runs, results):
         reference = by.get((strategy, "none", "honest"))
         own_honest = by.get((strategy, defence, "honest"))
+        absent = by.get((strategy, defence, "absent")) or by.get((strategy, "none", "absent"))
         row = {
+            **({"clients": setting[0], "malicious": setting[1]} if setting else {}),
             "strategy": strategy,
             "defence": defence,
             "fault": fault,
             **result,
             "loss_change": result["test_loss"] - reference["test_loss"] if reference else math.nan,
+            "vs_absent": result["test_loss"] - absent["test_loss"] if absent and fault != "honest" else math.nan,
+            "defence_s_per_round": result["defence_s"] / result["rounds"] if result.get("rounds") else math.nan,
+            "defence_share": result["defence_s"] / result["round_s"] if result["round_s"] else math.nan,
+        }
+        row["events_honest"] = {
+            k: v - result.get("events_malicious", {}).get(k, 0) for k, v in result["events"].items()
         }
         if fault == "honest" and reference:
             row["cost_loss"] = result["test_loss"] - reference["test_loss"]
-            row["cost_time"] = result["defence_s"] / result["round_s"] if result["round_s"] else math.nan
+            row["cost_time"] = row["defence_share"]
         elif own_honest:
             row["vs_defended_honest"] = result["test_loss"] - own_honest["test_loss"]
         rows.append(row)
     return rows
 
 
+def _events_text(events: dict[str, int]) -> str:
+    return " / ".join(str(events.get(k, 0)) for k in ("clipped", "refused", "excluded", "downweighted"))
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| protocol | defence | fault | test loss | Δ vs honest, no defence | BLEU | backdoor success | events "
-        "(clipped / refused / left out) | defence's cost on the honest run |"
+        "| clients | malicious | protocol | defence | fault | test loss | Δ vs honest, no defence | Δ vs absent | BLEU "
+        "| backdoor success | events on attackers (clipped / refused / left out / down-weighted) | events on honest "
+        "clients | defence s / round (share of the round) |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
-        events = r["events"]
-        cost = (
-            f"{r['cost_loss']:+.3f} nats; {r['defence_s']:.2f} s = {100 * r['cost_time']:.1f}% of the rounds' time"
-            if "cost_loss" in r
-            else ""
-        )
         backdoor = "" if math.isnan(r["backdoor_success"]) else f"{100 * r['backdoor_success']:.1f}%"
+        absent = "" if math.isnan(r["vs_absent"]) else f"{r['vs_absent']:+.3f}"
+        share = "" if math.isnan(r["defence_share"]) else f"{100 * r['defence_share']:.1f}%"
+        per_round = "" if math.isnan(r["defence_s_per_round"]) else f"{r['defence_s_per_round']:.2f}"
         lines.append(
-            f"| {r['strategy']} | {r['defence']} | {r['fault']} | {r['test_loss']:.3f} | "
-            f"{r['loss_change']:+.3f} | {r['bleu']:.2f} | {backdoor} | {events['clipped']} / "
-            f"{events['refused']} / {events['excluded']} | {cost} |"
+            f"| {r.get('clients', '')} | {r.get('malicious', '')} | {r['strategy']} | {r['defence']} | {r['fault']} | "
+            f"{r['test_loss']:.3f} | {r['loss_change']:+.3f} | {absent} | {r['bleu']:.2f} | {backdoor} | "
+            f"{_events_text(r.get('events_malicious', {}))} | {_events_text(r['events_honest'])} | "
+            f"{per_round} ({share}) |"
         )
     return "\n".join(lines)
+
+
+def settings_of(text: str) -> list[tuple[int, int]]:
+    """``--settings``: ``CxM`` entries (C clients, M of them malicious), comma-separated."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        clients, sep, count = item.partition("x")
+        if not sep or not clients.isdigit() or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"--settings {text!r}: give CxM entries (e.g. 10x1,10x2,3x1)")
+        out.append((int(clients), int(count)))
+    if not out:
+        raise argparse.ArgumentTypeError("--settings: give at least one CxM entry")
+    return out
 
 
 def _names(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[str]:
@@ -227,6 +299,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"poisoning faults (default: scale,sign_flip,noise,backdoor; all: {','.join(FAULTS)})",
     )
     p.add_argument("--malicious", type=int, default=1, help="malicious clients (default: 1)")
+    p.add_argument(
+        "--settings",
+        type=settings_of,
+        default=None,
+        help="CxM entries: C clients of which M malicious, each a setting of its own "
+        "(e.g. 10x1,10x2,3x1; default: --clients / the setting's clients and --malicious)",
+    )
+    p.add_argument(
+        "--collude",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="whether the crafting faults (alie, min_max, min_sum, backdoor_scaled) share what they see; "
+        "auto: when more than one is malicious",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     p.add_argument(
@@ -246,36 +332,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = base_config(args, BENCH_OPTIONS, "runs/bench-robustness")
-    malicious = malicious_clients(cfg.federation.clients, args.malicious)
-    runs, skipped = plan(cfg, args.strategies, args.defences, args.faults, malicious)
-    for reason in skipped:
-        print(f"left out: {reason}", file=sys.stderr)
-    out = Path(cfg.out)
-    print(
-        f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
-        f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
-        f"{args.jobs} at a time · output {out}",
-        file=sys.stderr,
-        flush=True,
-    )
-    jobs = [{**cfg.flat(), **values, "out": str(out / f"{s}-{d}-{f}")} for s, d, f, values in runs]
-    results: list[dict[str, Any]] = [{}] * len(runs)
+    settings = args.settings or [(cfg.federation.clients, args.malicious)]
     started = time.perf_counter()
-    workers = 1 if cfg.runtime.engine == "simulation" else max(1, args.jobs)  # Ray takes the machine itself
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_one, job, malicious, args.reuse): i for i, job in enumerate(jobs)}
-        for done, future in enumerate(as_completed(futures), start=1):
-            i = futures[future]
-            results[i] = r = future.result()
-            elapsed = time.perf_counter() - started
-            print(
-                f"[{done}/{len(runs)}] {' / '.join(runs[i][:3])}: test loss {r['test_loss']:.3f} · BLEU "
-                f"{r['bleu']:.2f} · {r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min · ETA "
-                f"{elapsed / done * (len(runs) - done) / 60:.1f} min",
-                file=sys.stderr,
-                flush=True,
-            )
-    rows = table(runs, results)
+    rows: list[dict[str, Any]] = []
+    skipped_all: list[str] = []
+    for clients, count in settings:
+        setting_cfg = (
+            cfg
+            if clients == cfg.federation.clients
+            else load_config(cfg.preset, None, {**cfg.flat(), "federation.clients": clients})
+        )
+        malicious = malicious_clients(clients, count)
+        collude = args.collude == "yes" or (args.collude == "auto" and count > 1)
+        runs, skipped = plan(setting_cfg, args.strategies, args.defences, args.faults, malicious, collude)
+        skipped_all += [f"{clients}x{count}: {reason}" for reason in skipped]
+        for reason in skipped:
+            print(f"left out: {reason}", file=sys.stderr)
+        results = run_setting(setting_cfg, runs, malicious, args, f"{clients}x{count}" if args.settings else "")
+        rows += table(runs, results, (clients, count))
     print(format_table(rows))
     print(f"total {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
@@ -284,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "command": "trustformer bench robustness " + shlex.join(argv or []),
-                    "malicious": malicious,
+                    "settings": [{"clients": c, "malicious": malicious_clients(c, m)} for c, m in settings],
                     "setting": cfg.to_dict(),
                     "rows": rows,
-                    "left_out": skipped,
+                    "left_out": skipped_all,
                 },
                 indent=2,
                 allow_nan=True,
@@ -298,4 +372,53 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DEFENCES", "FAULTS", "format_table", "main", "malicious_clients", "plan", "run_one", "table"]
+def run_setting(
+    cfg: RunConfig,
+    runs: list[tuple[str, str, str, dict[str, Any]]],
+    malicious: list[int],
+    args: argparse.Namespace,
+    label: str,
+) -> list[dict[str, Any]]:
+    """Every run of one setting, ``--jobs`` at a time (one on the Simulation Engine), in run order."""
+    out = Path(cfg.out)
+    print(
+        f"setting: preset {cfg.preset} · {cfg.federation.clients} clients ({len(malicious)} malicious: "
+        f"{malicious}) · engine {cfg.runtime.engine} · {cfg.federation.rounds} rounds · {len(runs)} runs, "
+        f"{args.jobs} at a time · output {out}",
+        file=sys.stderr,
+        flush=True,
+    )
+    prefix = f"{label}-" if label else ""
+    jobs = [{**cfg.flat(), **values, "out": str(out / f"{prefix}{s}-{d}-{f}")} for s, d, f, values in runs]
+    results: list[dict[str, Any]] = [{}] * len(runs)
+    started = time.perf_counter()
+    workers = 1 if cfg.runtime.engine == "simulation" else max(1, args.jobs)  # Ray takes the machine itself
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, job, malicious, args.reuse): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            i = futures[future]
+            results[i] = r = future.result()
+            elapsed = time.perf_counter() - started
+            print(
+                f"[{done}/{len(runs)}] {label + ' / ' if label else ''}{' / '.join(runs[i][:3])}: test loss "
+                f"{r['test_loss']:.3f} · BLEU {r['bleu']:.2f} · {r['wall_s']:.0f} s · elapsed {elapsed / 60:.1f} min "
+                f"· ETA {elapsed / done * (len(runs) - done) / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
+    return results
+
+
+__all__ = [
+    "CRAFTING",
+    "DEFENCES",
+    "FAULTS",
+    "fault_entries",
+    "format_table",
+    "main",
+    "malicious_clients",
+    "plan",
+    "run_one",
+    "settings_of",
+    "table",
+]

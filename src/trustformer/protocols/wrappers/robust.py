@@ -12,6 +12,15 @@
    functions). Trustformer's payloads are its centroids, aligned cluster by cluster across clients, so each
    rule works per aligned centroid. Updates Krum leaves out are events (``excluded``).
 
+3. **Defences on updates** (``robust.aggregator`` = ``fltrust``, ``flame``, ``clip_noise``; ``core/defences.py``).
+   Where each payload is a whole model (FedAvg, coded or sampled), the server holds the model the round started
+   from, so each update is the payload minus it. FLTrust (Cao et al. 2021) needs the server's own update on root
+   data: a :data:`RootTraining` callable the runtime hands in (``runtime/root_training.py``: the task trains a
+   copy of the global model on ``robust.root_size`` pairs of the public split), so this module imports no task.
+   Clients FLTrust gives no trust are ``refused``, those it trusts less than half the round's median
+   ``downweighted``; FLAME's outliers are ``excluded`` and the updates it clips ``clipped``; clip_noise's
+   clipped updates ``clipped``. Their noise is seeded from the run seed and the aggregation's count (state).
+
 Payloads that the bound leaves alone reach the protocol's own ``aggregate`` unchanged, so an honest round whose
 updates are all within the bound gives exactly the numbers of an undefended one.
 """
@@ -20,12 +29,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from ...config import UPDATE_RULES, ConfigError, RunConfig
+from ...core.attacks import flatten, stack, unflatten
+from ...core.defences import DefenceResult, clip_and_noise, flame, fltrust, median_of
+from ...core.shared import derive_seed
 from ...core.robust import (
     clip_to_bound,
     coordinate_median,
@@ -40,22 +54,40 @@ from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
 
+RootTraining = Callable[[Tensors, "dict[str, Any] | None", int], "tuple[Tensors, dict[str, Any]]"]
+"""FLTrust's server update: (the global model, the root optimizer's state or None, a seed) -> (that model trained on
+the root data, the optimizer's new state). The runtime builds it from the task (``runtime/root_training.py``)."""
+_root_training: list[Callable[[RunConfig], RootTraining]] = []  # what the runtime provided (provide_root_training)
+
+
+def provide_root_training(factory: Callable[[RunConfig], RootTraining]) -> None:
+    """The runtime hands the defences the task's training on root data (``runtime/root_training.py``): FLTrust
+    calls ``factory(cfg)`` once, on the server, when its first round aggregates."""
+    _root_training[:] = [factory]
+
 
 class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
 
     # whole-model payloads: the model the round's clients started from (the last aggregate; before it, the initial
-    # model), so a resumed run checks directions as the uninterrupted one
-    state_attrs = ("_start", "_start_round")
+    # model), so a resumed run checks directions as the uninterrupted one; the aggregations done (the seed of the
+    # defences' noise and of FLTrust's root training) and FLTrust's root optimizer state
+    state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer")
     scratch_attrs = (
         "_events",
         "_positions",
         "_holds_last_aggregate",
-    )  # what the round's aggregation did to single payloads
+        "_root_update",
+    )  # what the round's aggregation did to single payloads; FLTrust's root training, built at its first use
 
-    def __init__(self, inner: FederatedProtocol, bound: str, aggregator: str) -> None:
+    def __init__(
+        self, inner: FederatedProtocol, bound: str, aggregator: str, root_training: RootTraining | None = None
+    ) -> None:
         super().__init__(inner)
         self.bound, self.aggregator = bound, aggregator
+        self._root_update = root_training
+        self._aggregations = 0
+        self._root_optimizer: dict[str, Any] | None = None
         self.settings = inner.cfg.robust
         self._events: list[dict[str, Any]] = []
         self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
@@ -69,8 +101,11 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         payloads, kept = self._bounded(list(payloads))
         self._positions = kept
         num_examples = [num_examples[i] for i in kept]
+        self._aggregations += 1
         if self.aggregator == "mean":
             aggregate, phases = self.inner.aggregate(payloads, num_examples)
+        elif self.aggregator in UPDATE_RULES:
+            aggregate, phases = self._update_rule(payloads, num_examples)
         else:
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
         self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
@@ -208,17 +243,112 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             )
         return aggregate
 
+    # ------------------------------------------------------------------ defences on whole-model updates
+    def _update_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+        """FLTrust, FLAME or clip_noise on the updates (payload minus the round's starting model): the starting
+        model plus the rule's aggregate update."""
+        start = self._start
+        if start is None or any(set(p) != set(start) for p in payloads):
+            raise ConfigError(
+                f"robust.aggregator = {self.aggregator!r} needs whole-model payloads (the server forms each update "
+                f"from the model the round started from); federation.strategy = {self.cfg.federation.strategy!r} "
+                "sends others"
+            )
+        updates = stack([{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start} for p in payloads])
+        phases: Phases = {}
+        if self.aggregator == "fltrust":
+            started = time.perf_counter()
+            result = fltrust(updates, self._server_update(start))
+            phases["root_train_s"] = time.perf_counter() - started
+        else:
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "robust-noise", self._aggregations))
+            settings = self.settings
+            result = (
+                flame(updates, settings.noise_factor, generator)
+                if self.aggregator == "flame"
+                else clip_and_noise(
+                    updates, [float(n) for n in num_examples], settings.clip_norm, settings.noise_factor, generator
+                )
+            )
+        self._record_rule(result)
+        delta = unflatten(result.update, {n: t.to(torch.float64) for n, t in start.items()})
+        return {n: (start[n].to(torch.float64) + delta[n]).to(start[n].dtype) for n in start}, phases
+
+    def _server_update(self, start: Tensors) -> torch.Tensor:
+        """FLTrust's g_0: the global model trained on the root data, minus the global model (flattened)."""
+        if self._root_update is None:
+            if not _root_training:
+                raise ConfigError(
+                    "robust.aggregator = 'fltrust' needs the server's training on root data, which the runtime "
+                    "provides (runtime/root_training.py); this process has none"
+                )
+            self._root_update = _root_training[0](self.cfg)
+        seed = derive_seed(self.cfg.seed, "fltrust-root", self._aggregations)
+        trained, self._root_optimizer = self._root_update(start, self._root_optimizer, seed)
+        return flatten({n: trained[n].to(torch.float64) - start[n].to(torch.float64) for n in start})
+
+    def _record_rule(self, result: DefenceResult) -> None:
+        """An event for every client the rule refused, left out, down-weighted or clipped."""
+        name = self.aggregator
+        trust = result.info.get("trust")
+        median_trust = median_of([t for t in trust if t > 0]) if isinstance(trust, list) and any(trust) else 0.0
+        for i, (weight, scale, kept) in enumerate(zip(result.weights, result.scales, result.kept)):
+            event: dict[str, Any] = {"index": self._positions[i], "weight": weight, "scale": scale}
+            if isinstance(trust, list):
+                event["trust"] = trust[i]
+            if not kept:
+                event.update(
+                    {
+                        "event": "refused",
+                        "reason": "trust 0 (its update points away from the server's update on "
+                        "root data): left out by robust.aggregator = 'fltrust'",
+                    }
+                    if name == "fltrust"
+                    else {
+                        "event": "excluded",
+                        "reason": "outside the majority cluster of the updates' cosine "
+                        "distances (HDBSCAN): left out by robust.aggregator = 'flame'",
+                    }
+                )
+            elif isinstance(trust, list) and trust[i] < 0.5 * median_trust:
+                event.update(
+                    {
+                        "event": "downweighted",
+                        "reason": f"trust {trust[i]:.3f} below half the round's median "
+                        f"({median_trust:.3f}): weight {weight:.3f} in robust.aggregator = 'fltrust'",
+                    }
+                )
+            elif scale < 1.0 and name != "fltrust":
+                event.update(
+                    {
+                        "event": "clipped",
+                        "reason": f"update norm above the bound {result.info['bound']:.4g} "
+                        f"(robust.aggregator = {name!r}): scaled by {scale:.3f}",
+                    }
+                )
+            else:
+                continue
+            self._events.append(event)
+
 
 _in_force = lru_cache(maxsize=16)(lambda robust, fed, mode: robust.active(fed, mode))  # per configuration
 
 
-def with_defences(protocol: FederatedProtocol) -> FederatedProtocol:
-    """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force."""
+def with_defences(protocol: FederatedProtocol, root_training: RootTraining | None = None) -> FederatedProtocol:
+    """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force. ``root_training``:
+    FLTrust's server update (default: the one the runtime provided, :func:`provide_root_training`). A defence on
+    whole-model updates (FLTrust, FLAME, clip_noise) is refused where payloads are not whole models."""
     cfg = protocol.cfg
     bound, aggregator = _in_force(cfg.robust, cfg.federation, cfg.secure.mode)
     if bound == "none" and aggregator == "mean":
         return protocol
-    return RobustAggregation(protocol, bound, aggregator)
+    if aggregator in UPDATE_RULES and protocol.spec.estimator != "model":
+        raise ConfigError(
+            f"robust.aggregator = {aggregator!r} does not apply to federation.strategy = {protocol.spec.name!r}: "
+            "it works on each client's update (payload minus the global model), which the server can form only "
+            "where each payload is a whole model (FedAvg, coded or sampled)"
+        )
+    return RobustAggregation(protocol, bound, aggregator, root_training)
 
 
-__all__ = ["RobustAggregation", "with_defences"]
+__all__ = ["UPDATE_RULES", "RobustAggregation", "RootTraining", "provide_root_training", "with_defences"]
