@@ -233,6 +233,7 @@ PLANTS = {
 }
 
 
+@pytest.mark.slow  # each DP-SGD step's plant runs in the default tier: tests/test_audit_plants.py
 def test_one_run_audit_keeps_epsilon_and_catches_each_planted_noise_bug(tmp_path, monkeypatch):
     """ε_lb ≤ ε on `tiny` at ε = 1 (5000 gradient canaries over every parameter group, the server's view of client
     0's updates); each planted bug, even noise missing from one parameter group only, must show ε_lb > ε."""

@@ -185,8 +185,14 @@ def uninterrupted(tmp_path_factory) -> list[float]:
 
 @pytest.mark.parametrize(
     "dropped",
-    [(), ("first_moment",), ("second_moment",), ("steps",), ("model",), "all"],
-    ids=["checkpointed", "m_t left out", "v_t left out", "t left out", "x_t left out", "state_attrs = ()"],
+    [
+        pytest.param((), id="checkpointed"),
+        pytest.param(("first_moment",), id="m_t left out"),
+        pytest.param(("second_moment",), id="v_t left out", marks=pytest.mark.slow),
+        pytest.param(("steps",), id="t left out", marks=pytest.mark.slow),
+        pytest.param(("model",), id="x_t left out", marks=pytest.mark.slow),
+        pytest.param("all", id="state_attrs = ()", marks=pytest.mark.slow),
+    ],
 )
 def test_the_moments_survive_a_resume_and_a_state_left_out_is_seen(tmp_path, monkeypatch, uninterrupted, dropped):
     """Killed in round 3 and resumed from round 2's checkpoint: the run FedAdam would have run. Planted bugs: a
