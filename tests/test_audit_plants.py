@@ -163,6 +163,7 @@ def test_under_distributed_noise_the_audit_fails_a_clip_above_c(tmp_path, monkey
     assert truth >= 4 * result["epsilon"] and result["epsilon_lb"] > result["epsilon"], (truth, result)
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_honest_benchmark_counts_failures_and_times_the_plain_run(tmp_path):
     from trustformer.attack.dp_audit import format_benchmark, honest_benchmark
 

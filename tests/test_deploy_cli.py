@@ -134,6 +134,7 @@ def _client(tmp_path, creds, *extra):
     )
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 @needs_flower
 def test_a_client_at_a_wrong_address_gives_up_naming_the_options(tmp_path, creds):
     proc = _client(tmp_path, creds, "--give-up-after", "3")

@@ -137,6 +137,7 @@ class Aggregates(ProtocolObserver):
         self.seen.append({n: t.detach().clone() for n, t in aggregate.items()})
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_servers_residual_keeps_what_clients_hold_near_the_uncoded_model(tmp_path, monkeypatch):
     """2-bit downloads, 6 rounds: the server adds the coding error it has not delivered yet to the next difference
     (EF21-P), so the state the clients hold stays within about one round's coding error of the uncoded run's model.

@@ -22,6 +22,7 @@ def _state(seed: int, base: dict[str, torch.Tensor] | None = None) -> dict[str, 
     return out
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_bench_runs_every_method_on_the_same_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = _state(0)
     torch.save(before, tmp_path / "before.pt")

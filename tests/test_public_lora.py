@@ -226,6 +226,7 @@ class Crash(BaseException):
     """Stops the whole in-process run, as a killed server would."""
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
     values = {**LORA, "federation.rounds": 3, "runtime.store": "disk"}
     full = run_in_process(tiny(tmp_path / "full", **values))

@@ -349,6 +349,7 @@ def _final_reports(summary: dict) -> dict:
     return {k: summary[k] for k in keys if k in summary}
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_free_fine_tuning_spends_nothing_and_nothing_of_it_leaves_the_machine(tmp_path, monkeypatch):
     """privacy.finetune = 'free': the same σ and ε as a run without fine-tuning, and every message a client sends
     (each round's payload, the final evaluation's scores) equal to that run's, bit for bit (noise seeded for the
@@ -415,6 +416,7 @@ def _sampling_check(metrics: list[dict]) -> None:
         assert last["record_epsilon"] == pytest.approx(spent, rel=0.02)
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_accountants_sampling_rate_is_the_samplers(tmp_path, monkeypatch):
     values = {"privacy.epsilon": 4.0, "privacy.delta": 1e-5, "privacy.batch_size": 8, "federation.rounds": 3}
     run_in_process(tiny(tmp_path / "ok", **values))
@@ -428,6 +430,7 @@ def test_the_accountants_sampling_rate_is_the_samplers(tmp_path, monkeypatch):
         _sampling_check(rows)
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_dp_steps_run_at_lr_scale_times_the_rate_and_a_batch_above_the_records_takes_them_all(tmp_path):
     """``privacy.lr_scale`` multiplies the DP steps' rate (the recipe sweep's lever), and an expected batch above an
     owner's records is that owner's records: rate 1, and the noisy sum divided by what it holds."""

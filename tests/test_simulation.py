@@ -31,6 +31,7 @@ def lines(cfg):
     )
 
 
+@pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_simulation_engine_gives_the_in_process_numbers(tmp_path):
     inproc = tiny(tmp_path, "inprocess")
     sim = tiny(tmp_path, "simulation", **{"runtime.engine": "simulation", "runtime.ray_cpus": 2})
