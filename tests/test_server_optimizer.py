@@ -309,25 +309,10 @@ def test_under_dp_the_optimizer_steps_with_the_noisy_release(tmp_path, monkeypat
 
 
 def small_model():
-    """A seq2seq model small enough for a DP-SGD step in milliseconds."""
-    from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
+    """A seq2seq model small enough for a DP-SGD step in milliseconds: the record-DP tests' tiny Transformer."""
+    from test_record_dp import _model
 
-    torch.manual_seed(0)
-    return Seq2SeqTransformer(
-        TransformerConfig(
-            vocab_size=40,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            d_model=16,
-            n_heads=2,
-            n_encoder_layers=1,
-            n_decoder_layers=1,
-            d_ff=32,
-            max_len=12,
-            dropout=0.0,
-        )
-    )
+    return _model()
 
 
 def pairs(n: int = 24) -> list[tuple[list[int], list[int]]]:
