@@ -9,7 +9,7 @@ whose mean test loss reaches FedAvg's final one. ``--adam-lr`` / ``--yogi-lr`` t
 and ``--client-size`` shrink it.
 
 Usage: .venv/bin/python scripts/server_optimizer_frontier.py --out FILE.json [--preset small] [--rounds 10]
-       [--client-size 3000] [--seed 0] [--adam-lr 0.1] [--yogi-lr 0.01] [--runs runs/bench-server-optimizer]
+       [--client-size 3000] [--seed 0] [--adam-lr 0.1] [--yogi-lr 0.01] [--momentum-lr 1] [--runs DIR]
        [--set key=value ...]
 """
 
@@ -41,6 +41,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--yogi-lr", default="", help="server learning rates of FedYogi, comma-separated (default: 0.01)"
     )
+    parser.add_argument(
+        "--momentum-lr",
+        default="",
+        help="server learning rates of FedAvgM (momentum 0.9, Flower's default), comma-separated (default: none)",
+    )
     parser.add_argument("--runs", default="runs/bench-server-optimizer", help="where the runs' folders go")
     parser.add_argument("--set", action="append", default=[], help="more options, key=value (JSON values)")
     return parser.parse_args()
@@ -49,13 +54,16 @@ def parse_args() -> argparse.Namespace:
 def rows(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(label, overrides) of every run: local, fedavg, then FedAdam and FedYogi at each server learning rate."""
     out: list[tuple[str, dict[str, Any]]] = [("local", {"federation.strategy": "local"}), ("fedavg", {})]
-    for name, given in (("adam", args.adam_lr), ("yogi", args.yogi_lr)):
+    for name, given in (("adam", args.adam_lr), ("yogi", args.yogi_lr), ("momentum", args.momentum_lr)):
         rates: list[float | None] = [float(x) for x in given.split(",") if x.strip()] or [None]
+        if name == "momentum" and not given.strip():
+            continue
         for lr in rates:
             values: dict[str, Any] = {"federation.server_optimizer": name}
             if lr is not None:
                 values["federation.server_lr"] = lr
-            out.append((f"fed{name}" + (f" lr={lr:g}" if lr is not None else ""), values))
+            label = "fedavgm" if name == "momentum" else f"fed{name}"
+            out.append((label + (f" lr={lr:g}" if lr is not None else ""), values))
     return out
 
 

@@ -299,6 +299,7 @@ NEEDED_BY = {
     ("RobustAggregation", "_start_round"): "fedavg + 2 of 3 + median",
     ("RobustAggregation", "_aggregations"): "fedavg + flame",
     ("RobustAggregation", "_root_optimizer"): "fedavg + fltrust",
+    ("RobustAggregation", "_finetune_optimizer"): "fedavg + root finetune",
     ("DifferentialPrivacy", "ledger"): "dp-fedavg",
     ("DifferentialPrivacy", "clip"): "dp-fedavg + adaptive",
     ("DifferentialPrivacy", "clip_history"): "dp-fedavg + adaptive",

@@ -366,6 +366,9 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
     ]
     assert fault_entries("alie", [1], 3, False) == ["client=1,round=*,kind=alie"]
     assert fault_entries("scale", [1], 3, True) == ["client=1,round=*,kind=scale"]
+    assert fault_entries("backdoor", [1], 10, False, 0.5) == ["client=1,round=*,kind=backdoor,share=0.5"]
+    assert fault_entries("alie", [1], 10, False, 0.5) == ["client=1,round=*,kind=alie"]  # a share is a backdoor's
+    load_config("tiny", None, {"federation.faults": fault_entries("backdoor_scaled", [1], 3, False, 0.5)})
     assert settings_of("10x1, 10x2,3x1") == [(10, 1), (10, 2), (3, 1)]
     cfg = load_config("tiny", None, {"federation.rounds": 2})
     runs, skipped = plan(cfg, ["fedavg", "trustformer"], ["none", "flame"], ["alie", "absent"], [1])

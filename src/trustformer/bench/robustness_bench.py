@@ -24,7 +24,9 @@ norm-matched into the bound: ``kind=backdoor,factor=n``) and ``absent``.
 Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
 defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``,
 ``trimmed_mean``, ``multikrum``, ``fltrust``, ``flame``, ``clip_noise`` (the rules with the default bound; a rule
-the configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason).
+the configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason),
+``root_finetune`` (one epoch of the server's clean fine-tuning on its root data after the mean, with the default
+bound) and ``flame+root_finetune``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "fltrust": {"robust.aggregator": "fltrust"},
     "flame": {"robust.aggregator": "flame"},
     "clip_noise": {"robust.aggregator": "clip_noise"},
+    "root_finetune": {"robust.root_finetune": 1},
+    "flame+root_finetune": {"robust.aggregator": "flame", "robust.root_finetune": 1},
 }
 CRAFTING = ("alie", "min_max", "min_sum", "backdoor_scaled")  # the faults that craft from what they see
 FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", *CRAFTING, "absent")
@@ -71,10 +75,15 @@ def malicious_clients(clients: int, count: int) -> list[int]:
     return sorted({1 + int(i * step) for i in range(count)})
 
 
-def fault_entries(fault: str, malicious: list[int], clients: int, collude: bool) -> list[str]:
-    """The ``federation.faults`` entries of ``fault`` for the malicious clients, every round."""
+def fault_entries(
+    fault: str, malicious: list[int], clients: int, collude: bool, backdoor_share: float = 0.0
+) -> list[str]:
+    """The ``federation.faults`` entries of ``fault`` for the malicious clients, every round (``backdoor_share``:
+    the share of a backdoor client's pairs poisoned; 0 = the fault's default)."""
     kind = "backdoor" if fault == "backdoor_scaled" else fault
     extra = f",factor={clients}" if fault == "backdoor_scaled" else ""  # model replacement: gamma = n / eta, eta = 1
+    if kind == "backdoor" and backdoor_share:
+        extra += f",share={backdoor_share:g}"
     if fault in CRAFTING and collude:
         extra += ",collude=yes"
     return [f"client={c},round=*,kind={kind}{extra}" for c in malicious]
@@ -87,6 +96,7 @@ def plan(
     faults: list[str],
     malicious: list[int],
     collude: bool = False,
+    backdoor_share: float = 0.0,
 ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
     """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
     left out."""
@@ -103,7 +113,11 @@ def plan(
                 extra: dict[str, Any] = (
                     {}
                     if fault == "honest"
-                    else {"federation.faults": fault_entries(fault, malicious, cfg.federation.clients, collude)}
+                    else {
+                        "federation.faults": fault_entries(
+                            fault, malicious, cfg.federation.clients, collude, backdoor_share
+                        )
+                    }
                 )
                 if fault == "absent":  # the reference: the malicious clients are simply not there
                     extra = {
@@ -200,7 +214,7 @@ def table(
     defence's ``absent`` run (else the undefended one's) and, for the honest rows, the defence's cost."""
     by = {(s, d, f): r for (s, d, f, _), r in zip(runs, results)}
     rows = []
-    for (strategy, defence, fault, _), result in zip(runs, results):
+    for (strategy, defence, fault, values), result in zip(runs, results):
         reference = by.get((strategy, "none", "honest"))
         own_honest = by.get((strategy, defence, "honest"))
         absent = by.get((strategy, defence, "absent")) or by.get((strategy, "none", "absent"))
@@ -209,6 +223,7 @@ def table(
             "strategy": strategy,
             "defence": defence,
             "fault": fault,
+            "fault_entries": values.get("federation.faults", []),
             **result,
             "loss_change": result["test_loss"] - reference["test_loss"] if reference else math.nan,
             "vs_absent": result["test_loss"] - absent["test_loss"] if absent and fault != "honest" else math.nan,
@@ -300,6 +315,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--malicious", type=int, default=1, help="malicious clients (default: 1)")
     p.add_argument(
+        "--backdoor-share",
+        type=float,
+        default=0.0,
+        help="the share of a backdoor client's pairs that carry the trigger, in (0, 1] (default: the fault's, 0.1)",
+    )
+    p.add_argument(
         "--settings",
         type=settings_of,
         default=None,
@@ -331,6 +352,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not 0.0 <= args.backdoor_share <= 1.0:
+        raise SystemExit(f"--backdoor-share {args.backdoor_share}: give a share in (0, 1]")
     cfg = base_config(args, BENCH_OPTIONS, "runs/bench-robustness")
     settings = args.settings or [(cfg.federation.clients, args.malicious)]
     started = time.perf_counter()
@@ -344,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         malicious = malicious_clients(clients, count)
         collude = args.collude == "yes" or (args.collude == "auto" and count > 1)
-        runs, skipped = plan(setting_cfg, args.strategies, args.defences, args.faults, malicious, collude)
+        runs, skipped = plan(
+            setting_cfg, args.strategies, args.defences, args.faults, malicious, collude, args.backdoor_share
+        )
         skipped_all += [f"{clients}x{count}: {reason}" for reason in skipped]
         for reason in skipped:
             print(f"left out: {reason}", file=sys.stderr)

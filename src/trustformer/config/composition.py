@@ -67,6 +67,8 @@ class _Robust(Protocol):
     def byzantine(self) -> int: ...
     @property
     def multikrum_keep(self) -> int: ...
+    @property
+    def root_finetune(self) -> int: ...
 
 
 class _Privacy(Protocol):
@@ -112,6 +114,7 @@ def check_composition(cfg: RunView) -> None:
     _check_secure_aggregation(cfg.secure, fed)
     _check_distributed_noise(cfg)
     _check_robust(cfg.robust, fed, cfg.secure.mode)
+    _check_root_finetune(cfg.robust, fed)
     if spec.check is not None:  # the protocol's own checks of the whole configuration
         spec.check(cfg)
 
@@ -288,3 +291,15 @@ def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:
         )
     if robust.aggregator == "multikrum" and robust.multikrum_keep > n:
         raise ConfigError(f"robust.multikrum_keep = {robust.multikrum_keep} exceeds the {n} clients of a round")
+
+
+def _check_root_finetune(robust: _Robust, fed: _Federation) -> None:
+    """The fine-tuning pass on root data trains the round's aggregate: a whole model, which the server holds in clear
+    (under secure aggregation too: it unmasks the mean, the model it then fine-tunes)."""
+    if robust.root_finetune and protocol_spec(fed.strategy).estimator != "model":
+        models = [s for s in STRATEGIES if protocol_spec(s).estimator == "model"]
+        raise ConfigError(
+            f"robust.root_finetune = {robust.root_finetune} does not apply to federation.strategy = "
+            f"{fed.strategy!r}: the server trains the round's aggregate on its root data, which it can only where "
+            f"each payload is a whole model ({', '.join(models)}); set 0"
+        )

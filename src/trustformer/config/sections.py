@@ -29,6 +29,7 @@ ADAPTERS = ("none", "lora")
 LORA_TARGETS = ("attention", "ffn", "embedding")
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
 ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "fltrust", "flame", "clip_noise")
+MAX_ROOT_FINETUNE = 100  # robust.root_finetune: epochs on the root data per round, at most
 # federation.server_optimizer (core/server_opt.py; Reddi et al. 2021) -> the hyperparameters it reads
 # (federation.server_<name>) and their defaults: Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad defaults, except
 # FedAvgM's momentum (0 in Flower, which is plain FedAvg; 0.9 here)
@@ -569,7 +570,7 @@ class RuntimeConfig:
 class RobustConfig:
     """Server-side defences against a malicious client (docs/robustness.md): a bound on each client's update and
     the aggregation rule, applied to the payloads the server can inspect (FedAvg, coded and sampled; top-k on the
-    kept coordinates; Trustformer per aligned centroid)."""
+    kept coordinates; Trustformer per aligned centroid), and a fine-tuning pass of the aggregate on root data."""
 
     # each client's deviation from the round's coordinate-wise median payload is clipped to a bound: "median" =
     # bound_factor x the median of the round's deviation norms; "fixed" = bound_norm; "none"; "auto" = median
@@ -593,7 +594,12 @@ class RobustConfig:
     trim_fraction: float = 0.2  # trimmed_mean: the fraction cut from each end of every coordinate (Flower's beta)
     byzantine: int = 1  # krum / multikrum: f, the malicious clients tolerated
     multikrum_keep: int = 0  # multikrum: the updates averaged; 0 = clients - byzantine
-    root_size: int = 300  # fltrust: pairs of the corpus's public split (no client's) the server trains on each round
+    # fltrust, root_finetune: pairs of the corpus's public split (no client's) the server trains on each round
+    root_size: int = 300
+    # whole-model payloads only (FedAvg, FedProx; secure aggregation too): the epochs the server trains each round's
+    # aggregate, whatever the rule, on the root data (robust.root_size pairs, FLTrust's) before sending it: a clean
+    # fine-tuning pass against backdoors (docs/robustness.md); 0 = off, at most 100
+    root_finetune: int = 0
     # flame / clip_noise: the noise added to the aggregate per coordinate is N(0, (noise_factor x the clip bound)^2)
     # (FLAME's lambda), seeded from the run seed: a defence's noise, not a privacy mechanism
     noise_factor: float = 0.001
@@ -618,6 +624,11 @@ class RobustConfig:
         check_at_least("robust.byzantine", self.byzantine, 0)
         check_at_least("robust.multikrum_keep", self.multikrum_keep, 0)
         check_at_least("robust.root_size", self.root_size, 1)
+        if not 0 <= self.root_finetune <= MAX_ROOT_FINETUNE:
+            raise ConfigError(
+                f"robust.root_finetune = {self.root_finetune!r} must be in [0, {MAX_ROOT_FINETUNE}]: the epochs the "
+                "server trains each round's aggregate on the root data (0 = off)"
+            )
         check_at_least("robust.noise_factor", self.noise_factor, 0.0)
         check_at_least("robust.clip_norm", self.clip_norm, 0.0)
 

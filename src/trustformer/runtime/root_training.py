@@ -1,5 +1,5 @@
-"""FLTrust's server update (``robust.aggregator = "fltrust"``, docs/robustness.md): the task trains a copy of the
-global model on root data, on the server.
+"""FLTrust's server update (``robust.aggregator = "fltrust"``, docs/robustness.md) and the clean fine-tuning pass
+(``robust.root_finetune``): the task trains a copy of the global model on root data, on the server.
 
 The root data are ``robust.root_size`` pairs of the corpus's public split (``RunTask.population_pool``: the
 split that trains the tokenizer and belongs to no client, drawn before the client pool, so its pairs are no
@@ -27,9 +27,12 @@ def root_training(cfg: RunConfig) -> RootTraining:
     try:
         root = task.population_pool(cfg.robust.root_size, derive_seed(cfg.seed, "fltrust-root-data"))
     except NotImplementedError as exc:
-        raise ConfigError(
-            f"robust.aggregator = 'fltrust' needs root data no client holds, which task = {cfg.task!r} lacks: {exc}"
-        ) from None
+        option = (
+            "robust.aggregator = 'fltrust'"
+            if cfg.robust.aggregator == "fltrust"
+            else f"robust.root_finetune = {cfg.robust.root_finetune}"
+        )
+        raise ConfigError(f"{option} needs root data no client holds, which task = {cfg.task!r} lacks: {exc}") from None
     model = task.initial_model()
 
     def train(global_model: Tensors, optimizer_state: dict[str, Any] | None, seed: int) -> tuple[Tensors, Any]:

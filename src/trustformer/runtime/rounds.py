@@ -368,15 +368,21 @@ class RoundIO:
         )
         aggregate, more = self.protocol.aggregate(inputs, weights)
         self._events = self.report.aggregate_events()
-        if self._events and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
+        singles = [e for e in self._events if "index" in e]  # the others are about the aggregate itself
+        if singles and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
             raise FederationError("the aggregation reported events about single updates it never saw")
         return aggregate, {**phases, **more}
 
     def _record_aggregate_events(self, nodes: list[int]) -> None:
-        """What the aggregation did to single updates (robust.*: clipped, left out), one event each, by client."""
+        """What the aggregation did to single updates (robust.*: clipped, left out), one event each, by client; an
+        event without ``index`` is about the round's aggregate (robust.root_finetune), on no client."""
         for item in self._events:
-            node = nodes[int(item["index"])]
             fields = {k: v for k, v in item.items() if k != "index"}
+            if "index" not in item:
+                log.info("round %d: %s", self.rnd, fields.get("reason", ""))
+                self.event(**fields)
+                continue
+            node = nodes[int(item["index"])]
             log.warning("round %d: client %s: %s", self.rnd, self.clients.get(node), fields.get("reason", ""))
             self.event(client=self.clients.get(node), node=node, **fields)
         self._events = []

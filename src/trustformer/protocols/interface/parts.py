@@ -98,7 +98,8 @@ class ServerHooks:
     # -- round reports
     def aggregate_events(self) -> list[dict[str, Any]]:
         """What the last ``aggregate`` did to single payloads (robust aggregation: an update clipped or left out),
-        as events: ``index`` (the payload's position), ``event`` and ``reason``; the round records them."""
+        as events: ``index`` (the payload's position), ``event`` and ``reason``; the round records them. An event
+        without ``index`` is about the aggregate itself (robust.root_finetune) and names no client."""
         return []
 
     def exchange_done(self, rnd: int) -> dict[str, float | None]:

@@ -20,6 +20,10 @@
    Clients FLTrust gives no trust are ``refused``, those it trusts less than half the round's median
    ``downweighted``; FLAME's outliers are ``excluded`` and the updates it clips ``clipped``; clip_noise's
    clipped updates ``clipped``. Their noise is seeded from the run seed and the aggregation's count (state).
+4. **Clean fine-tuning** (``robust.root_finetune`` epochs). Where each payload is a whole model, after the rule
+   (whichever, ``mean`` included) the server trains the aggregate on FLTrust's root data, with the same
+   :data:`RootTraining` and an optimizer state of its own, and the round's result is that model: one round-level
+   event (``root_finetuned``, the norm of what the pass changed) and the phase ``root_finetune_s``.
 
 Payloads that the bound leaves alone reach the protocol's own ``aggregate`` unchanged, so an honest round whose
 updates are all within the bound gives exactly the numbers of an undefended one.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 from collections.abc import Sequence
 from typing import Any
@@ -71,14 +76,15 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # whole-model payloads: the model the round's clients started from (the last aggregate; before it, the initial
     # model), so a resumed run checks directions as the uninterrupted one; the aggregations done (the seed of the
-    # defences' noise and of FLTrust's root training) and FLTrust's root optimizer state
-    state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer")
+    # defences' noise and of FLTrust's root training), FLTrust's root optimizer state and the fine-tuning pass's
+    state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer", "_finetune_optimizer")
     scratch_attrs = (
         "_events",
         "_positions",
         "_holds_last_aggregate",
         "_root_update",
-    )  # what the round's aggregation did to single payloads; FLTrust's root training, built at its first use
+        "_finetune_training",
+    )  # what the round's aggregation did to single payloads; the trainings on root data, built at their first use
 
     def __init__(
         self, inner: FederatedProtocol, bound: str, aggregator: str, root_training: RootTraining | None = None
@@ -88,6 +94,8 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._root_update = root_training
         self._aggregations = 0
         self._root_optimizer: dict[str, Any] | None = None
+        self._finetune_training: RootTraining | None = None  # robust.root_finetune's, built at its first use
+        self._finetune_optimizer: dict[str, Any] | None = None
         self.settings = inner.cfg.robust
         self._events: list[dict[str, Any]] = []
         self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
@@ -108,6 +116,10 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             aggregate, phases = self._update_rule(payloads, num_examples)
         else:
             aggregate, phases = self._robust_rule(payloads, num_examples), {}
+        if self.settings.root_finetune:
+            started_pass = time.perf_counter()
+            aggregate = self._fine_tuned(aggregate)
+            phases = {**phases, "root_finetune_s": time.perf_counter() - started_pass}
         self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
         if self._holds_last_aggregate:  # whole models: the next round's start
             self._start = {n: t.detach().clone() for n, t in aggregate.items()}
@@ -287,6 +299,40 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         trained, self._root_optimizer = self._root_update(start, self._root_optimizer, seed)
         return flatten({n: trained[n].to(torch.float64) - start[n].to(torch.float64) for n in start})
 
+    # ------------------------------------------------------------------ clean fine-tuning on root data
+    def _fine_tuned(self, aggregate: Tensors) -> Tensors:
+        """``aggregate`` trained for ``robust.root_finetune`` epochs on the root data (its own optimizer state, seeded
+        by the aggregation's count); the protocol inside learns that the clients hold it (its catch-up model)."""
+        epochs = self.settings.root_finetune
+        if self._finetune_training is None:
+            if not _root_training:
+                raise ConfigError(
+                    f"robust.root_finetune = {epochs} needs the server's training on root data, which the runtime "
+                    "provides (runtime/root_training.py); this process has none"
+                )
+            cfg = self.cfg  # one call of the training: the task's recipe for robust.root_finetune epochs
+            self._finetune_training = _root_training[0](replace(cfg, train=replace(cfg.train, local_epochs=epochs)))
+        seed = derive_seed(self.cfg.seed, "root-finetune", self._aggregations)
+        trained, self._finetune_optimizer = self._finetune_training(aggregate, self._finetune_optimizer, seed)
+        if set(trained) != set(aggregate):
+            raise ConfigError(
+                f"robust.root_finetune = {epochs} needs an aggregate that is a whole model; "
+                f"federation.strategy = {self.cfg.federation.strategy!r} returns others"
+            )
+        tuned = {n: trained[n].to(aggregate[n].dtype) for n in aggregate}
+        moved = float(flatten({n: tuned[n].double() - aggregate[n].double() for n in aggregate}).norm())
+        self._events.append(
+            {
+                "event": "root_finetuned",
+                "epochs": epochs,
+                "update_norm": moved,
+                "reason": f"the aggregate trained for robust.root_finetune = {epochs} epoch(s) on the root data "
+                f"(robust.root_size = {self.settings.root_size} pairs): moved by {moved:.4g}",
+            }
+        )
+        self.inner.server().aggregate_delivered(tuned)
+        return tuned
+
     def _record_rule(self, result: DefenceResult) -> None:
         """An event for every client the rule refused, left out, down-weighted or clipped."""
         name = self.aggregator
@@ -337,16 +383,23 @@ _in_force = lru_cache(maxsize=16)(lambda robust, fed, mode: robust.active(fed, m
 def with_defences(protocol: FederatedProtocol, root_training: RootTraining | None = None) -> FederatedProtocol:
     """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force. ``root_training``:
     FLTrust's server update (default: the one the runtime provided, :func:`provide_root_training`). A defence on
-    whole-model updates (FLTrust, FLAME, clip_noise) is refused where payloads are not whole models."""
+    whole-model updates (FLTrust, FLAME, clip_noise) or the fine-tuning pass on root data (``robust.root_finetune``)
+    is refused where payloads are not whole models."""
     cfg = protocol.cfg
     bound, aggregator = _in_force(cfg.robust, cfg.federation, cfg.secure.mode)
-    if bound == "none" and aggregator == "mean":
+    if bound == "none" and aggregator == "mean" and not cfg.robust.root_finetune:
         return protocol
     if aggregator in UPDATE_RULES and protocol.spec.estimator != "model":
         raise ConfigError(
             f"robust.aggregator = {aggregator!r} does not apply to federation.strategy = {protocol.spec.name!r}: "
             "it works on each client's update (payload minus the global model), which the server can form only "
             "where each payload is a whole model (FedAvg, coded or sampled)"
+        )
+    if cfg.robust.root_finetune and protocol.spec.estimator != "model":
+        raise ConfigError(
+            f"robust.root_finetune = {cfg.robust.root_finetune} does not apply to federation.strategy = "
+            f"{protocol.spec.name!r}: the server trains the round's aggregate as a model, which it is only where "
+            "each payload is a whole model (FedAvg, coded or sampled)"
         )
     return RobustAggregation(protocol, bound, aggregator, root_training)
 
