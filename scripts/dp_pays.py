@@ -4,7 +4,7 @@ From one public start (the ``small`` preset's model pretrained on the public spl
 ``train.public_source = "debian-ui"``), on the benchmark's non-IID setting (domain partition, 3 owners), runs:
 
 - ``public + fedavg``: non-private FedAvg of every weight (the reference gain);
-- each DP row of ``--rows`` (record-level DP-SGD, LoRA r16, the recipe of docs/privacy.md, with or without a server
+- each DP row of ``ROWS`` and ``--row`` (record-level DP-SGD, LoRA r16, the recipe of docs/privacy.md, with or without a server
   optimizer, ``federation.server_optimizer``);
 
 then each owner's free fine-tuning of every final model (``trustformer bench finetune RUN --epochs 1 --rate 0.1``;
@@ -14,6 +14,9 @@ fine-tuning``, and each DP row's label, without and with ``+ fine-tuning``. Ever
 mean over owners), ``own_loss`` (each owner's held-out pairs, mean), ``bleu`` (shared test set), and DP rows
 ``epsilon``; ``gain_loss`` / ``gain_own_loss`` are the share of FedAvg's gain over the control,
 (control − row) / (control − public + fedavg + fine-tuning).
+
+A row labelled ``LABEL @ GROUP`` belongs to another setting (e.g. ``public + fedavg @ 4884/owner`` with
+``data.client_size=0``): its gains are measured from its group's own control and ``public + fedavg``.
 
 Runs are cached in ``--runs`` (a finished run folder is reused; so is its fine-tuning, ``finetune.json`` in it), so
 rows can be run by several processes (``--only``) and assembled by a last call. Seeds: ``--seeds 0,1`` (rows carry
@@ -113,6 +116,20 @@ def planned_rows(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def base(label: str) -> str:
+    """A row's label without its group (``LABEL @ GROUP``: rows of another setting, e.g. more records per owner,
+    compared with that group's own ``public + fedavg`` and control)."""
+    return label.split(" @ ")[0]
+
+
+def group(label: str) -> str:
+    return label.split(" @ ", 1)[1] if " @ " in label else ""
+
+
+def in_group(name: str, label: str) -> str:
+    return f"{name} @ {group(label)}" if group(label) else name
+
+
 def folder(args: argparse.Namespace, label: str, seed: int) -> Path:
     name = label.replace(" ", "_").replace("=", "").replace("+", "plus").replace("ε", "eps")
     return Path(args.runs) / f"{name}-seed{seed}"
@@ -131,7 +148,7 @@ def run_row(args: argparse.Namespace, label: str, values: dict[str, Any], seed: 
         print(f"{label} seed {seed}: ran in {time.perf_counter() - started:.0f} s", flush=True)
     tuned = out / "finetune.json"
     if not tuned.is_file():
-        control = label == "public + fedavg"  # the public start's fine-tuning, once per seed
+        control = base(label) == "public + fedavg"  # the public start's fine-tuning, once per seed and group
         rows = finetune_bench.sweep(out, [FINETUNE["epochs"]], [FINETUNE["rate"]], [], public=control)
         tuned.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
 
@@ -148,9 +165,9 @@ def measured(args: argparse.Namespace, label: str, seed: int) -> dict[str, dict[
     for r in json.loads((out / "finetune.json").read_text(encoding="utf-8")):
         name = {
             ("run", 0): label,
-            ("run", 1): f"{label} + fine-tuning",
-            ("public", 0): "public model",
-            ("public", 1): "control",
+            ("run", 1): in_group(f"{base(label)} + fine-tuning", label),
+            ("public", 0): in_group("public model", label),
+            ("public", 1): in_group("control", label),
         }[(r["start"], min(r["epochs"], 1))]
         found[name] = {
             "loss": r["test_loss"],
@@ -183,13 +200,20 @@ def assemble(args: argparse.Namespace, labels: list[str], seeds: list[int]) -> d
             row[key] = first[key]
         rows.append(row)
     by_name = {r["run"]: r for r in rows}
-    control, fedavg = by_name.get("control"), by_name.get("public + fedavg + fine-tuning")
     for r in rows:
+        control = by_name.get(in_group("control", r["run"]))
+        fedavg = by_name.get(in_group("public + fedavg + fine-tuning", r["run"]))
         for key in ("loss", "own_loss"):
             gain = control[key] - fedavg[key] if control and fedavg else math.nan
             r[f"gain_{key}"] = (control[key] - r[key]) / gain if control and gain else None
     order = ["public model", "control", "public + fedavg", "public + fedavg + fine-tuning"]
-    rows.sort(key=lambda r: (order.index(r["run"]) if r["run"] in order else len(order), r["run"]))
+    rows.sort(
+        key=lambda r: (
+            group(r["run"]),
+            order.index(base(r["run"])) if base(r["run"]) in order else len(order),
+            r["run"],
+        )
+    )
     return {"rows": rows}
 
 

@@ -384,3 +384,18 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
         ("trustformer", "none", "absent"),
     ]
     assert len(skipped) == 1 and "trustformer / flame" in skipped[0] and "whole model" in skipped[0]
+
+
+def test_bench_robustness_reuses_a_run_whose_stored_configuration_predates_an_option(tmp_path):
+    """--reuse: an option added after a run was stored is read at its default (what that run ran with), so the run
+    is reused; a stored configuration that differs in a value is not."""
+    from trustformer.bench.robustness_bench import finished
+
+    cfg = load_config("tiny", None, {"out": str(tmp_path)})
+    stored = cfg.to_dict()
+    del stored["robust"]["root_finetune"]  # as written before the option existed
+    (tmp_path / "robustness.json").write_text(json.dumps({"config": stored, "result": {"test_loss": 1.0}}))
+    assert finished(cfg) == {"test_loss": 1.0}
+    stored["robust"]["bound"] = "none"
+    (tmp_path / "robustness.json").write_text(json.dumps({"config": stored, "result": {"test_loss": 1.0}}))
+    assert finished(cfg) is None

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options
-from ..config import ConfigError, RunConfig, load_config
+from ..config import ConfigError, RunConfig, build_config, load_config
 from .federation_bench import base_config
 
 DEFENCES: dict[str, dict[str, Any]] = {
@@ -160,7 +160,11 @@ def finished(cfg: RunConfig) -> dict[str, Any] | None:
     if not done.exists():
         return None
     previous = json.loads(done.read_text(encoding="utf-8"))
-    return previous["result"] if previous.get("config") == cfg.to_dict() else None
+    try:  # options added since that run are read at their defaults, which is what it ran with
+        same = build_config(previous.get("config") or {}).to_dict() == cfg.to_dict()
+    except ConfigError:
+        same = False
+    return previous["result"] if same else None
 
 
 def run_one(values: dict[str, Any], malicious: list[int], reuse: bool = False) -> dict[str, Any]:
