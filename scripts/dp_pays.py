@@ -61,13 +61,6 @@ RECIPE: dict[str, Any] = {
 ROWS: dict[str, dict[str, Any]] = {
     "public + fedavg": {},
     "dp ε=8": {**RECIPE, "privacy.epsilon": 8.0},
-    "dp ε=8 + fedavgm": {
-        **RECIPE,
-        "privacy.epsilon": 8.0,
-        "federation.server_optimizer": "momentum",
-        "federation.server_momentum": 0.9,
-        "federation.server_lr": 0.5,
-    },
     "dp ε=8 + fedadam": {
         **RECIPE,
         "privacy.epsilon": 8.0,
@@ -246,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 run_row(args, label, rows[label], seed)
     result = assemble(args, list(rows), seeds)
-    result["command"] = "python scripts/dp_pays.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-run"]  # the runs it read
+    result["command"] = "python scripts/dp_pays.py " + " ".join(given)
     result["setting"] = {
         "preset": args.preset,
         **(DEFAULT_SETTING if args.preset == "small" else TINY_SETTING),

@@ -108,6 +108,18 @@ def test_the_readmes_public_start_figures_are_the_measurements_they_name():
     public = [run("dp-recipe-ui-e8.json", r)["loss"] for r in ("public + local", "public + fedavg")]
     gain, gap = (scratch[0] - ui) / (scratch[0] - scratch[1]), (public[0] - ui) / (public[0] - public[1])
     assert f"gain {gain:.2f} on the from-scratch scale" in text and f"closes {gap:.2f} of the gap" in text
-    alone_own = run("dp-recipe-ui-e8.json", "public + local")["own_loss"]
-    eps1_own = run("dp-recipe-ui-attacked.json", "public-ui + lora r16 dp ε=1")["own_loss"]
-    assert eps1_own > alone_own and "only after that fine-tuning (ε = 1 before it: " in text
+    # "I need a guarantee": every figure of its table is dp-pays.json's (scripts/dp_pays.py), before / after the
+    # free fine-tuning
+    pays = {r["run"]: r for r in rows("dp-pays.json")}
+    for before, after in (
+        ("public model", "control"),
+        ("public + fedavg", "public + fedavg + fine-tuning"),
+        ("dp ε=8", "dp ε=8 + fine-tuning"),
+        ("dp ε=1", "dp ε=1 + fine-tuning"),
+        ("dp ε=8 + fedadam", "dp ε=8 + fedadam + fine-tuning"),
+    ):
+        b, a = pays[before], pays[after]
+        cells = [f"{b[k]:.3f} / {a[k]:.3f}" for k in ("loss", "own_loss")] + [f"{b['bleu']:.1f} / {a['bleu']:.1f}"]
+        gain = "0" if after == "control" else "1" if "fedavg + fine" in after else f"{a['gain_loss']:.2f}"
+        row = " | ".join(cells) + f" | — / {gain.replace('-', '−')} |"
+        assert row in text, (before, row)
