@@ -124,7 +124,7 @@ def in_group(name: str, label: str) -> str:
 
 
 def folder(args: argparse.Namespace, label: str, seed: int) -> Path:
-    name = label.replace(" ", "_").replace("=", "").replace("+", "plus").replace("ε", "eps")
+    name = label.replace(" ", "_").replace("=", "").replace("+", "plus").replace("ε", "eps").replace("/", "_per_")
     return Path(args.runs) / f"{name}-seed{seed}"
 
 

@@ -70,6 +70,16 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
             "privacy.delta": 1e-5,
             "privacy.batch_size": 16,
         },
+        # each owner's last noise share (its optimizer state) correlates the next round's: client state
+        "banded dp": {
+            "privacy.unit": "record",
+            "privacy.noise": "distributed",
+            "privacy.noise_bands": 2,
+            "secure.mode": "secagg",
+            "privacy.epsilon": 8.0,
+            "privacy.delta": 1e-5,
+            "privacy.batch_size": 16,
+        },
     },
     "clipping": {
         "adaptive": {"privacy.clipping": "adaptive", "privacy.sampling_rate": 0.7, "privacy.clip_count_stddev": 4.0}

@@ -142,6 +142,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         setup_logging(quiet=True)
         return dp_noise_main(args.rest)
+    if args.what == "dp-bands":
+        from .bench.dp_bands_bench import main as dp_bands_main
+
+        setup_logging(quiet=True)
+        return dp_bands_main(args.rest)
     if args.what == "finetune":
         from .bench.finetune_bench import main as finetune_main
 
@@ -433,7 +438,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_config)
     b = sub.add_parser("bench", help="benchmarks (print measured figures side by side)")
     b.add_argument(
-        "what", choices=["kmeans", "federation", "scale", "robustness", "dp-scale", "dp-noise", "dp-recipe", "finetune"]
+        "what",
+        choices=[
+            "kmeans",
+            "federation",
+            "scale",
+            "robustness",
+            "dp-scale",
+            "dp-noise",
+            "dp-bands",
+            "dp-recipe",
+            "finetune",
+        ],
     )
     b.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see --help after it)")
     b.set_defaults(func=_cmd_bench)

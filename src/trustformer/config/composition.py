@@ -76,6 +76,8 @@ class _Privacy(Protocol):
     def noise(self) -> str: ...
     @property
     def dropout_tolerance(self) -> int: ...
+    @property
+    def noise_bands(self) -> int: ...
 
 
 class RunView(Protocol):
@@ -237,6 +239,13 @@ def _check_distributed_noise(cfg: RunView) -> None:
             "on an under-noised one"
         )
     participants = fed.clients_per_round or fed.clients
+    if p.noise_bands > 1 and (participants != fed.clients or p.dropout_tolerance):
+        raise ConfigError(
+            f"privacy.noise_bands = {p.noise_bands} needs every owner in every round (federation.clients_per_round "
+            f"= 0, privacy.dropout_tolerance = 0; got {fed.clients_per_round} and {p.dropout_tolerance}): each "
+            "owner correlates its noise share with its own earlier shares, and the sum is the banded noise only "
+            "when every owner adds its share every round"
+        )
     if p.dropout_tolerance >= participants:
         raise ConfigError(
             f"privacy.dropout_tolerance = {p.dropout_tolerance} must be below the {participants} participants "

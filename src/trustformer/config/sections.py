@@ -414,6 +414,12 @@ class PrivacyConfig:
     # noise = distributed: the learning rate of the round's SGD step on the pooled mean (16: best of 1, 4, 16, 64 for
     # the public start with LoRA r16 on `small`, docs/privacy.md; a model trained from scratch needs about 1)
     distributed_lr: float = 16.0
+    # noise = distributed: the noise of each round is correlated with the last noise_bands - 1 rounds' (DP-FTRL with
+    # the banded square-root factorization, Kalinin & Lampert 2024; each owner runs it on its own share) and each
+    # record is drawn at most once in any noise_bands consecutive rounds (b-min-sep sampling), which makes the run
+    # as private as ceil(rounds / noise_bands) DP-SGD steps at sigma / column norm (Choquette-Choo et al. 2023,
+    # Thm. 4; core/banded_noise.py). 1 = fresh noise every round
+    noise_bands: int = 1
     # unit = record, federation.finetune_epochs > 0: how the owner's fine-tuning after the last exchange runs. free:
     # plain training that spends nothing (the fine-tuned model never leaves the owner's machine, so the statement
     # "everything that left my machine is (epsilon, delta)-DP" holds) | dp: DP-SGD charged to epsilon, for an owner
@@ -464,6 +470,17 @@ class PrivacyConfig:
         check_choice("privacy.noise", self.noise, ("local", "distributed"))
         check_at_least("privacy.dropout_tolerance", self.dropout_tolerance, 0)
         check_positive("privacy.distributed_lr", self.distributed_lr)
+        check_at_least("privacy.noise_bands", self.noise_bands, 1)
+        if self.noise_bands > 1 and self.noise != "distributed":
+            raise ConfigError(
+                f"privacy.noise_bands = {self.noise_bands} correlates the noise of distributed DP-SGD's one step per "
+                "round; set privacy.noise = 'distributed' (with secure.mode = 'secagg'), or privacy.noise_bands = 1"
+            )
+        if self.noise_bands > 1 and self.finetune == "dp":
+            raise ConfigError(
+                "privacy.noise_bands > 1 with privacy.finetune = 'dp': the accounting of banded noise covers the "
+                "rounds only; use privacy.finetune = 'free' (the fine-tuned model stays with its owner)"
+            )
         if self.noise == "distributed" and self.unit != "record":
             raise ConfigError(
                 "privacy.noise = 'distributed' applies to privacy.unit = 'record' (shares of DP-SGD's noise "

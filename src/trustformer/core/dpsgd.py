@@ -35,10 +35,12 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
+
+from .banded_noise import BandedNoise
 
 # Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient: added once,
 # for that message only
@@ -57,6 +59,15 @@ class RecordDP:
     expected_batch: int
     sample_rate: float
     delta: float
+    # privacy.noise_bands: the noise is correlated over this many steps (core/banded_noise.py); 1 = fresh noise
+    bands: int = 1
+    column_norm: float = 1.0  # ‖C‖_col of the banded factor (1 for fresh noise)
+
+    def epsilon(self, steps: int, noise_scale: float = 1.0) -> float:
+        """ε at δ after ``steps`` steps, with the noise scaled by ``noise_scale`` (a colluder removing its share).
+        A b-banded mechanism under b-min-sep sampling is DP-SGD at σ/‖C‖_col for ⌈T/b⌉ steps (banded_noise.py)."""
+        sigma = self.noise_multiplier * noise_scale / self.column_norm
+        return epsilon_spent(sigma, self.sample_rate, -(-steps // self.bands), self.delta)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -179,6 +190,23 @@ def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor],
     return offsets
 
 
+def _add_banded_noise(dp_optimizer: Any, params: dict[str, nn.Parameter], banded: BandedNoise, noise: torch.Generator):
+    """Opacus' ``add_noise`` with the fresh N(0, σ²C²) replaced by its banded correlation C⁻¹z (same generator)."""
+    from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
+
+    names = {id(p): n for n, p in params.items()}
+    for p in dp_optimizer.params:
+        _check_processed_flag(p.summed_grad)
+        fresh = _generate_noise(
+            std=dp_optimizer.noise_multiplier * dp_optimizer.max_grad_norm,
+            reference=p.summed_grad,
+            generator=noise,
+            secure_mode=dp_optimizer.secure_mode,
+        )
+        p.grad = (p.summed_grad + banded.correlate(names[id(p)], fresh)).view_as(p)
+        _mark_as_processed(p.summed_grad)
+
+
 def dp_sgd(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -195,14 +223,16 @@ def dp_sgd(
     penalty: Callable[[nn.Module], torch.Tensor] | None = None,
     canaries: Canaries | None = None,
     physical_batch: int = 32,
+    banded: BandedNoise | None = None,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
 
     ``make_batch(indices)`` gives the (inputs, targets) of those records on the model's device;
     ``example_losses(model, inputs, targets)`` one loss per record, each depending on its record alone;
     ``before_step(i)`` sets the learning rate of step i; ``physical_batch`` bounds the records whose gradients are
-    held at once (a Poisson batch is processed in pieces, each record clipped once). Returns the mean training
-    loss over the records seen, the steps, the records drawn and the time."""
+    held at once (a Poisson batch is processed in pieces, each record clipped once); ``banded`` correlates each
+    step's noise with the earlier steps' (``core/banded_noise.py``). Returns the mean training loss over the
+    records seen, the steps, the records drawn and the time."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
@@ -255,7 +285,10 @@ def dp_sgd(
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)
-            dp_optimizer.add_noise()  # N(0, σ²C²) on the sum of clipped record gradients
+            if banded is None:
+                dp_optimizer.add_noise()  # N(0, σ²C²) on the sum of clipped record gradients
+            else:
+                _add_banded_noise(dp_optimizer, params, banded, noise)
             dp_optimizer.scale_grad()  # ÷ B, the expected batch
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}

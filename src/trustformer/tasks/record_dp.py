@@ -24,7 +24,8 @@ import torch
 from ..config import RunConfig, parse_run_config
 from ..core.accounting import PrivacyBudgetError
 from ..core.dp import noise_generator, os_seed
-from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, epsilon_spent, sample_rate
+from ..core.banded_noise import BandedNoise, amplified_steps, column_norm, min_sep_groups, sqrt_coefficients
+from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, sample_rate
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
@@ -55,9 +56,20 @@ def _ready() -> bool:
 
 
 def expected_batch(cfg: RunConfig, n_records: int) -> int:
-    """The expected Poisson batch: ``privacy.batch_size`` (``train.batch_size`` when 0), at most the owner's
-    ``n_records`` (a rate of 1 draws every record, and the noisy sum is divided by what it holds)."""
-    return min(cfg.privacy.batch_size or cfg.train.batch_size, n_records)
+    """The expected Poisson batch: ``privacy.batch_size`` (``train.batch_size`` when 0), at most the records a step
+    draws from (the owner's ``n_records``, or its smallest b-min-sep group under ``privacy.noise_bands``; a rate of
+    1 draws every record, and the noisy sum is divided by what it holds)."""
+    return min(cfg.privacy.batch_size or cfg.train.batch_size, max(1, n_records // bands(cfg)))
+
+
+def bands(cfg: RunConfig) -> int:
+    """b of ``privacy.noise_bands`` (distributed noise; 1 otherwise): noise correlated over b rounds."""
+    return cfg.privacy.noise_bands if distributed(cfg) else 1
+
+
+def step_rate(cfg: RunConfig, n_records: int) -> float:
+    """q: each record's chance to be drawn in a step it may take part in (its b-min-sep group's steps)."""
+    return sample_rate(max(1, n_records // bands(cfg)), expected_batch(cfg, n_records))
 
 
 def distributed(cfg: RunConfig) -> bool:
@@ -81,7 +93,7 @@ def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
     """(DP steps per round, DP steps of the client's whole run: every round, plus fine-tuning under
     ``privacy.finetune = "dp"``). Distributed noise takes one step per round: the next needs the pooled noisy
     gradient of this one."""
-    per_epoch = max(1, round(1.0 / sample_rate(n_records, expected_batch(cfg, n_records))))
+    per_epoch = max(1, round(1.0 / step_rate(cfg, n_records)))
     per_round = 1 if distributed(cfg) else per_epoch * cfg.train.local_epochs
     tuning = per_epoch * cfg.federation.finetune_epochs if finetune_under_dp(cfg) else 0
     return per_round, per_round * cfg.federation.rounds + tuning
@@ -89,26 +101,36 @@ def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
 
 @lru_cache(maxsize=256)
 def _sigma(cfg_json: str, n_records: int) -> float:
-    """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``."""
+    """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``; with
+    ``privacy.noise_bands`` = b, the σ of the fresh noise z that b-banded correlation over the run's T steps makes
+    as private as DP-SGD's ⌈T/b⌉ steps at σ/‖C‖_col (``core/banded_noise.py``)."""
     cfg = parse_run_config(cfg_json)
-    p = cfg.privacy
-    return calibrate(
-        p.epsilon, p.delta, sample_rate(n_records, expected_batch(cfg, n_records)), planned_steps(cfg, n_records)[1]
-    )
+    p, b = cfg.privacy, bands(cfg)
+    total = planned_steps(cfg, n_records)[1]
+    sigma = calibrate(p.epsilon, p.delta, step_rate(cfg, n_records), amplified_steps(total, b))
+    return sigma * column_norm(sqrt_coefficients(b), total)
 
 
 @lru_cache(maxsize=64)
 def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
     cfg = parse_run_config(cfg_json)
     p = cfg.privacy
-    batch = expected_batch(cfg, n_records)
-    rate = sample_rate(n_records, batch)
+    batch, rate, b = expected_batch(cfg, n_records), step_rate(cfg, n_records), bands(cfg)
     _per_round, total = planned_steps(cfg, n_records)
     if p.noise_multiplier >= 0:
         sigma = p.noise_multiplier
     else:  # distributed: every owner's share must add up to one σ that covers the owner whose records need most
         sigma = max(_sigma(cfg_json, n) for n in {n_records, *federation_sizes})
-    spent = epsilon_spent(sigma, rate, total, p.delta)
+    mechanism = RecordDP(
+        noise_multiplier=sigma,
+        clip_norm=p.clip_norm,
+        expected_batch=batch,
+        sample_rate=rate,
+        delta=p.delta,
+        bands=b,
+        column_norm=column_norm(sqrt_coefficients(b), total),
+    )
+    spent = mechanism.epsilon(total)
     if p.noise_multiplier >= 0 and spent > p.epsilon and p.on_exceed == "refuse":
         raise PrivacyBudgetError(
             f"record-level DP: {total} DP-SGD steps at noise multiplier {sigma:g} and sampling rate {rate:.4g} "
@@ -116,13 +138,7 @@ def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> R
             f"delta = {p.delta:g}, more than privacy.epsilon = {p.epsilon:g}; set privacy.noise_multiplier = -1 to "
             "solve it, or lower federation.rounds / train.local_epochs"
         )
-    return RecordDP(
-        noise_multiplier=sigma,
-        clip_norm=p.clip_norm,
-        expected_batch=batch,
-        sample_rate=rate,
-        delta=p.delta,
-    )
+    return mechanism
 
 
 def plan(cfg: RunConfig, n_records: int, federation_sizes: tuple[int, ...] = ()) -> RecordDP:
@@ -311,6 +327,7 @@ def train(
 
 
 DISTRIBUTED_STEPS = "distributed_dp_steps"  # the client optimizer's count of its distributed rounds (checkpointed)
+NOISE_HISTORY = "distributed_noise_history"  # privacy.noise_bands > 1: its last b − 1 correlated shares (checkpointed)
 
 
 def distributed_step(
@@ -327,16 +344,26 @@ def distributed_step(
     ÷ B, and a plain SGD step at ``privacy.distributed_lr`` from the global model. The payload is then linear in
     the noisy sum, so the unweighted mean secure aggregation unmasks is w − η·(Σ clipped + N(0, σ²C²))/(m·B):
     central DP-SGD on the union of the m owners' batches. The client's own optimizer is left as it is, except
-    for its count of these steps, kept in its state for accounting and resume."""
+    for its count of these steps, kept in its state for accounting and resume.
+
+    With ``privacy.noise_bands`` = b > 1, round t draws from the owner's b-min-sep group t mod b only, and its
+    share is correlated with its last b − 1 shares (``core/banded_noise.py``), whose history is kept in the same
+    state."""
     dp = plan(cfg, len(pairs), sizes)
     _per_round, total = planned_steps(cfg, len(pairs))
-    done = int(optimizer.param_groups[0].get(DISTRIBUTED_STEPS, 0))
+    group = optimizer.param_groups[0]
+    done = int(group.get(DISTRIBUTED_STEPS, 0))
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.privacy.distributed_lr)
     pooled = dp.expected_batch * (cfg.federation.clients_per_round or cfg.federation.clients)
     before_step = _schedule(cfg, sgd, cfg.privacy.distributed_lr, done, total, pooled)
     mine = share(cfg, dp)
-    out = run_steps(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries)
-    optimizer.param_groups[0][DISTRIBUTED_STEPS] = done + 1
+    banded = None
+    if dp.bands > 1:
+        groups = min_sep_groups(len(pairs), dp.bands, noise_generator(derive_seed(cfg.seed, "dp-min-sep-groups")))
+        pairs = [pairs[int(i)] for i in groups[done % dp.bands]]
+        banded = BandedNoise(sqrt_coefficients(dp.bands), group.setdefault(NOISE_HISTORY, {}))
+    out = run_steps(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries, banded)
+    group[DISTRIBUTED_STEPS] = done + 1
     out = _with_accounting(out, dp, done + 1, sgd)
     out["dp_share_sigma"] = mine.noise_multiplier
     return out
@@ -366,7 +393,9 @@ def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, don
     return before_step
 
 
-def run_steps(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int, before_step, form, canaries):
+def run_steps(
+    cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int, before_step, form, canaries, banded=None
+):
     """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources."""
     _ready()
     t = cfg.train
@@ -400,18 +429,34 @@ def run_steps(cfg, model, optimizer, pairs, dp: RecordDP, steps: int, seed: int,
         sam_rho=form.get("sam_rho", 0.0),
         penalty=form.get("penalty"),
         canaries=canaries,
+        banded=banded,
     )
 
 
 def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:
     out.update(
-        record_epsilon=epsilon_spent(dp.noise_multiplier, dp.sample_rate, spent, dp.delta),
+        record_epsilon=dp.epsilon(spent),
         dp_sigma=dp.noise_multiplier,
+        dp_bands=dp.bands,
+        dp_column_norm=dp.column_norm,
         dp_sample_rate=dp.sample_rate,
         dp_steps=spent,
         lr=optimizer.param_groups[0]["lr"],
     )
     return out
+
+
+def _mechanism(reported: dict[str, Any], delta: float) -> RecordDP:
+    """The mechanism a client's summary entry describes (for its ε under other threats)."""
+    return RecordDP(
+        noise_multiplier=reported["noise_multiplier"],
+        clip_norm=1.0,
+        expected_batch=1,
+        sample_rate=reported["sample_rate"],
+        delta=delta,
+        bands=reported.get("bands", 1),
+        column_norm=reported.get("column_norm", 1.0),
+    )
 
 
 def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -420,9 +465,7 @@ def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[
     who removes its own share, the ε of the noise left, σ·√((k − 1)/k) for the k shares the clients insist on."""
     k, p = share_count(cfg), cfg.privacy
     colluding = {  # None: with one share, the owner who added it removes all the noise
-        str(c): epsilon_spent(v["noise_multiplier"] * math.sqrt((k - 1) / k), v["sample_rate"], v["steps"], p.delta)
-        if k > 1
-        else None
+        str(c): _mechanism(v, p.delta).epsilon(v["steps"], noise_scale=math.sqrt((k - 1) / k)) if k > 1 else None
         for c, v in sorted(per.items())
     }
     worst = [e for e in colluding.values() if e is not None]
@@ -448,6 +491,8 @@ def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict
                 "noise_multiplier": r["dp_sigma"],
                 "sample_rate": r["dp_sample_rate"],
                 "steps": r["dp_steps"],
+                "bands": r.get("dp_bands", 1),
+                "column_norm": r.get("dp_column_norm", 1.0),
             }
     for client, metrics in final.items():
         tuned = metrics.get("finetune_record_epsilon")
