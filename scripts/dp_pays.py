@@ -4,8 +4,8 @@ From one public start (the ``small`` preset's model pretrained on the public spl
 ``train.public_source = "debian-ui"``), on the benchmark's non-IID setting (domain partition, 3 owners), runs:
 
 - ``public + fedavg``: non-private FedAvg of every weight (the reference gain);
-- each DP row of ``ROWS`` and ``--row`` (record-level DP-SGD, LoRA r16, the recipe of docs/privacy.md, with or without a server
-  optimizer, ``federation.server_optimizer``);
+- each DP row of ``ROWS`` and ``--row`` (record-level DP-SGD, LoRA r16, the recipe of docs/privacy.md, with or
+  without a server optimizer, ``federation.server_optimizer``);
 
 then each owner's free fine-tuning of every final model (``trustformer bench finetune RUN --epochs 1 --rate 0.1``;
 no ε: the fine-tuned model never leaves the owner) and, once, of the public start alone (the **control**). Rows are
@@ -81,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default="small", choices=("tiny", "small"))
     parser.add_argument("--only", default="", help="comma-separated row labels to run (default: every row)")
     parser.add_argument("--no-run", action="store_true", help="assemble from the finished runs only")
+    parser.add_argument("--plot", default="", help="also draw the records-per-owner curve to this PNG")
     parser.add_argument("--row", action="append", default=[], help="another row: 'LABEL: key=value ...' (JSON values)")
     parser.add_argument("--set", action="append", default=[], help="more options for every run, key=value (JSON)")
     return parser.parse_args(argv)
@@ -163,6 +164,7 @@ def measured(args: argparse.Namespace, label: str, seed: int) -> dict[str, dict[
             ("public", 1): in_group("control", label),
         }[(r["start"], min(r["epochs"], 1))]
         found[name] = {
+            "records_per_owner": records_per_owner(out),
             "loss": r["test_loss"],
             "own_loss": r["own_loss"],
             "bleu": r["test_bleu"],
@@ -174,6 +176,71 @@ def measured(args: argparse.Namespace, label: str, seed: int) -> dict[str, dict[
             "run_folder": str(out) if r["start"] == "run" else None,
         }
     return found
+
+
+def records_per_owner(out: Path) -> float:
+    """The mean number of training pairs the run's owners held (their first round's ``num_examples``)."""
+    sizes: dict[int, int] = {}
+    for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "num_examples" in row and "client" in row:
+            sizes.setdefault(int(row["client"]), int(row["num_examples"]))
+    return mean(sizes.values()) if sizes else math.nan
+
+
+def curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Item 5's curve: each DP row's share of FedAvg's gain (after fine-tuning) against the records per owner, over
+    the groups it was run in, and the least-squares fit gain = a + b·ln(records) with the records at which it
+    reaches half of FedAvg's gain (extrapolated when beyond the points; None when the fit does not rise)."""
+    out: dict[str, Any] = {}
+    tuned = [r for r in rows if base(r["run"]).endswith(" + fine-tuning") and r.get("epsilon") is not None]
+    for label in sorted({base(r["run"]) for r in tuned}):
+        points = sorted(
+            (r["records_per_owner"], r["gain_loss"], r["gain_own_loss"])
+            for r in tuned
+            if base(r["run"]) == label and r["gain_loss"] is not None
+        )
+        entry: dict[str, Any] = {
+            "points": [dict(zip(("records_per_owner", "gain_loss", "gain_own_loss"), p)) for p in points]
+        }
+        for i, key in ((1, "loss"), (2, "own_loss")):
+            if len(points) >= 2:
+                xs, ys = [math.log(p[0]) for p in points], [p[i] for p in points]
+                mx, my = mean(xs), mean(ys)
+                slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+                a = my - slope * mx
+                half = math.exp((0.5 - a) / slope) if slope > 0 else None
+                entry[f"fit_{key}"] = {"a": a, "b": slope, "records_at_half_gain": half}
+        out[label] = entry
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The curve as a figure: share of FedAvg's gain (test loss) against records per owner, with each fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, entry in result["curve"].items():
+        xs = [p["records_per_owner"] for p in entry["points"]]
+        line = ax.plot(xs, [p["gain_loss"] for p in entry["points"]], "o", label=label)[0]
+        fit = entry.get("fit_loss")
+        if fit:
+            grid = [min(xs) * (1.1**k) for k in range(60) if min(xs) * (1.1**k) <= max(xs) * 40]
+            ax.plot(grid, [fit["a"] + fit["b"] * math.log(x) for x in grid], "--", color=line.get_color(), lw=1)
+    ax.axhline(0.5, color="grey", lw=0.8)
+    ax.axhline(0.0, color="black", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("records per owner (3 owners)")
+    ax.set_ylabel("share of FedAvg's gain over the control (test loss)")
+    ax.set_ylim(-0.3, 1.0)
+    ax.legend(fontsize=8)
+    ax.set_title("Where a DP federation pays (after free fine-tuning)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def assemble(args: argparse.Namespace, labels: list[str], seeds: list[int]) -> dict[str, Any]:
@@ -189,7 +256,7 @@ def assemble(args: argparse.Namespace, labels: list[str], seeds: list[int]) -> d
         for key in ("loss", "own_loss", "bleu", "own_bleu", "chrf"):
             row[key] = mean(r[key] for r in by_seed.values())
             row[f"{key}_per_seed"] = [by_seed[s][key] for s in sorted(by_seed)]
-        for key in ("epsilon", "server_optimizer", "own_loss_per_owner", "run_folder"):
+        for key in ("records_per_owner", "epsilon", "server_optimizer", "own_loss_per_owner", "run_folder"):
             row[key] = first[key]
         rows.append(row)
     by_name = {r["run"]: r for r in rows}
@@ -207,7 +274,7 @@ def assemble(args: argparse.Namespace, labels: list[str], seeds: list[int]) -> d
             r["run"],
         )
     )
-    return {"rows": rows}
+    return {"rows": rows, "curve": curve(rows)}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -250,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     result["finetune"] = FINETUNE
     result["row_options"] = rows
     print(table(result["rows"]))
+    for label, entry in result["curve"].items():
+        fit = entry.get("fit_loss") or {}
+        points = [(round(p["records_per_owner"]), round(p["gain_loss"], 3)) for p in entry["points"]]
+        print(f"{label}: (records per owner, gain) {points}; fit {fit}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if args.plot:
+        plot(result, Path(args.plot))
     return 0
 
 

@@ -196,6 +196,8 @@ def test_a_banded_run_draws_each_round_from_its_group_and_reports_its_accounting
     )
     assert privacy["noise"] == "distributed"
     assert all(v["bands"] == 2 and v["steps"] == 3 for v in privacy["clients"].values())
+    assert privacy["noise_bands"] == 2 and "Thm. 4" in privacy["banded_accounting"]
+    assert privacy["noise_bands"] == 2 and "Thm. 4" in privacy["banded_accounting"]
     assert privacy["epsilon"] <= 8.0 + 1e-6
     assert privacy["epsilon_server_and_one_owner"] > privacy["epsilon"]
     # the spy sees the training rounds in order, three owners per round
@@ -285,3 +287,14 @@ def test_the_bench_measures_the_noise_the_matrices_predict(capsys):
         assert float(r[11]) / float(r[10]) == pytest.approx(1.0, abs=0.05)  # and at the last round
         assert float(r[7]) == pytest.approx(8.0, rel=0.01)  # ε planned
     assert float(rows[0][12]) == 1.0
+
+
+def test_the_audits_canaries_take_the_steps_of_their_group_only():
+    """Canary c belongs to group c mod b: a round of another group cannot draw it, as it cannot draw a record of
+    another group (a canary drawn every round would audit a mechanism b times leakier than the runs')."""
+    canaries = dpsgd.Canaries(
+        names=("w",) * 6, coordinates=tuple(range(6)), included=(True, True, False, True, True, True)
+    )
+    assert record_dp.canaries_of_group(canaries, 1, 2).included == (False, True, False, True, False, True)
+    assert record_dp.canaries_of_group(canaries, 0, 2).included == (True, False, False, False, True, False)
+    assert record_dp.canaries_of_group(None, 0, 2) is None

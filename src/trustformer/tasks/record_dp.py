@@ -362,11 +362,21 @@ def distributed_step(
         groups = min_sep_groups(len(pairs), dp.bands, noise_generator(derive_seed(cfg.seed, "dp-min-sep-groups")))
         pairs = [pairs[int(i)] for i in groups[done % dp.bands]]
         banded = BandedNoise(sqrt_coefficients(dp.bands), group.setdefault(NOISE_HISTORY, {}))
+        canaries = canaries_of_group(canaries, done % dp.bands, dp.bands)
     out = run_steps(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries, banded)
     group[DISTRIBUTED_STEPS] = done + 1
     out = _with_accounting(out, dp, done + 1, sgd)
     out["dp_share_sigma"] = mine.noise_multiplier
     return out
+
+
+def canaries_of_group(canaries: Canaries | None, group: int, bands: int) -> Canaries | None:
+    """The audit's canaries take every step a record takes: under b-min-sep sampling canary c belongs to group
+    c mod b, and a round of another group cannot draw it."""
+    if canaries is None:
+        return None
+    included = tuple(inc and c % bands == group for c, inc in enumerate(canaries.included))
+    return replace(canaries, included=included)
 
 
 def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, done: int, total: int, batch: int):
@@ -473,6 +483,16 @@ def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[
         "shares": k,
         "dropout_tolerance": cfg.privacy.dropout_tolerance,
         "steps_per_round": 1,
+        "noise_bands": p.noise_bands,
+        **(
+            {
+                "banded_accounting": "b-min-sep sampling: DP-SGD at sigma / column_norm for ceil(steps / noise_bands) "
+                "steps (Choquette-Choo et al. 2023, Thm. 4); the banded square root of the prefix sum (Kalinin & "
+                "Lampert 2024)"
+            }
+            if p.noise_bands > 1
+            else {}
+        ),
         "epsilon_server_and_one_owner": max(worst) if worst else None,
         "epsilon_server_and_one_owner_by_client": colluding,
         "encoding": "continuous Gaussian shares, then secure aggregation's fixed point (secure.secagg_scale_bits)",
