@@ -197,7 +197,6 @@ def test_a_banded_run_draws_each_round_from_its_group_and_reports_its_accounting
     assert privacy["noise"] == "distributed"
     assert all(v["bands"] == 2 and v["steps"] == 3 for v in privacy["clients"].values())
     assert privacy["noise_bands"] == 2 and "Thm. 4" in privacy["banded_accounting"]
-    assert privacy["noise_bands"] == 2 and "Thm. 4" in privacy["banded_accounting"]
     assert privacy["epsilon"] <= 8.0 + 1e-6
     assert privacy["epsilon_server_and_one_owner"] > privacy["epsilon"]
     # the spy sees the training rounds in order, three owners per round
