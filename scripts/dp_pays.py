@@ -189,55 +189,73 @@ def records_per_owner(out: Path) -> float:
 
 
 def curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Item 5's curve: each DP row's share of FedAvg's gain (after fine-tuning) against the records per owner, over
-    the groups it was run in, and the least-squares fit gain = a + b·ln(records) with the records at which it
-    reaches half of FedAvg's gain (extrapolated when beyond the points; None when the fit does not rise)."""
+    """Item 5's curve, after the free fine-tuning, per group (records per owner): FedAvg's gain over the control and
+    each DP row's, in nats of test loss, and the DP row's share of FedAvg's gain where FedAvg gains at all. The
+    share is fitted as a + b·ln(records) over those points (least squares), giving the records per owner at which
+    it reaches one half (extrapolated beyond the points; None when the fit does not rise)."""
+    by_name = {r["run"]: r for r in rows}
     out: dict[str, Any] = {}
     tuned = [r for r in rows if base(r["run"]).endswith(" + fine-tuning") and r.get("epsilon") is not None]
     for label in sorted({base(r["run"]) for r in tuned}):
-        points = sorted(
-            (r["records_per_owner"], r["gain_loss"], r["gain_own_loss"])
-            for r in tuned
-            if base(r["run"]) == label and r["gain_loss"] is not None
-        )
-        entry: dict[str, Any] = {
-            "points": [dict(zip(("records_per_owner", "gain_loss", "gain_own_loss"), p)) for p in points]
-        }
-        for i, key in ((1, "loss"), (2, "own_loss")):
-            if len(points) >= 2:
-                xs, ys = [math.log(p[0]) for p in points], [p[i] for p in points]
-                mx, my = mean(xs), mean(ys)
-                slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-                a = my - slope * mx
-                half = math.exp((0.5 - a) / slope) if slope > 0 else None
-                entry[f"fit_{key}"] = {"a": a, "b": slope, "records_at_half_gain": half}
+        points = []
+        for r in sorted((r for r in tuned if base(r["run"]) == label), key=lambda r: r["records_per_owner"]):
+            control = by_name.get(in_group("control", r["run"]))
+            fedavg = by_name.get(in_group("public + fedavg + fine-tuning", r["run"]))
+            if not control or not fedavg:
+                continue
+            fedavg_gain = control["loss"] - fedavg["loss"]
+            points.append(
+                {
+                    "records_per_owner": r["records_per_owner"],
+                    "fedavg_gain_nats": fedavg_gain,
+                    "gain_nats": control["loss"] - r["loss"],
+                    "own_gain_nats": control["own_loss"] - r["own_loss"],
+                    "fedavg_own_gain_nats": control["own_loss"] - fedavg["own_loss"],
+                    "share": (control["loss"] - r["loss"]) / fedavg_gain if fedavg_gain > 0 else None,
+                }
+            )
+        entry: dict[str, Any] = {"points": points}
+        fitted = [p for p in points if p["share"] is not None]
+        if len(fitted) >= 2:
+            xs, ys = [math.log(p["records_per_owner"]) for p in fitted], [p["share"] for p in fitted]
+            mx, my = mean(xs), mean(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            a = my - slope * mx
+            half = math.exp((0.5 - a) / slope) if slope > 0 else None
+            entry["fit"] = {"share": "a + b ln(records per owner)", "a": a, "b": slope, "records_at_half": half}
         out[label] = entry
     return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """The curve as a figure: share of FedAvg's gain (test loss) against records per owner, with each fit."""
+    """The curve as a figure: gain over the control (test loss, after fine-tuning) against records per owner, for
+    FedAvg and each DP row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fedavg: dict[float, float] = {}
     for label, entry in result["curve"].items():
         xs = [p["records_per_owner"] for p in entry["points"]]
-        line = ax.plot(xs, [p["gain_loss"] for p in entry["points"]], "o", label=label)[0]
-        fit = entry.get("fit_loss")
-        if fit:
-            grid = [min(xs) * (1.1**k) for k in range(60) if min(xs) * (1.1**k) <= max(xs) * 40]
-            ax.plot(grid, [fit["a"] + fit["b"] * math.log(x) for x in grid], "--", color=line.get_color(), lw=1)
-    ax.axhline(0.5, color="grey", lw=0.8)
-    ax.axhline(0.0, color="black", lw=0.5)
+        if len(xs) < 2:
+            continue
+        ax.plot(xs, [p["gain_nats"] for p in entry["points"]], "o-", label=label.replace(" + fine-tuning", ""))
+        fedavg.update({p["records_per_owner"]: p["fedavg_gain_nats"] for p in entry["points"]})
+    xs = sorted(fedavg)
+    if not xs:
+        print("no row has two points of the curve yet: no figure")
+        plt.close(fig)
+        return
+    ax.plot(xs, [fedavg[x] for x in xs], "s-", color="black", label="public + FedAvg (no DP)")
+    ax.plot(xs, [fedavg[x] / 2 for x in xs], ":", color="black", lw=1, label="half of FedAvg's gain")
+    ax.axhline(0.0, color="grey", lw=0.6)
     ax.set_xscale("log")
-    ax.set_xlabel("records per owner (3 owners)")
-    ax.set_ylabel("share of FedAvg's gain over the control (test loss)")
-    ax.set_ylim(-0.3, 1.0)
+    ax.set_xlabel("records per owner (3 owners; each point its own public start)")
+    ax.set_ylabel("gain over the control, nats (test loss)")
     ax.legend(fontsize=8)
-    ax.set_title("Where a DP federation pays (after free fine-tuning)")
+    ax.set_title("Where a DP federation pays (after each owner's free fine-tuning)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -318,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     result["row_options"] = rows
     print(table(result["rows"]))
     for label, entry in result["curve"].items():
-        fit = entry.get("fit_loss") or {}
-        points = [(round(p["records_per_owner"]), round(p["gain_loss"], 3)) for p in entry["points"]]
-        print(f"{label}: (records per owner, gain) {points}; fit {fit}")
+        points = [
+            (round(p["records_per_owner"]), round(p["fedavg_gain_nats"], 3), round(p["gain_nats"], 3))
+            for p in entry["points"]
+        ]
+        print(f"{label}: (records per owner, FedAvg's gain, its gain) {points}; fit {entry.get('fit')}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.plot:

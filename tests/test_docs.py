@@ -117,6 +117,7 @@ def test_the_readmes_public_start_figures_are_the_measurements_they_name():
         ("dp ε=8", "dp ε=8 + fine-tuning"),
         ("dp ε=1", "dp ε=1 + fine-tuning"),
         ("dp ε=8 + fedadam", "dp ε=8 + fedadam + fine-tuning"),
+        ("dp ε=8 distributed b=8", "dp ε=8 distributed b=8 + fine-tuning"),
     ):
         b, a = pays[before], pays[after]
         cells = [f"{b[k]:.3f} / {a[k]:.3f}" for k in ("loss", "own_loss")] + [f"{b['bleu']:.1f} / {a['bleu']:.1f}"]
