@@ -28,7 +28,9 @@ ALLOWED = {
     "app": {"config", "runtime", "secure", "wire"},
     "engine": {"app", "config", "core", "deploy", "flower_internals", "registry", "runtime", "secure", "tasks", "wire"},
     "export": {"config", "core", "data", "models", "evaluation", "tasks"},
-    "cli_options": {"config", "runtime"},  # runtime.checkpoint: the configuration of a resumed run (--resume)
+    # runtime.checkpoint: the configuration of a resumed run (--resume); registry: the protocols' own sections, whose
+    # settings name a run's default folder
+    "cli_options": {"config", "registry", "runtime"},
     "deploy": {"cli_options", "config", "core", "registry", "runtime", "secure", "tasks", "wire"},
     "attack": {
         "cli_options",

@@ -1,6 +1,7 @@
 """Client state snapshots, the server's round checkpoint and resuming a stopped run (in one process)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,32 +176,50 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
         resume_config(tmp_path / "never-ran")
 
 
-def test_cli_resume_needs_client_state_on_disk(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "run",
-                "--preset",
-                "tiny",
-                "--rounds",
-                "1",
-                "--out",
-                str(out),
-                "--quiet",
-                "--set",
-                "eval.meteor=false",
-                "--set",
-                "eval.bertscore=false",
-            ]
-        )
-        == 0
-    )
-    capsys.readouterr()
-    (out / "summary.json").unlink()  # as if it died before its summary (a finished run is refused anyway)
-    assert main(["run", "--resume", str(out)]) == 2
-    assert "runtime.store = memory" in capsys.readouterr().err
-    assert main(["run", "--resume", str(out), "--rounds", "3"]) == 2
+def test_the_default_run_killed_at_any_round_resumes_exactly_through_the_cli(tmp_path, capsys):
+    """The default store (auto) keeps the clients' state where ``--resume`` finds it: killed in any round, after
+    client 0 trained it and before client 1 did, the run continued with ``trustformer run --resume`` ends as the
+    uninterrupted one."""
+    values = {"federation.rounds": 3, "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False}
+    full = run_in_process(load_config("tiny", None, {**values, "out": str(tmp_path / "full")}))
+    for killed_in in (1, 2, 3):
+        stopped = load_config("tiny", None, {**values, "out": str(tmp_path / f"killed-in-{killed_in}")})
+        assert stopped.runtime.store == "auto"
+        with pytest.raises(Crash):
+            run_in_process(stopped, client_app=_crash_at("train", killed_in, 1))
+        assert read_checkpoint(stopped.out).round == killed_in - 1
+        assert main(["run", "--resume", str(stopped.out), "--quiet"]) == 0, capsys.readouterr().err
+        resumed = json.loads((Path(stopped.out) / "summary.json").read_text(encoding="utf-8"))
+        assert resumed["test_loss"] == full["test_loss"], killed_in
+        assert resumed["resumed_after_rounds"] == [killed_in - 1]
+
+
+def test_a_resume_without_the_clients_state_is_refused_by_the_runtime(tmp_path, capsys):
+    """Refused where resume happens (the in-process runtime), so no entry point resumes it silently: a run whose
+    clients kept their state in memory, and a default run whose client state was removed."""
+    values = {"federation.rounds": 2, "runtime.progress": False, "eval.meteor": False, "eval.bertscore": False}
+    memory = load_config("tiny", None, {**values, "runtime.store": "memory", "out": str(tmp_path / "memory")})
+    default = load_config("tiny", None, {**values, "out": str(tmp_path / "default")})
+    for cfg in (memory, default):
+        with pytest.raises(Crash):
+            run_in_process(cfg, client_app=_crash_at("train", 2, 1))
+    with pytest.raises(CheckpointError, match="the interrupted run the clients keep their state in memory"):
+        run_in_process(resume_config(memory.out))  # the Python API, as the crash harness and scripts resume
+    # an operational override cannot make it resumable: the state it needs was never written
+    with pytest.raises(CheckpointError, match="runtime.store = memory"):
+        run_in_process(resume_config(memory.out, {"runtime.store": "disk"}))
+    with pytest.raises(CheckpointError, match="in this resume the clients keep their state in memory"):
+        run_in_process(resume_config(default.out, {"runtime.store": "memory"}))
+    assert main(["run", "--resume", str(memory.out)]) == 1
+    err = capsys.readouterr().err
+    assert "runtime.store = memory" in err and "--overwrite" in err and "Traceback" not in err
+    import shutil
+
+    client_1 = next((tmp_path / "default" / "client-state").glob("*/client-1"))
+    shutil.rmtree(client_1)  # planted: one client's state lost
+    with pytest.raises(CheckpointError, match="client 1 applied round 1's aggregate, but its state is not"):
+        run_in_process(resume_config(default.out))
+    assert main(["run", "--resume", str(default.out), "--rounds", "3"]) == 2
     assert "drop --rounds" in capsys.readouterr().err
 
 
@@ -275,3 +294,26 @@ def test_an_altered_or_missing_state_file_is_refused_with_a_clear_message(tmp_pa
     state.unlink()
     with pytest.raises(CheckpointError, match="names the server state server-state-r00001.pt, which cannot be read"):
         run_in_process(resume_config(cfg.out))
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"round": 2, "config": {"seed"', "is not valid JSON (truncated?)"),
+        ("[]", "not a checkpoint of format 2"),
+        ('{"format": 2, "round": 2}', "is incomplete (no config, lines)"),
+    ],
+)
+def test_a_corrupt_checkpoint_names_the_file_and_what_to_do(tmp_path, capsys, text, problem):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.json").write_text(text, encoding="utf-8")
+    assert main(["run", "--resume", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"trustformer: error: {run / 'checkpoint.json'} ") and problem in err, err
+    assert "the run cannot be resumed from it; start it again with --overwrite, or restore the file" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    # a new run into that folder says why it cannot be resumed, and what to do
+    assert main(["run", "--preset", "tiny", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be resumed" in err and problem in err and "--overwrite" in err

@@ -164,7 +164,9 @@ def test_a_deprecated_key_is_one_warning_line_without_python_source(capsys):
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        assert main(["config", "--preset", "tiny", "--set", "federation.topk_keep=0.25"]) == 0
+        assert (
+            main(["config", "--preset", "tiny", "--strategy", "fedavg-topk", "--set", "federation.topk_keep=0.25"]) == 0
+        )
     err = capsys.readouterr().err
     assert err == (
         "trustformer: warning: federation.topk_keep is deprecated and will be removed in the next release: "
@@ -178,3 +180,75 @@ def test_a_deprecated_key_warns_at_the_callers_line():
     with pytest.warns(FutureWarning, match="federation.topk_keep is deprecated") as caught:
         load_config("tiny", None, {"federation.topk_keep": 0.25})
     assert [w.filename for w in caught] == [__file__]
+
+
+def _out(*argv: str) -> str:
+    import shlex
+
+    from trustformer.cli import build_parser
+    from trustformer.cli_options import run_config
+
+    return run_config(build_parser().parse_args(["run", *(a for arg in argv for a in shlex.split(arg))])).out
+
+
+def test_the_default_output_folder_names_every_setting_that_differs_from_the_preset(tmp_path):
+    from pathlib import Path
+
+    assert Path(_out()) == Path("runs", "fedavg-small-seed0")  # the demo's, which the README's translate line reads
+    assert Path(_out("--strategy trustformer --beta 0.5")) == Path("runs", "trustformer-small-seed0")  # β's default
+    assert Path(_out("--secure secagg")) == Path("runs", "fedavg-small-seed0-mode=secagg")
+    assert Path(_out("--preset tiny --set privacy.delta=1e-5 --set train.lr=3e-4")) == Path(
+        "runs",
+        "fedavg-tiny-seed0-delta=1e-05-train.lr=0.0003",  # lr: image.lr is another option
+    )
+    assert Path(_out("--task segmentation --preset tiny")) == Path("runs", "segmentation-fedavg-tiny-seed0")
+    # the settings decide, not how they were given: the same run from --set in another order, or from a file
+    config = tmp_path / "run.toml"
+    config.write_text('[federation]\npayload_bits = 4\n[model]\nadapters = "lora"\n[train]\ninit = "public"\n')
+    public = _out("--set train.init=public --set model.adapters=lora --set federation.payload_bits=4")
+    assert public == _out("--set federation.payload_bits=4 --set model.adapters=lora --set train.init=public")
+    assert (
+        public
+        == _out(f"--config {config}")
+        == str(Path("runs", "fedavg-small-seed0-payload_bits=4-adapters=lora-init=public"))
+    )
+    # a value that is no plain word, by its hash: different faults, different folders
+    scale, nan = (
+        _out("--preset tiny", f"--set 'federation.faults=[\"client=1,round=*,kind={k}\"]'")
+        for k in ("scale", "sign_flip")
+    )
+    assert scale != nan and all(Path(x).name.startswith("fedavg-tiny-seed0-faults=") for x in (scale, nan))
+    assert Path(_out("--preset tiny --out elsewhere")) == Path("elsewhere")
+
+
+def test_the_audit_runs_at_a_delta_that_gives_it_power_unless_one_is_set(tmp_path, capsys):
+    """The presets' δ = 1e-3 leaves the one-run bound no power with 5,000 canaries (2mδ = 10): `attack audit` runs at
+    δ = 1e-5 where the user set none, and there a leak ε = 1 does not allow is audited above ε (scores of a
+    Gaussian mechanism, shift 1: no audit run needed); a δ the user sets is kept, with the warning."""
+    import numpy as np
+
+    from trustformer.attack.audit import one_run_epsilon_lower_bound
+    from trustformer.attack.cli import audit_config, power_warning
+    from trustformer.cli import build_parser
+
+    def audit(*options):
+        return audit_config(build_parser().parse_args(["attack", "audit", "--preset", "tiny", *options]))
+
+    cfg, m = audit("--set", "privacy.batch_size=60")  # the README's example
+    assert (m, cfg.privacy.delta, cfg.privacy.unit) == (5000, 1e-5, "record") and power_warning(
+        m, cfg.privacy.delta
+    ) is None
+    client, n = audit("--level", "client")
+    assert (n, client.privacy.delta) == (2000, 1e-5) and power_warning(n, client.privacy.delta) is None
+    many, k = audit("--canaries", "50000")
+    assert many.privacy.delta == 1e-6 and power_warning(k, many.privacy.delta) is None
+    rng = np.random.default_rng(0)
+    included = rng.random(m) < 0.5
+    scores = rng.normal(size=m) + included
+    assert one_run_epsilon_lower_bound(scores, included, cfg.privacy.delta)["epsilon_lb"] > cfg.privacy.epsilon
+    assert one_run_epsilon_lower_bound(scores, included, 1e-3)["epsilon_lb"] == 0.0  # the presets' δ: nothing shows
+    # a δ the user sets, on the command line or in a file, is kept, and one without power warned about
+    assert audit("--set", "privacy.delta=1e-3")[0].privacy.delta == 1e-3 and "no power" in power_warning(m, 1e-3)
+    config = tmp_path / "audit.toml"
+    config.write_text("[privacy]\ndelta = 1e-4\n")
+    assert audit("--config", str(config))[0].privacy.delta == 1e-4

@@ -90,8 +90,6 @@ def test_cli_options_map_to_config(tmp_path):
             "3",
             "--data",
             str(tsv),
-            "--beta",
-            "0.3",
             "--agg-every",
             "2",
             "--set",
@@ -100,10 +98,12 @@ def test_cli_options_map_to_config(tmp_path):
     )
     cfg = resolve_config(args)
     f = cfg.federation
-    assert (f.strategy, f.rounds, f.clients, cfg.section("trustformer").beta, f.agg_every) == ("local", 4, 2, 0.3, 2)
+    assert (f.strategy, f.rounds, f.clients, f.agg_every) == ("local", 4, 2, 2)
     assert cfg.seed == 3 and cfg.train.lr == 0.01
     assert cfg.data.source == "tsv" and cfg.data.path == str(tsv)
-    assert cfg.out.endswith("local-tiny-seed3")
+    # the default folder: the stem, then the settings that differ from the preset's (docs/outputs.md)
+    settings = "path=[0-9a-f]{8}-source=tsv-agg_every=2-clients=2-rounds=4-train.lr=0.01"  # by key; a path hashed
+    assert re.fullmatch(rf"runs[/\\]local-tiny-seed3-{settings}", cfg.out), cfg.out
 
 
 def test_protocol_options_live_in_their_own_sections_and_old_keys_still_work_with_a_warning():
@@ -120,3 +120,124 @@ def test_protocol_options_live_in_their_own_sections_and_old_keys_still_work_wit
         assert moved.section(section) == load_config("tiny", None, {f"{section}.{key}": value}).section(section)
     with pytest.raises(ConfigError, match=r"federation.beta and trustformer.beta are both set"):
         load_config("tiny", None, {"federation.beta": 0.25, "trustformer.beta": 0.5})
+
+
+@pytest.mark.parametrize(
+    "typo, hint",
+    [
+        ("train.lrr=1", "unknown config key train.lrr: did you mean train.lr?"),
+        ("federation.rouns=3", "unknown config key federation.rouns: did you mean federation.rounds?"),
+        ("federaton.rounds=3", "unknown config section federaton: did you mean federation?"),
+        ("federation.mu=0.1", "unknown config key federation.mu: did you mean fedprox.mu?"),
+        ("fedprox.muu=0.1", "unknown config key fedprox.muu: did you mean fedprox.mu?"),
+    ],
+)
+def test_a_mistyped_key_or_section_gets_the_closest_valid_name(typo, hint, tmp_path, capsys):
+    from trustformer.cli import main
+
+    assert main(["config", "--preset", "tiny", "--set", typo]) == 2
+    assert f"trustformer: configuration error: {hint} (" in capsys.readouterr().err
+    dotted, _, value = typo.partition("=")
+    section, _, key = dotted.partition(".")
+    toml = tmp_path / "run.toml"
+    toml.write_text(f"[{section}]\n{key} = {value}\n")
+    assert main(["config", "--preset", "tiny", "--config", str(toml)]) == 2  # the same in a --config file
+    assert hint in capsys.readouterr().err
+
+
+def test_an_unknown_section_lists_the_protocols_sections_and_not_the_internal_field(capsys):
+    from trustformer.cli import main
+
+    assert main(["config", "--preset", "tiny", "--set", "colour.x=1"]) == 2
+    err = capsys.readouterr().err
+    listed = re.search(r"\(sections: ([^;]*); top-level keys: ([^)]*)\)", err)
+    assert listed and "did you mean" not in err, err
+    sections, top = listed[1].split(", "), listed[2].split(", ")
+    assert {"trustformer", "fedprox", "fedpc", "phong", "fedavg-topk", "federation", "train"} <= set(sections)
+    assert "sections" not in sections + top and top == ["out", "preset", "seed", "task"]
+    with pytest.raises(ConfigError, match=r"unknown config key colour \(sections: "):
+        build_config({"colour": 1})
+
+
+def test_a_protocol_section_the_strategy_does_not_use_is_refused(capsys):
+    from trustformer.cli import main
+
+    assert main(["config", "--preset", "tiny", "--strategy", "fedavg", "--set", "trustformer.beta=0.3"]) == 2
+    assert capsys.readouterr().err == (
+        "trustformer: configuration error: trustformer.beta is set but --strategy fedavg does not use the "
+        "[trustformer] section; drop it or use --strategy trustformer\n"
+    )
+    assert main(["config", "--preset", "tiny", "--strategy", "fedavg", "--beta", "0.3"]) == 2  # --beta: the same
+    assert main(["config", "--preset", "tiny", "--strategy", "local", "--set", "fedprox.mu=0.5"]) == 2
+    assert "fedprox.mu is set but --strategy local does not use the [fedprox] section" in capsys.readouterr().err
+    assert main(["config", "--preset", "tiny", "--strategy", "trustformer", "--beta", "0.3"]) == 0
+    assert "[trustformer]\nbeta = 0.3\n" in capsys.readouterr().out
+    # a section's defaults set again is no setting; a sweep's strategies may use it (attack --strategies)
+    assert main(["config", "--preset", "tiny", "--strategy", "fedavg", "--set", "fedprox.mu=0.01"]) == 0
+    load_config("tiny", None, {"trustformer.beta": 0.3}, used_by=("fedavg", "trustformer"))
+    with pytest.raises(ConfigError, match=r"none of the strategies run \(fedavg, local\) uses the \[trustformer\]"):
+        load_config("tiny", None, {"trustformer.beta": 0.3}, used_by=("local",))
+    # a configuration built from another (resume, the Flower boundary, a sweep's runs) is not the user's: no check
+    tf = load_config("tiny", None, {"federation.strategy": "trustformer", "trustformer.beta": 0.3}, used_by=())
+    other = load_config("tiny", None, {**tf.flat(), "federation.strategy": "fedavg"})
+    assert RunConfig.from_json(other.to_json()) == build_config(other.to_dict()) == other
+
+
+def test_every_preset_loads_with_every_strategy():
+    from trustformer.registry import protocol_spec, protocol_specs
+
+    data = {"image-classification": {"image.data_dir": "cifar"}, "segmentation": {"segmentation.data_dir": "lgg"}}
+    for preset in PRESETS:
+        for spec in protocol_specs():
+            for task in spec.tasks or ("translation",):
+                own = data.get(task, {}) if preset == "paper" else {}  # the paper's datasets: a folder to name
+                values = {"federation.strategy": spec.name, "task": task, **own}
+                cfg = load_config(preset, None, values, used_by=())
+                assert cfg.federation.strategy == spec.name and cfg.preset == preset
+    assert protocol_spec("fedpc").tasks  # an image strategy among them
+
+
+def _absurd_values(default):
+    """Out-of-range and ill-typed values for an option whose default is ``default``, as ``--set`` writes them."""
+    if isinstance(default, bool):
+        return ["maybe"]
+    if isinstance(default, (int, float)):
+        return ["-1", "1e400", "'ten'"]
+    if isinstance(default, str):
+        return ["'no-such-value'"]
+    return ["'x'", "[[1]]"]  # lists and tables
+
+
+def _every_option():
+    from trustformer.registry import protocol_specs
+
+    options = [(key, default, None) for key, default in RunConfig().flat().items() if key != "out"]
+    for spec in protocol_specs():
+        if spec.section is not None:
+            options += [(f"{spec.name}.{k}", v, spec.name) for k, v in vars(spec.section()).items()]
+    return options
+
+
+def test_an_out_of_range_value_for_every_option_is_refused_without_a_traceback(capsys):
+    """Every option, each with absurd values (negative, infinite, the wrong type, an unknown choice): `trustformer
+    config` either accepts it or refuses it with a configuration error naming the option (what `main` prints as one
+    line, exit 2), never another exception (a traceback). One parser for all, as `main` builds for each."""
+    from trustformer.cli import main
+
+    parser = build_parser()
+    refused = 0
+    for key, default, strategy in _every_option():
+        for value in _absurd_values(default):
+            argv = ["config", "--preset", "tiny", "--set", f"{key}={value}"]
+            if strategy:
+                argv += ["--strategy", strategy]
+            args = parser.parse_args(argv)
+            try:
+                args.func(args)
+            except ConfigError as exc:
+                refused += 1
+                assert key.rsplit(".", 1)[-1] in str(exc), (argv, exc)
+    capsys.readouterr()
+    assert main(["config", "--set", "runtime.store=dsk"]) == 2
+    assert "(did you mean disk?)" in capsys.readouterr().err  # a mistyped choice, like a mistyped key
+    assert refused > 250  # the check above sees refusals, not only values taken as they are

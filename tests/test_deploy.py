@@ -120,6 +120,7 @@ def federation(tmp_path_factory):
         fed.close()
 
 
+@pytest.mark.slow  # the slow tier (CI runs it after the README's test command): about 2 minutes of Flower's processes
 def test_tls_authenticated_deployment_equals_the_in_process_run(federation, tmp_path):
     fed = federation
     host, port = "127.0.0.1", int(fed.server.superlink.info["port"])

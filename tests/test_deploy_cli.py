@@ -158,3 +158,21 @@ def test_sigterm_to_a_client_is_a_requested_stop(tmp_path, creds):
             proc.kill()
     assert proc.returncode == 0, out
     assert "stopped (SIGTERM)" in out
+
+
+@pytest.mark.parametrize("command", ["server", "local"])
+def test_a_deployment_into_a_folder_that_holds_a_run_is_refused_before_anything_starts(
+    tmp_path, creds, capsys, command
+):
+    out = tmp_path / "run"
+    out.mkdir()
+    extra = ["--creds", str(creds), "--port", "0"] if command == "server" else ["--clients", "1"]
+    argv = ["deploy", command, *extra, "--preset", "tiny", "--out", str(out), "--quiet"]
+    (out / "checkpoint.json").write_text("{}")
+    assert main(argv) == 2
+    assert f"trustformer deploy {command} --resume {out}" in capsys.readouterr().err
+    (out / "summary.json").write_text("{}")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run" in err and "--overwrite" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.json", "summary.json"]  # nothing was started

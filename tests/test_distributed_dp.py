@@ -117,7 +117,7 @@ def test_shares_add_up_to_the_noise_the_accountant_needs_and_a_missing_share_sho
         return mechanism if len(calls) % 3 else record_dp.replace(mechanism, noise_multiplier=0.0)
 
     monkeypatch.setattr(record_dp, "share", one_share_missing)
-    short, unit = _round_one_noise(tmp_path, "one-share-missing")
+    short, unit = _round_one_noise(tmp_path, "one-share-missing", **{"privacy.checks": False})  # checks stop it
     assert short / (unit / 3) == pytest.approx(math.sqrt(2 / 3), abs=0.05)
     assert short / measured < 0.9
 

@@ -409,6 +409,30 @@ def test_translate_max_len(run_dir: Path, model, tokenizer, capsys) -> None:
     assert out == translate(model, tokenizer, SOURCES[:1], max_len=3)
 
 
+def test_an_empty_translation_is_warned_once_naming_the_tiny_preset(run_dir: Path, monkeypatch, capsys) -> None:
+    assert mc.empty_translation_warning(3, "tiny") == (
+        "trustformer translate: warning: the model produced an empty translation for line 3; runs of the tiny "
+        "preset are too small to translate (it is for tests and smoke runs) — use --preset small"
+    )
+    assert "undertrained" in mc.empty_translation_warning(1, "small") and mc.run_preset(run_dir) is None
+    tiny_run = run_dir.parent / "tiny-run"
+    shutil.copytree(run_dir, tiny_run)
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    (tiny_run / "summary.json").write_text(json.dumps({**summary, "config": {"preset": "tiny"}}))
+    assert mc.run_preset(tiny_run) == "tiny"
+    blank = lambda model, tok, texts, **kw: ["" if "дом" in t else "a house" for t in texts]  # noqa: E731
+    monkeypatch.setattr("trustformer.evaluation.translation.translate", blank)
+    lines = ["кошка", "", "дом", "дом и море", "лес"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert mc.cmd_translate(parse(["translate", "--run", str(tiny_run), "--batch-size", "2"])) == 0  # still 0
+    out, err = capsys.readouterr()
+    assert out.split("\n") == ["a house", "", "", "", "a house", ""]
+    assert err.splitlines() == [
+        mc.empty_translation_warning(3, "tiny"),
+        "trustformer translate: warning: 2 of 4 translations were empty",
+    ]
+
+
 # ---------------------------------------------------------------------------------- images
 
 

@@ -66,3 +66,17 @@ def test_data_naming_a_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["run", "--preset", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "x"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "is a folder" in err and "Traceback" not in err
+
+
+def test_docs_outputs_lists_every_file_of_the_run_folder(fedavg_run):
+    """docs/outputs.md names every file and folder a run folder holds (a round number as <round>, a client id as
+    <id>), so a user finds out what each one is."""
+    import re
+    from pathlib import Path
+
+    cfg, _ = fedavg_run
+    text = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text(encoding="utf-8")
+    for entry in sorted(Path(cfg.out).iterdir()):
+        name = re.sub(r"^client-\d+$", "client-<id>", re.sub(r"-r\d+\.pt$", "-r<round>.pt", entry.name))
+        name += "/" if entry.is_dir() else ""
+        assert f"`{name}" in text, f"docs/outputs.md does not list {name} ({entry.name}), which a run folder holds"

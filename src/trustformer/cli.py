@@ -37,8 +37,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the run checkpointed in DIR after its last completed round (needs "
-        "runtime.store = disk; the run's own configuration is used)",
+        help="continue the run checkpointed in DIR after its last completed round (its clients' state must be "
+        "on disk: runtime.store = auto, the default, or disk; the run's own configuration is used)",
     )
     p.add_argument(
         "--overwrite",
@@ -50,18 +50,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)  # --resume DIR: the checkpointed run's configuration
-    from .runtime.node import keeps_state_on_disk
-
     check_out_folder(cfg.out)  # before any data loads
     if not cfg.runtime.resume and not args.overwrite:
         refuse_existing_run(cfg.out)
 
-    if cfg.runtime.resume and not keeps_state_on_disk(cfg):
-        raise ConfigError(
-            f"cannot resume {cfg.out} in one process: its clients kept their state in memory "
-            "(runtime.store = memory), which ended with the run; runs meant to be resumed need "
-            "--set runtime.store=disk"
-        )
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     from .tasks.checks import check_metrics
     from .engine import run

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
 from .config.run import ConfigDeprecationWarning
@@ -32,7 +33,13 @@ RUN_OPTIONS = (
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=list(PRESETS), default=None, help="base settings (default: small)")
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="base settings: tiny (tests and smoke runs, seconds; its model is too small to translate, its "
+        "translations blank or meaningless) | small (the CPU demo, minutes; the default) | paper (Table II, for a GPU)",
+    )
     p.add_argument("--config", metavar="FILE", help="TOML file with any run option (docs/configuration.md)")
     p.add_argument(
         "--task", choices=TASKS, help="learning task (default: translation); the preset's values follow the task"
@@ -48,7 +55,12 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         help="start from a model pretrained on these public pairs ('source<TAB>target' lines) instead of "
         "random weights (shorthand for --set train.init=public --set train.public_data=FILE.tsv)",
     )
-    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/<strategy>-<preset>-seed<seed>)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output folder (default: runs/<strategy>-<preset>-seed<seed>, then each setting that differs from the "
+        "preset's defaults, e.g. -mode=secagg)",
+    )
     p.add_argument("--beta", type=float, help="trustformer: clusters per layer as a fraction of its rows")
     p.add_argument("--agg-every", type=int, help="exchange every N rounds (the paper's Agg_fr)")
     p.add_argument(
@@ -73,8 +85,10 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_config(args: argparse.Namespace) -> RunConfig:
-    """The run configuration of the shared options: preset < ``--config`` < options < ``--set``."""
+def resolve_config(args: argparse.Namespace, *, strategies: Collection[str] = ()) -> RunConfig:
+    """The run configuration of the shared options: preset < ``--config`` < options < ``--set``. A protocol's
+    section the options set (``--set trustformer.beta=0.3``) that neither the run's strategy nor one of
+    ``strategies`` (those a sweep runs besides) reads is refused."""
     overrides: dict[str, Any] = {
         "task": getattr(args, "task", None),
         "federation.strategy": args.strategy,
@@ -97,20 +111,103 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         key, value = parse_override(item)
         overrides[key] = value
     preset = args.preset or "small"
-    cfg = load_config(preset, args.config, overrides)
+    cfg = load_config(preset, args.config, overrides, used_by=strategies)
     if not cfg.out:
-        task = "" if cfg.task == "translation" else f"{cfg.task}-"
         with warnings.catch_warnings():  # the same keys again: their deprecation was reported once above
             warnings.simplefilter("ignore", ConfigDeprecationWarning)
-            cfg = load_config(
-                preset,
-                args.config,
-                {
-                    **overrides,
-                    "out": os.path.join("runs", f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}"),
-                },
-            )
+            cfg = load_config(preset, args.config, {**overrides, "out": default_out(cfg)})
     return cfg
+
+
+# keys the default folder's name holds in its stem, or that do not make a run another one
+_NAMED = ("out", "seed", "preset", "task", "federation.strategy", "runtime.resume")
+_SAFE = re.compile(r"[A-Za-z0-9._+-]{1,32}")
+_LONGEST_SETTINGS = 120  # characters of settings in a folder's name; longer: their hash
+
+
+def default_out(cfg: RunConfig) -> str:
+    """The output folder of a run not given one: ``runs/[<task>-]<strategy>-<preset>-seed<seed>``, then every setting
+    that differs from the preset's defaults as ``-key=value`` in the order of their dotted keys (the key's last part
+    where no other option shares it; a value that is not a short plain word, by a hash of it; settings longer than
+    120 characters in all, by ``settings=<hash>``). Deterministic, and runs whose settings differ get different
+    folders: ``runs/fedavg-small-seed0`` (the demo), ``runs/fedavg-small-seed0-mode=secagg``."""
+    task = "" if cfg.task == "translation" else f"{cfg.task}-"
+    stem = f"{task}{cfg.federation.strategy}-{cfg.preset}-seed{cfg.seed}"
+    changed = non_default_settings(cfg)
+    if not changed:
+        return os.path.join("runs", stem)
+    labels = _setting_labels()
+    settings = "-".join(f"{labels.get(key, key)}={_value_label(value)}" for key, value in changed.items())
+    if len(settings) > _LONGEST_SETTINGS:
+        settings = f"settings={_digest(changed)}"
+    return os.path.join("runs", f"{stem}-{settings}")
+
+
+def non_default_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of ``cfg`` that differ from its preset's defaults for its task (a protocol's own section: from
+    the section's defaults), by dotted key in sorted order; the name's stem (strategy, preset, seed, task) and
+    ``out`` left out."""
+    import dataclasses
+
+    from .registry import protocol_spec
+
+    base = load_config(cfg.preset, None, {"task": cfg.task})
+    base = dataclasses.replace(base, sections=tuple((n, protocol_spec(n).section()) for n, _ in cfg.sections))
+    defaults = base.flat()
+    return {
+        key: value
+        for key, value in sorted(cfg.flat().items())
+        if key not in _NAMED and (key not in defaults or defaults[key] != value)
+    }
+
+
+def _setting_labels() -> dict[str, str]:
+    """Each dotted key's label in a folder's name: its last part where no other option (of any protocol's section)
+    has that last part, else the whole key (``train.lr``: ``image.lr`` is another option)."""
+    import dataclasses
+
+    from .registry import protocol_specs
+
+    keys = list(RunConfig().flat())
+    for spec in protocol_specs():
+        if spec.section is not None:
+            keys += [f"{spec.name}.{f.name}" for f in dataclasses.fields(spec.section)]
+    leaves = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: leaf for key, leaf in zip(keys, leaves) if leaves.count(leaf) == 1}
+
+
+def _value_label(value: Any) -> str:
+    """A value as a folder name shows it: a number or plain word as written (``8``, ``1e-05``, ``secagg``, ``true``),
+    a list of them joined by ``+``; anything else (a path, a fault) by a hash of it."""
+    if isinstance(value, list):
+        words = [_plain(v) for v in value]
+        joined = "+".join(w for w in words if w is not None)
+        if value and None not in words and all("+" not in w for w in words if w) and len(joined) <= 32:
+            return joined
+        return _digest(value)
+    word = _plain(value)
+    return _digest(value) if word is None else word
+
+
+def _plain(value: Any) -> str | None:
+    """A number, boolean or short plain word as written; None for anything else."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        short = format(value, "g")
+        return short if float(short) == value else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and _SAFE.fullmatch(value):
+        return value
+    return None
+
+
+def _digest(value: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()[:8]
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -250,10 +347,12 @@ __all__ = [
     "RUN_OPTIONS",
     "add_config_options",
     "check_out_folder",
+    "default_out",
     "float_list",
     "int_list",
     "str_list",
     "interrupted_advice",
+    "non_default_settings",
     "refuse_existing_run",
     "resolve_config",
     "run_config",

@@ -4,12 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 from ..cli_options import add_config_options, float_list, resolve_config, setup_logging, str_list
-from ..config import ConfigError
+from ..config import ConfigError, RunConfig, parse_override
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 def add_attack_parser(sub: argparse._SubParsersAction) -> None:
@@ -128,7 +134,7 @@ def _attack_setup(args: argparse.Namespace, default_out: str):
     if args.out is None:
         args.out = os.path.join("runs", default_out)
     setup_logging(quiet=True)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, strategies=args.strategies or ())
     runs, skipped = rec.plan(cfg, args.strategies, args.betas, args.memberships, args.secure_modes)
     for why in skipped:
         print(f"skipped {why}", file=sys.stderr)
@@ -175,34 +181,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import functools
     import json
 
-    from ..protocols.dp_fedavg import SPEC as DP_FEDAVG
     from . import client_dp_audit
     from .dp_audit import audit, format_benchmark, honest_benchmark
 
     client = args.level == "client"
-    m = args.canaries or (2000 if client else 5000)
-    given = {item.partition("=")[0] for item in args.set}
-    defaults: dict[str, object] = {"eval.meteor": False, "eval.bertscore": False}
-    if client:
-        defaults["privacy.unit"] = "client"
-        if args.strategy is None:
-            defaults["federation.strategy"] = DP_FEDAVG.name
-    else:
-        defaults.update({"privacy.unit": "record", "privacy.audit_canaries": m})
-    args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
-    if args.out is None:
-        args.out = os.path.join("runs", "attack-audit")
     setup_logging(quiet=True)
-    cfg = resolve_config(args)
+    cfg, m = audit_config(args)
     run_audit = functools.partial(client_dp_audit.audit, canaries=m) if client else audit
-    m = m if client else cfg.privacy.audit_canaries
-    slack = 2 * m * cfg.privacy.delta
-    if slack >= 0.5:
-        print(
-            f"warning: 2·m·δ = {slack:.2g} (m = {m} canaries, δ = {cfg.privacy.delta:g}): "
-            "the one-run bound's δ term leaves it almost no power; lower privacy.delta (e.g. 1e-5) or --canaries",
-            file=sys.stderr,
-        )
+    warning = power_warning(m, cfg.privacy.delta)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.seeds < 1:
         raise ConfigError(f"--seeds = {args.seeds}: need at least 1")
     if args.seeds > 1 or args.epsilons:
@@ -226,6 +214,66 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0 if result["epsilon_lb"] <= result["epsilon"] else 1
+
+
+def audit_config(args: argparse.Namespace) -> tuple[RunConfig, int]:
+    """``attack audit``'s run configuration and its number of canaries m: the options under the audit's defaults
+    (record level: privacy.unit = record and privacy.audit_canaries = m; client level: privacy.unit = client and
+    dp-fedavg; no METEOR or BERTScore) and, where neither ``--set`` nor ``--config`` sets privacy.delta, δ =
+    :func:`audit_delta` (m), at which the one-run bound has its power (the presets' δ = 1e-3 leaves it none)."""
+    import json
+
+    from ..protocols.dp_fedavg import SPEC as DP_FEDAVG
+
+    client = args.level == "client"
+    m = args.canaries or (2000 if client else 5000)
+    given = {item.partition("=")[0].strip() for item in args.set}
+    defaults: dict[str, object] = {"eval.meteor": False, "eval.bertscore": False}
+    if client:
+        defaults["privacy.unit"] = "client"
+        if args.strategy is None:
+            defaults["federation.strategy"] = DP_FEDAVG.name
+    else:
+        defaults.update({"privacy.unit": "record", "privacy.audit_canaries": m})
+    if "privacy.delta" not in given and not _sets_delta(args.config):
+        chosen = dict(parse_override(item) for item in args.set).get("privacy.audit_canaries")
+        # --set privacy.audit_canaries over --canaries (a bad value is the loader's to report)
+        canaries = chosen if not client and isinstance(chosen, int) and chosen > 0 else m
+        defaults["privacy.delta"] = audit_delta(canaries)
+    args.set = [f"{k}={json.dumps(v)}" for k, v in defaults.items() if k not in given] + list(args.set)
+    if args.out is None:
+        args.out = os.path.join("runs", "attack-audit")
+    cfg = resolve_config(args)
+    return cfg, (m if client else cfg.privacy.audit_canaries)
+
+
+def audit_delta(canaries: int) -> float:
+    """The audit's δ where the user sets none: 1e-5 (the README's), or the power of ten below it that keeps the
+    one-run bound's δ term 2·m·δ at most 0.4 with m canaries (:func:`power_warning` warns from 0.5)."""
+    return min(1e-5, 10.0 ** math.floor(math.log10(0.2 / canaries)))
+
+
+def power_warning(canaries: int, delta: float) -> str | None:
+    """Why an audit of m canaries at δ can show no ε_lb (2·m·δ ≥ 0.5), or None."""
+    slack = 2 * canaries * delta
+    if slack < 0.5:
+        return None
+    return (
+        f"2·m·δ = {slack:.2g} (m = {canaries} canaries, δ = {delta:g}): the one-run bound's δ term leaves it almost "
+        f"no power; lower privacy.delta (e.g. {audit_delta(canaries):g}, the audit's default) or --canaries"
+    )
+
+
+def _sets_delta(config: str | None) -> bool:
+    """Whether the ``--config`` file sets privacy.delta (a file that cannot be read is reported by the loader)."""
+    if not config:
+        return False
+    try:
+        values = tomllib.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    privacy = values.get("privacy")
+    return isinstance(privacy, dict) and "delta" in privacy
 
 
 def _allowed_failures(seeds: int) -> int:

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..cli_options import add_config_options, resolve_config
-from ..config import RunConfig
+from ..config import STRATEGIES, RunConfig
 from .federation_figure import curves_figure, figure
 from .federation_plan import (
     BENCH_OPTIONS,
@@ -190,7 +190,8 @@ def base_config(
     args.set = [f"{k}={json.dumps(v)}" for k, v in extra.items() if k not in given] + list(args.set)
     if args.out is None:
         args.out = out
-    return resolve_config(args)
+    # the benchmark runs the protocols of its rows (robustness: --strategies), each with its own section
+    return resolve_config(args, strategies=getattr(args, "strategies", None) or STRATEGIES)
 
 
 def main(argv: list[str] | None = None) -> int:

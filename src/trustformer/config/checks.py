@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from ..errors import TrustformerError
@@ -13,7 +14,10 @@ class ConfigError(TrustformerError, ValueError):
 
 def check_choice(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(map(str, allowed))}")
+        names = [str(a) for a in allowed]
+        close = difflib.get_close_matches(str(value), names, n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ConfigError(f"{key} = {value!r} is not one of: {', '.join(names)}{hint}")
 
 
 def check_at_least(key: str, value: float, low: float) -> None:

@@ -3,9 +3,10 @@ refused."""
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import fields, is_dataclass
-from typing import Any, Mapping, get_args, get_origin, get_type_hints
+from typing import Any, Iterable, Mapping, get_args, get_origin, get_type_hints
 
 from .checks import ConfigError
 
@@ -17,7 +18,7 @@ def build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s} (valid keys here: {', '.join(sorted(known))})")
+        raise unknown_key(prefix, str(unknown[0]), known)
     kwargs = {}
     for f in fields(cls):
         if f.name not in values:
@@ -29,6 +30,25 @@ def build(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
         else:
             kwargs[f.name] = _coerce(key, values[f.name], hint)
     return cls(**kwargs)
+
+
+def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
+    """``": did you mean train.lr?"``: the closest of ``candidates`` to a mistyped ``name`` (each shown after
+    ``prefix``; those about as close as the closest), or "" when none is close."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, name, c).ratio(), c) for c in set(candidates)), key=lambda t: (-t[0], t[1])
+    )
+    close = [c for score, c in scored if score >= 0.6 and score >= scored[0][0] - 0.1][:3]
+    return f": did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+
+
+def unknown_key(prefix: str, name: str, known: Iterable[str], elsewhere: Iterable[str] = ()) -> ConfigError:
+    """The error of key ``prefix + name``, not one of the ``known`` keys of its table: the closest known keys,
+    else the dotted keys of ``elsewhere`` (other tables' keys) named ``name`` (``fedprox.mu`` for ``federation.mu``)."""
+    known = sorted(known)
+    moved = sorted(k for k in elsewhere if k.rpartition(".")[2] == name)
+    hint = did_you_mean(name, known, prefix) or (f": did you mean {' or '.join(moved)}?" if moved else "")
+    return ConfigError(f"unknown config key {prefix}{name}{hint} (valid keys here: {', '.join(known)})")
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:

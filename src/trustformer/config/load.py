@@ -4,9 +4,10 @@ resolved into a validated :class:`RunConfig`; and the configuration a Flower run
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .checks import ConfigError, check_choice
 from .coerce import build
@@ -34,8 +35,15 @@ def load_config(
     preset: str = "small",
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    used_by: Collection[str] | None = None,
 ) -> RunConfig:
-    """Resolve preset < TOML file < overrides (dotted keys, e.g. ``federation.rounds``)."""
+    """Resolve preset < TOML file < overrides (dotted keys, e.g. ``federation.rounds``).
+
+    ``used_by`` (the command line's settings, :func:`check_sections_used`): refuse a protocol's section
+    (``[trustformer]``) set to other than its preset values when it is neither the run's strategy's nor one of
+    ``used_by``'s (the strategies a sweep runs besides). None: no such check, for a configuration built from another
+    (``cfg.flat()`` with another strategy keeps the first one's section)."""
     if preset not in PRESETS:
         raise ConfigError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}")
     file_values: dict[str, Any] = {}
@@ -68,7 +76,51 @@ def load_config(
             if not isinstance(target, dict):
                 raise ConfigError(f"{dotted}: {part} is not a section")
         target[leaf] = value
-    return build_config(merged)
+    cfg = build_config(merged)
+    if used_by is not None:
+        check_sections_used(cfg, preset, task, used_by)
+    return cfg
+
+
+TASK_SECTIONS = {"image": "image-classification", "segmentation": "segmentation"}  # section -> the task that reads it
+
+
+def check_sections_used(cfg: RunConfig, preset: str, task: str, used_by: Collection[str] = ()) -> None:
+    """ConfigError when ``cfg`` sets a protocol's own section (``[trustformer]``) to other than the preset's values
+    (the section's defaults: no preset sets one), and no strategy that runs reads it: neither ``cfg``'s strategy nor
+    one of ``used_by``. A protocol's section is read by that protocol alone (``cfg.section(name)`` in its module, and
+    by what describes its runs: the attestation, the reproduction's labels), never by a wrapper or another
+    protocol, so it is silently ignored by every other strategy. Likewise a task's own section (``[image]``,
+    ``[segmentation]``) on a run of another task."""
+    strategies = sorted({cfg.federation.strategy, *used_by})
+    baseline: dict[str, Any] = {}
+    _apply_preset(baseline, preset, task)
+    for name, its_task in TASK_SECTIONS.items():  # a task's own section, on a run of another task
+        if task == its_task:
+            continue
+        section = getattr(cfg, name)
+        preset_section = build(type(section), baseline.get(name, {}), prefix=f"{name}.")
+        changed = [f.name for f in fields(section) if getattr(section, f.name) != getattr(preset_section, f.name)]
+        if changed:
+            raise ConfigError(
+                f"{name}.{changed[0]} is set but --task {task} does not use the [{name}] section; drop it or use "
+                f"--task {its_task}"
+            )
+    for name, section in cfg.sections:
+        if name in strategies:
+            continue
+        preset_section = build(type(section), baseline.get(name, {}), prefix=f"{name}.")
+        changed = [f.name for f in fields(section) if getattr(section, f.name) != getattr(preset_section, f.name)]
+        if not changed:
+            continue
+        runs = (
+            f"--strategy {strategies[0]} does not use"
+            if not used_by
+            else f"none of the strategies run ({', '.join(strategies)}) uses"
+        )
+        raise ConfigError(
+            f"{name}.{changed[0]} is set but {runs} the [{name}] section; drop it or use --strategy {name}"
+        )
 
 
 def image_preset(name: str, **overrides: Any) -> ImageConfig:

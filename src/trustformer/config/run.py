@@ -6,15 +6,16 @@ import dataclasses
 import json
 import os
 import sys
+import typing
 import warnings
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import FrameType
 from typing import Any, Mapping
 
 from ..registry import PROTOCOLS, protocol_spec, protocol_specs
 from .checks import ConfigError, check_at_least, check_choice
-from .coerce import build, to_plain
+from .coerce import build, did_you_mean, to_plain, unknown_key
 from .composition import check_composition
 from .faults import POISON_KINDS
 from .presets import PRESETS
@@ -42,8 +43,10 @@ ADAPTERS_NOT_FOR_IMAGES = (
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 0  # seed of every random choice (data split, initial model, batches, memberships, sampling)
-    out: str = ""  # default: runs/<strategy>-<preset>-seed<seed>
-    preset: str = "small"  # tiny (tests, seconds) | small (the CPU demo, minutes) | paper (Table II, for a GPU)
+    out: str = ""  # default: runs/<strategy>-<preset>-seed<seed>, then each setting that differs from the preset's
+    # tiny (tests and smoke runs, seconds; too small to translate: its translations are blank or meaningless) |
+    # small (the CPU demo, minutes) | paper (Table II, for a GPU)
+    preset: str = "small"
     task: str = "translation"  # translation | image-classification | segmentation
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -251,6 +254,7 @@ def build_run(values: Mapping[str, Any]) -> RunConfig:
         raise ConfigError("unknown config key sections (a protocol's section is a table named after it: [fedprox])")
     own = set(values) & set(PROTOCOLS) - {f.name for f in dataclasses.fields(RunConfig)}
     plain = {k: v for k, v in values.items() if k not in own}
+    _check_keys(plain)
     sections = []
     for name in sorted(own):
         declared = protocol_spec(name).section
@@ -258,5 +262,56 @@ def build_run(values: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(
                 f"unknown config key {name} (federation.strategy {name!r} declares no section of its own)"
             )
+        if isinstance(values[name], Mapping):
+            _check_table_keys(name, values[name], frozenset(f.name for f in dataclasses.fields(declared)))
         sections.append((name, build(declared, values[name], prefix=f"{name}.")))
     return dataclasses.replace(build(RunConfig, plain, prefix=""), sections=tuple(sections))
+
+
+@lru_cache(maxsize=1)
+def _run_tables() -> dict[str, frozenset[str]]:
+    """RunConfig's sections (``[train]``), each with its keys."""
+    hints = typing.get_type_hints(RunConfig)
+    return {
+        f.name: frozenset(g.name for g in dataclasses.fields(hints[f.name]))
+        for f in dataclasses.fields(RunConfig)
+        if dataclasses.is_dataclass(hints[f.name])
+    }
+
+
+def _all_tables() -> dict[str, frozenset[str]]:
+    """Every section with its keys: RunConfig's and the protocols' own (``[fedprox]``: imports every protocol, so
+    called only to explain an error)."""
+    tables = dict(_run_tables())
+    for spec in protocol_specs():
+        if spec.section is not None:
+            tables[spec.name] = frozenset(f.name for f in dataclasses.fields(spec.section))
+    return tables
+
+
+def _check_keys(plain: Mapping[str, Any]) -> None:
+    """The top-level keys of ``plain`` (less the protocols' sections) are RunConfig's, and each of its sections'
+    keys are that section's: else ConfigError naming the closest valid ones (the protocols' sections among them;
+    the internal ``sections`` field never)."""
+    top = {f.name for f in dataclasses.fields(RunConfig)} - {"sections"}
+    unknown = sorted(set(plain) - top)
+    if unknown:
+        name = str(unknown[0])
+        tables = _all_tables()
+        plain_keys = sorted(top - set(tables))
+        hint = did_you_mean(name, [*tables, *plain_keys])
+        listing = f"sections: {', '.join(sorted(tables))}; top-level keys: {', '.join(plain_keys)}"
+        what = "section" if isinstance(plain[name], Mapping) else "key"
+        raise ConfigError(f"unknown config {what} {name}{hint} ({listing})")
+    for name, keys in _run_tables().items():
+        if isinstance(plain.get(name), Mapping):
+            _check_table_keys(name, plain[name], keys)
+
+
+def _check_table_keys(name: str, table: Mapping[str, Any], keys: frozenset[str]) -> None:
+    """Every key of section ``name`` is one of its ``keys``: else ConfigError naming the closest (or the same key in
+    another section: ``federation.mu``, did you mean ``fedprox.mu``)."""
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        elsewhere = [f"{other}.{key}" for other, its in _all_tables().items() if other != name for key in its]
+        raise unknown_key(f"{name}.", str(unknown[0]), keys, elsewhere)

@@ -432,6 +432,11 @@ class PrivacyConfig:
     # unit = record, noise = local: the DP-SGD steps' peak learning rate is train.lr x lr_scale (a large noisy
     # batch takes a larger step; fine-tuning keeps train.lr x federation.finetune_lr_scale; see batch_size)
     lr_scale: float = 4.0
+    # unit = record: check every DP-SGD run where its epsilon is spent (core/dp_checks.py): the steps charged are the
+    # steps taken, the batches drawn fit rate q, no clipped record exceeds C, the noise has std sigma C on every
+    # tensor and never repeats, and a second accountant (PLD) agrees with the reported epsilon; a failed check stops
+    # the run. Results per client in summary.json (privacy.clients.*.checks). false: off (debugging only)
+    checks: bool = True
 
     def validate(self) -> None:
         check_choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -550,10 +555,11 @@ class RuntimeConfig:
     engine: str = "inprocess"
     device: str = "auto"  # where models and protocol tensors live: auto (CUDA when present, else CPU) | cpu | cuda
     threads: int = 0  # torch threads; 0 = all cores
-    # client state store: memory | disk (under <out>/client-state) | auto (memory while every client's state fits
-    # in runtime.memory_budget_mb, else disk); the simulation engine always keeps it on disk
+    # client state store: memory | disk (under <out>/client-state) | auto (disk when the run writes checkpoints,
+    # so that it can be resumed; without checkpoints, memory while every client's state fits in
+    # runtime.memory_budget_mb, else disk); the simulation engine always keeps it on disk
     store: str = "auto"
-    memory_budget_mb: int = 2048  # store = auto: the most client state kept in memory
+    memory_budget_mb: int = 2048  # store = auto without checkpoints: the most client state kept in memory
     client_cpus: float = 1.0  # simulation: CPUs each virtual client reserves (Ray runs floor(CPUs / this) at once)
     client_gpus: float = 0.0  # simulation: GPUs (or a fraction of one) each virtual client reserves
     ray_address: str = ""  # simulation: join this Ray cluster ("auto" or host:port); "" = start a local Ray

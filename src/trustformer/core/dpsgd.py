@@ -35,12 +35,15 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from .banded_noise import BandedNoise
+
+if TYPE_CHECKING:
+    from .dp_checks import StepChecks
 
 # Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient: added once,
 # for that message only
@@ -224,6 +227,7 @@ def dp_sgd(
     canaries: Canaries | None = None,
     physical_batch: int = 32,
     banded: BandedNoise | None = None,
+    checks: StepChecks | None = None,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
 
@@ -231,8 +235,9 @@ def dp_sgd(
     ``example_losses(model, inputs, targets)`` one loss per record, each depending on its record alone;
     ``before_step(i)`` sets the learning rate of step i; ``physical_batch`` bounds the records whose gradients are
     held at once (a Poisson batch is processed in pieces, each record clipped once); ``banded`` correlates each
-    step's noise with the earlier steps' (``core/banded_noise.py``). Returns the mean training loss over the
-    records seen, the steps, the records drawn and the time."""
+    step's noise with the earlier steps' (``core/banded_noise.py``); ``checks`` watches the draws, the clipping,
+    the noise and the optimizer's steps (``core/dp_checks.py``). Returns the mean training loss over the records
+    seen, the steps, the records drawn and the time."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
@@ -250,6 +255,8 @@ def dp_sgd(
     if canaries is not None:  # each canary's tensor (its position among the optimizer's parameters) and coordinate
         position = {id(p): t for t, p in enumerate(dp_optimizer.params)}
         where = {c: (position[id(params[canaries.names[c]])], canaries.coordinates[c]) for c in planted}
+    if checks is not None:
+        checks.attach(dp_optimizer, optimizer, {id(p): n for n, p in params.items()})
     started = time.perf_counter()
     loss_sum, seen, last_grad, drawn_canaries = 0.0, 0, None, 0
     model.train()
@@ -259,10 +266,14 @@ def dp_sgd(
                 before_step(i)
             if canaries is None:
                 indices, chosen = poisson_indices(n_records, dp.sample_rate, sampler), []
+                if checks is not None:
+                    checks.drawn(n_records, len(indices))
             else:  # one draw over the records and the included canaries, at the records' rate
                 drawn = poisson_indices(n_records + len(planted), dp.sample_rate, sampler)
                 indices = drawn[drawn < n_records]
                 chosen = [planted[int(k) - n_records] for k in drawn[drawn >= n_records]]
+                if checks is not None:
+                    checks.drawn(n_records + len(planted), len(drawn))
             offsets: dict[str, torch.Tensor] = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
             pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
@@ -289,6 +300,8 @@ def dp_sgd(
                 dp_optimizer.add_noise()  # N(0, σ²C²) on the sum of clipped record gradients
             else:
                 _add_banded_noise(dp_optimizer, params, banded, noise)
+            if checks is not None:  # the release minus the clipped sum: the noise, as it was added
+                checks.released()
             dp_optimizer.scale_grad()  # ÷ B, the expected batch
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
@@ -299,6 +312,8 @@ def dp_sgd(
                         cast(torch.Tensor, p.grad).add_(g)  # set by scale_grad above
             optimizer.step()
     finally:
+        if checks is not None:
+            checks.detach()
         dp_optimizer.zero_grad(set_to_none=True)
         wrapped._close()
     elapsed = time.perf_counter() - started

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import add_config_options, run_config, setup_logging
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,28 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="give up when the run has not finished after S seconds (default 1 day)",
     )
     p.add_argument("--quiet", action="store_true", help="only warnings and the final line")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in the output folder (a finished or interrupted run there is otherwise refused)",
+    )
+
+
+def _refuse_existing_run(cfg: RunConfig, args: argparse.Namespace, command: str) -> None:
+    """A new run into a folder that holds one would replace its summary, metrics and checkpoint without a word."""
+    if cfg.runtime.resume or args.overwrite:
+        return
+    folder = Path(cfg.out)
+    if (folder / "summary.json").exists():
+        raise ConfigError(
+            f"{folder} holds a finished run (summary.json, its metrics and model): choose another folder with "
+            "--out DIR, or pass --overwrite to replace it"
+        )
+    if (folder / "checkpoint.json").exists():
+        raise ConfigError(
+            f"{folder} holds an interrupted run (checkpoint.json): continue it with 'trustformer deploy {command} "
+            f"--resume {folder}', choose another folder with --out DIR, or pass --overwrite to replace it"
+        )
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
@@ -219,6 +241,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     from .launch import check_port_free, deployment_config, preflight, start_server
 
     cfg = deployment_config(run_config(args))
+    _refuse_existing_run(cfg, args, "server")
     preflight(cfg)
     check_port_free(args.host, args.port)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
@@ -247,6 +270,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     from .local import LocalFederation
 
     cfg = deployment_config(run_config(args))
+    _refuse_existing_run(cfg, args, "local")
     preflight(cfg)
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once

@@ -40,7 +40,7 @@ from ..config import CONFIG_KEY, Fault, RunConfig
 from ..core.shared import ALL_SHARDS
 from ..registry import protocol_spec
 from ..runtime import diagnostics
-from ..runtime.node import keeps_state_on_disk, node_defaults, release_memory_store
+from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
 from ..flower_internals import (
@@ -253,7 +253,9 @@ def run_in_process(
     nodes = node_configs(cfg)
     for node in nodes:
         node.update(node_config or {})
-    if keeps_state_on_disk(cfg) and not cfg.runtime.resume:
+    if cfg.runtime.resume:
+        check_resumable(cfg, nodes)  # every client finds its state, or the resume is refused before any round
+    elif keeps_state_on_disk(cfg):
         # a fresh run: no client may pick up the snapshots of an earlier run in the same output folder
         shutil.rmtree(Path(cfg.out) / "client-state", ignore_errors=True)
     try:

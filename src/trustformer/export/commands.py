@@ -4,6 +4,7 @@ sentences or image files (decoded and normalised by ``image_files.py``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -13,6 +14,7 @@ from typing import IO
 import torch
 
 from . import TASK_CLASSIFICATION, ExportError, load_image_model, load_translation_model, select_model
+from .format import SUMMARY_FILE
 from .image_files import MASK_SUFFIX, classification_input, image_files, read_image, segmentation_input
 
 DEFAULT_BEAM = 4  # `trustformer translate --beam`
@@ -25,6 +27,8 @@ __all__ = [
     "add_translate_parser",
     "cmd_predict",
     "cmd_translate",
+    "empty_translation_warning",
+    "run_preset",
 ]
 
 
@@ -140,8 +144,29 @@ def _emit(lines: Iterable[str]) -> None:
     out.flush()
 
 
+def run_preset(run_dir: Path) -> str | None:
+    """The preset of the run in ``run_dir`` (its ``summary.json``'s configuration), None when it does not say."""
+    try:
+        config = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8")).get("config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    preset = config.get("preset") if isinstance(config, dict) else None
+    return preset if isinstance(preset, str) else None
+
+
+def empty_translation_warning(line: int, preset: str | None) -> str:
+    """The warning of an empty translation of input line ``line`` (1-based) by a model of a run of ``preset``."""
+    why = (
+        "runs of the tiny preset are too small to translate (it is for tests and smoke runs) — use --preset small"
+        if preset == "tiny"
+        else "the model is likely undertrained (train longer: --rounds, or use a larger --preset)"
+    )
+    return f"trustformer translate: warning: the model produced an empty translation for line {line}; {why}"
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
-    """``trustformer translate``: print one translation per input sentence, in order."""
+    """``trustformer translate``: print one translation per input sentence, in order; a warning on stderr at the
+    first empty translation of a sentence, and how many there were at the end."""
     from ..evaluation.translation import translate
 
     client, folder = select_model(Path(args.run), args.client)
@@ -150,6 +175,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if max_len < 2:
         raise ExportError(f"--max-len must be >= 2, got {max_len}")
     batch_size = getattr(args, "batch_size", DEFAULT_TRANSLATE_BATCH) or DEFAULT_TRANSLATE_BATCH
+    seen = {"lines": 0, "sentences": 0, "empty": 0}
 
     def run(batch: list[str]) -> list[str]:
         cleaned = [_clean_line(text) for text in batch]
@@ -159,7 +185,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
             if todo
             else iter(())
         )
-        return [_clean_line(next(done)) if text else "" for text in cleaned]
+        out = [_clean_line(next(done)) if text else "" for text in cleaned]
+        for number, (text, hypothesis) in enumerate(zip(cleaned, out), start=seen["lines"] + 1):
+            if text and not hypothesis:
+                seen["empty"] += 1
+                if seen["empty"] == 1:
+                    print(empty_translation_warning(number, run_preset(Path(args.run))), file=sys.stderr, flush=True)
+        seen["lines"] += len(cleaned)
+        seen["sentences"] += len(todo)
+        return out
 
     try:
         if args.texts:
@@ -179,6 +213,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    if seen["empty"] > 1:
+        print(
+            f"trustformer translate: warning: {seen['empty']} of {seen['sentences']} translations were empty",
+            file=sys.stderr,
+        )
     return 0
 
 

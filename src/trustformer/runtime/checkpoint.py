@@ -26,7 +26,7 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,10 @@ STATE_PREFIX = "server-state-r"  # + the round, 5 digits, + ".pt": the protocol'
 FORMAT = 2
 # settings that change how a run is carried out, not what it computes: a resumed run may differ in these
 OPERATIONAL = {"out", "runtime", "federation.round_timeout_s", "federation.node_wait_s"}
+
+
+# what to do about a checkpoint that cannot be read back
+UNREADABLE = "the run cannot be resumed from it; start it again with --overwrite, or restore the file"
 
 
 class CheckpointError(TrustformerError, RuntimeError):
@@ -151,18 +155,25 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
             f"{run_dir} holds no {CHECKPOINT_FILE}: it is not the folder of a run started with "
             "runtime.checkpoint = true (a run writes one before its first round); start it again"
         ) from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{path} is not valid JSON (truncated?): {exc}; {UNREADABLE}") from None
+    except OSError as exc:
         raise CheckpointError(f"{path} cannot be read: {exc}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise CheckpointError(
-            f"{path}: not a checkpoint of format {FORMAT}"
-            + (f" (format {found}, written by an older version: start the run again)" if found else "")
+            f"{path} is not a checkpoint of format {FORMAT}"
+            + (f" (format {found}, written by an older version: start the run again)" if found else f"; {UNREADABLE}")
         )
-    try:
-        return Checkpoint(**raw)
-    except TypeError as exc:
-        raise CheckpointError(f"{path}: unexpected fields ({exc})") from None
+    names = {f.name for f in fields(Checkpoint) if f.init}
+    required = {f.name for f in fields(Checkpoint) if f.init and f.default is MISSING and f.default_factory is MISSING}
+    missing, unexpected = sorted(required - set(raw)), sorted(set(raw) - names)
+    if missing or unexpected:
+        what = (
+            f"is incomplete (no {', '.join(missing)})" if missing else f"has unknown fields ({', '.join(unexpected)})"
+        )
+        raise CheckpointError(f"{path} {what}; {UNREADABLE}")
+    return Checkpoint(**raw)
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

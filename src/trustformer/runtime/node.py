@@ -8,15 +8,16 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import Context
 
-from ..config import RunConfig
+from ..config import RunConfig, build_config
 from ..core.shared import ALL_SHARDS
 from ..tasks.run import initial_tensors
 from ..wire import FederationError
-from .checkpoint import run_key
+from .checkpoint import CheckpointError, check_same_run, read_checkpoint, run_key
 from .store import DiskStore, MemoryStore
 
 DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
@@ -64,13 +65,49 @@ def client_id(context: Context) -> int:
 
 
 def keeps_state_on_disk(cfg: RunConfig) -> bool:
-    """``runtime.store``: disk, memory, or (auto) disk when every client's state would not fit in
-    ``runtime.memory_budget_mb`` (a model and two optimizer moments per snapshot, two snapshots per client);
-    the simulation engine's clients live in several processes, so their state is always on disk."""
+    """``runtime.store``: disk, memory, or (auto) disk when the run writes checkpoints (``runtime.checkpoint``,
+    the default: a run that can be resumed keeps its clients' state where the resume finds it) or when every
+    client's state would not fit in ``runtime.memory_budget_mb`` (a model and two optimizer moments per snapshot,
+    two snapshots per client); the simulation engine's clients live in several processes, so their state is
+    always on disk."""
     if cfg.runtime.engine == "simulation" or cfg.runtime.store != "auto":
         return cfg.runtime.engine == "simulation" or cfg.runtime.store == "disk"
+    if cfg.runtime.checkpoint:
+        return True
     params = sum(t.numel() for t in initial_tensors(cfg.json).values())
     return cfg.federation.clients * params * 4 * 3 * 2 > cfg.runtime.memory_budget_mb * 2**20
+
+
+def check_resumable(cfg: RunConfig, nodes: list[dict[str, Any]]) -> None:
+    """Refuse (CheckpointError) to resume ``cfg.out`` in this process unless every client finds the state it
+    ended the checkpointed round with: the run that wrote the checkpoint kept its clients' state on disk, this one
+    does too, and each client that applied an aggregate has a snapshot in its node's ``state-dir``. A client
+    without its state would start from the initial model and fresh optimizer moments, silently giving another
+    run than the one checkpointed."""
+    checkpoint = read_checkpoint(cfg.out)
+    check_same_run(checkpoint, cfg)  # another configuration is named as such, before its state is looked for
+    recorded = build_config({**checkpoint.config, "out": str(cfg.out)})
+    for which, run in (("the interrupted run", recorded), ("this resume", cfg)):
+        if not keeps_state_on_disk(run):
+            raise CheckpointError(
+                f"cannot resume {cfg.out}: in {which} the clients keep their state in memory "
+                f"(runtime.store = {run.runtime.store}, runtime.checkpoint = {str(run.runtime.checkpoint).lower()}), "
+                "where no resume can find it; start the run again (--overwrite), with runtime.store = auto or "
+                "disk to make it resumable"
+            )
+    for node in nodes:
+        client = int(node["partition-id"])
+        applied = checkpoint.synced.get(str(client), 0)
+        state_dir = node.get("state-dir")
+        if not applied or not state_dir:
+            continue
+        key = "all" if client == ALL_SHARDS else f"client-{client}"
+        if not DiskStore(Path(str(state_dir)) / run_key(cfg)).points(key):
+            raise CheckpointError(
+                f"cannot resume {cfg.out}: client {client} applied round {applied}'s aggregate, but its state is not "
+                f"in {state_dir}; without it the run would not continue as it was. Restore that folder, or start "
+                "the run again (--overwrite)"
+            )
 
 
 def node_defaults(cfg: RunConfig, client: int) -> dict[str, str]:
@@ -105,6 +142,7 @@ __all__ = [
     "DEPLOYED_PROCESSES",
     "process_setup",
     "client_id",
+    "check_resumable",
     "client_store",
     "keeps_state_on_disk",
     "memory_store",

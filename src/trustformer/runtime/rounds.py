@@ -275,6 +275,10 @@ class RoundIO:
             self.drop(node, f"no reply to {step}")
             return None
         if reply.has_error():
+            from ..core.dp_checks import MARK, DPCheckError
+
+            if MARK in (reply.error.reason or ""):  # a failed privacy.checks check: the run stops (core/dp_checks.py)
+                raise DPCheckError(f"round {self.rnd}: {reply.error.reason}")
             self.drop(node, f"{step} failed: {reply.error.reason}")
             return None
         if got.invalid is not None:

@@ -192,6 +192,7 @@ class TranslationTask:
                 step=step,
                 canaries=self.audit_canaries() if client == record_dp.AUDITED_CLIENT else None,
                 federation_sizes=self.shard_sizes(),
+                client=client,
             )
         return wl.train_local(self.cfg, _s2s(model), optimizer, shard, seed=seed, step=step)
 
