@@ -14,6 +14,7 @@ from trustformer.app import client_app
 from trustformer.config import ConfigError, load_config
 from trustformer.core import banded_noise as bn
 from trustformer.core import dpsgd
+from trustformer.core.dp_checks import DPCheckError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
 from trustformer.runtime import client as client_runtime
@@ -257,17 +258,27 @@ def test_a_banded_run_killed_after_round_two_resumes_exactly(tmp_path, monkeypat
             return real_save(self, client, kept, at)
 
         monkeypatch.setattr(DiskStore, "save", save_without_history)
-    stopped = load_config("tiny", None, {**RESUMABLE, "out": str(tmp_path / "stopped")})
-    with pytest.raises(Crash):
-        run_in_process(stopped, client_app=_crash_in_round_three)
-    client_runtime._node_protocols.clear()  # what a restarted process no longer holds
-    node_runtime._memory_stores.clear()
-    resumed = run_in_process(resume_config(stopped.out))
-    assert resumed["resumed_after_rounds"] == [2]
-    if history_saved:
-        assert _losses(stopped.out) == uninterrupted
-    else:
-        assert _losses(stopped.out) != uninterrupted, "the share history was not saved, and the resume hid it"
+    # planted: the resume's own comparison, with the every-run checks off (they only observe, with their own
+    # generators, so the losses are those of a run with them on); with them on, the noise check stops the run in
+    # round 2 already: each owner reloads its state from the store every round, so the history is lost every round
+    for checks in (True, False) if not history_saved else (True,):
+        stopped = load_config(
+            "tiny", None, {**RESUMABLE, "privacy.checks": checks, "out": str(tmp_path / f"stopped-{checks}")}
+        )
+        if not history_saved and checks:
+            with pytest.raises(DPCheckError, match="round 2: .*DP check 'noise' failed"):
+                run_in_process(stopped, client_app=_crash_in_round_three)
+            continue
+        with pytest.raises(Crash):
+            run_in_process(stopped, client_app=_crash_in_round_three)
+        client_runtime._node_protocols.clear()  # what a restarted process no longer holds
+        node_runtime._memory_stores.clear()
+        resumed = run_in_process(resume_config(stopped.out))
+        assert resumed["resumed_after_rounds"] == [2]
+        if history_saved:
+            assert _losses(stopped.out) == uninterrupted
+        else:
+            assert _losses(stopped.out) != uninterrupted, "the share history was not saved, and the resume hid it"
 
 
 # ------------------------------------------------------------------------------------- the bench
