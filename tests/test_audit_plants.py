@@ -18,7 +18,6 @@ Each audit takes 3-6 s.
 
 from __future__ import annotations
 
-import dataclasses
 
 import math
 
@@ -60,66 +59,8 @@ def fresh_plans():
     record_dp._sigma.cache_clear()
 
 
-# ------------------------------------------------------------------------------ the plants, one per step of DP-SGD
-
-
-def plant_sampling(monkeypatch, k: float) -> None:
-    """Sampling: the Poisson sampler draws each record at k × the rate q that σ was solved, and ε reported, for."""
-    draw = dpsgd.poisson_indices
-    monkeypatch.setattr(dpsgd, "poisson_indices", lambda n, rate, g: draw(n, min(1.0, k * rate), g))
-
-
-def plant_clipping(monkeypatch, k: float) -> None:
-    """Clipping: each record's gradient clipped to k·C while the noise stays σ·C (Opacus' noise is
-    noise_multiplier × max_grad_norm, so the multiplier is divided by k)."""
-    import opacus.optimizers
-
-    original = opacus.optimizers.DPOptimizer
-
-    class ClippedAtKC(original):
-        def __init__(self, *args, noise_multiplier, max_grad_norm, **kwargs):
-            super().__init__(*args, noise_multiplier=noise_multiplier / k, max_grad_norm=k * max_grad_norm, **kwargs)
-
-    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", ClippedAtKC)
-
-
-def plant_noise(monkeypatch, k: float) -> None:
-    """Noise: on every other tensor the noise Opacus added is cut to 1/k of itself (σ/k there, not removed)."""
-    import opacus.optimizers
-
-    original = opacus.optimizers.DPOptimizer
-
-    class LessNoise(original):
-        def add_noise(self):
-            super().add_noise()
-            for i, p in enumerate(self.params):
-                if i % 2:
-                    clipped = p.summed_grad.view_as(p).to(p.grad.dtype)
-                    p.grad = clipped + (p.grad - clipped) / k
-
-    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", LessNoise)
-
-
-def plant_accounting(monkeypatch, k: float) -> None:
-    """Accounting: σ solved, and ε reported, for a sampling rate k × smaller than the sampler's."""
-    calibrate, epsilon = record_dp.calibrate, dpsgd.RecordDP.epsilon
-    monkeypatch.setattr(record_dp, "calibrate", lambda eps, delta, rate, steps: calibrate(eps, delta, rate / k, steps))
-
-    def reported(self, steps: int, noise_scale: float = 1.0) -> float:  # every ε the run reports goes through it
-        return epsilon(dataclasses.replace(self, sample_rate=self.sample_rate / k), steps, noise_scale)
-
-    monkeypatch.setattr(dpsgd.RecordDP, "epsilon", reported)
-
-
-def true_epsilon(plant: str, k: float, sigma: float, rate: float, steps: int) -> float:
-    """The ε of the mechanism that ran (Opacus' RDP accountant, the run's δ), from the σ, q and steps it reports: for
-    clipping the sensitivity is k·C under noise σ·C, i.e. σ/k; for noise a record whose clipped gradient lies in the
-    tensors with σ/k; for sampling rate min(1, k·q); for accounting σ at the sampler's own rate."""
-    if plant in ("clipping", "noise"):
-        return dpsgd.epsilon_spent(sigma / k, rate, steps, DELTA)
-    if plant == "sampling":
-        return dpsgd.epsilon_spent(sigma, min(1.0, k * rate), steps, DELTA)
-    return dpsgd.epsilon_spent(sigma, rate, steps, DELTA)
+# the plants, one per step of DP-SGD (tests/dp_plants.py), and the true ε of the mechanism each leaves
+from dp_plants import plant_accounting, plant_clipping, plant_noise, plant_sampling, true_epsilon  # noqa: E402
 
 
 PLANTS = {
@@ -302,7 +243,8 @@ def test_a_run_whose_canaries_are_all_out_draws_and_steps_as_a_run_without_them(
 
 
 def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
-    """Memory: at most ``physical_batch`` canary rows are held at once, and the pieces give the same step."""
+    """Memory: the canary rows held at once are ``physical_batch``, or as many more as ``CANARY_FLOATS`` floats of the
+    model's rows hold (Opacus' clipping reads every tensor's rows), and the pieces give the same step."""
     import opacus.optimizers
 
     rows = []
@@ -315,6 +257,7 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
 
     monkeypatch.setattr(opacus.optimizers, "DPOptimizer", Counting)
     many = (True,) * 6
+    monkeypatch.setattr(dpsgd, "CANARY_FLOATS", 1)  # no budget: canaries in pieces of physical_batch, as records
     whole, _ = _step(lambda model: _canaries(model, many), n_records=3, physical_batch=32)
     assert rows == [3, 6]
     rows.clear()
@@ -322,3 +265,10 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
     assert rows == [2, 1, 2, 2, 2]
     for n in whole:
         torch.testing.assert_close(whole[n], pieces[n], rtol=1e-5, atol=1e-7)
+    size = sum(p.numel() for p in _model().parameters())
+    monkeypatch.setattr(dpsgd, "CANARY_FLOATS", 4 * size)  # four rows of the model at once
+    rows.clear()
+    budget, _ = _step(lambda model: _canaries(model, many), n_records=3, physical_batch=2)
+    assert rows == [2, 1, 4, 2]
+    for n in whole:
+        torch.testing.assert_close(whole[n], budget[n], rtol=1e-5, atol=1e-7)

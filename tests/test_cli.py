@@ -222,7 +222,7 @@ def test_the_default_output_folder_names_every_setting_that_differs_from_the_pre
 
 
 def test_the_audit_runs_at_a_delta_that_gives_it_power_unless_one_is_set(tmp_path, capsys):
-    """The presets' δ = 1e-3 leaves the one-run bound no power with 5,000 canaries (2mδ = 10): `attack audit` runs at
+    """The presets' δ = 1e-3 leaves the one-run bound no power with 10,000 canaries (2mδ = 20): `attack audit` runs at
     δ = 1e-5 where the user set none, and there a leak ε = 1 does not allow is audited above ε (scores of a
     Gaussian mechanism, shift 1: no audit run needed); a δ the user sets is kept, with the warning."""
     import numpy as np
@@ -235,7 +235,7 @@ def test_the_audit_runs_at_a_delta_that_gives_it_power_unless_one_is_set(tmp_pat
         return audit_config(build_parser().parse_args(["attack", "audit", "--preset", "tiny", *options]))
 
     cfg, m = audit("--set", "privacy.batch_size=60")  # the README's example
-    assert (m, cfg.privacy.delta, cfg.privacy.unit) == (5000, 1e-5, "record") and power_warning(
+    assert (m, cfg.privacy.delta, cfg.privacy.unit) == (10_000, 1e-5, "record") and power_warning(
         m, cfg.privacy.delta
     ) is None
     client, n = audit("--level", "client")

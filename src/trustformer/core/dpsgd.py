@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+CANARY_FLOATS = 1 << 24  # the per-record rows of canaries clipped at once hold at most this many floats (64 MB)
 ExampleLosses = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -76,6 +77,17 @@ class RecordDP:
     def steps_per_epoch(self) -> int:
         """Opacus' convention for a Poisson loader: 1/q steps make one expected pass over the records."""
         return max(1, round(1.0 / self.sample_rate))
+
+
+class ReleaseReader(Protocol):
+    """What reads each step's release in an audit run (``core/release_log.py:ReleaseLog``): told the parameters
+    once, then called after the records' clipping (before the canaries') and after the division by B."""
+
+    def attach(self, params: Mapping[str, nn.Parameter], order: list[nn.Parameter]) -> None: ...
+
+    def records(self) -> None: ...
+
+    def released(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -172,8 +184,9 @@ def _clip_canaries(
 ) -> None:
     """The sampled canaries through Opacus' own per-record clipping and accumulation (``clip_and_accumulate``) into
     ``p.summed_grad``, as records are: in physical batches of ``piece`` rows, each row the gradient of one canary
-    (:func:`_canary_rows`). Taken in the order of their tensors, so that a batch materialises rows for few tensors:
-    memory stays at ``piece`` rows of the largest tensors, whatever the number of canaries."""
+    (:func:`_canary_rows`). Taken in the order of their tensors, so that a batch materialises rows for few tensors;
+    Opacus' norms copy every tensor's rows, so memory stays at ``piece`` rows of the model, whatever the number of
+    canaries (``dp_sgd`` sizes ``piece`` by :data:`CANARY_FLOATS`)."""
     params = list(dp_optimizer.params)
     ordered = sorted(chosen, key=lambda i: where[i])
     for start in range(0, len(ordered), piece):
@@ -228,6 +241,7 @@ def dp_sgd(
     physical_batch: int = 32,
     banded: BandedNoise | None = None,
     checks: StepChecks | None = None,
+    release_log: ReleaseReader | None = None,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
 
@@ -236,7 +250,8 @@ def dp_sgd(
     ``before_step(i)`` sets the learning rate of step i; ``physical_batch`` bounds the records whose gradients are
     held at once (a Poisson batch is processed in pieces, each record clipped once); ``banded`` correlates each
     step's noise with the earlier steps' (``core/banded_noise.py``); ``checks`` watches the draws, the clipping,
-    the noise and the optimizer's steps (``core/dp_checks.py``). Returns the mean training loss over the records
+    the noise and the optimizer's steps (``core/dp_checks.py``); ``release_log`` (audit runs) keeps each step's
+    release at the canaries' coordinates (``core/release_log.py``). Returns the mean training loss over the records
     seen, the steps, the records drawn and the time."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
@@ -255,8 +270,12 @@ def dp_sgd(
     if canaries is not None:  # each canary's tensor (its position among the optimizer's parameters) and coordinate
         position = {id(p): t for t, p in enumerate(dp_optimizer.params)}
         where = {c: (position[id(params[canaries.names[c]])], canaries.coordinates[c]) for c in planted}
+        # Opacus' clipping reads every tensor's rows, dense: as many canary rows at once as CANARY_FLOATS holds
+        canary_rows = max(physical_batch, CANARY_FLOATS // max(1, sum(p.numel() for p in params.values())))
     if checks is not None:
         checks.attach(dp_optimizer, optimizer, {id(p): n for n, p in params.items()})
+    if release_log is not None:
+        release_log.attach(params, list(dp_optimizer.params))
     started = time.perf_counter()
     loss_sum, seen, last_grad, drawn_canaries = 0.0, 0, None, 0
     model.train()
@@ -285,9 +304,11 @@ def dp_sgd(
                 losses.mean().backward()
                 dp_optimizer.clip_and_accumulate()
                 loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
+            if release_log is not None:  # the records' clipped sum, before any canary joins it
+                release_log.records()
             if chosen:  # the sampled canaries: clipped per record by the same code, into the same sum
                 assert canaries is not None  # only canaries are chosen
-                _clip_canaries(dp_optimizer, where, canaries, chosen, physical_batch)
+                _clip_canaries(dp_optimizer, where, canaries, chosen, canary_rows)
                 drawn_canaries += len(chosen)
             elif not pieces:  # an empty Poisson batch still releases noise: on a zero sum
                 for p in params.values():
@@ -303,6 +324,8 @@ def dp_sgd(
             if checks is not None:  # the release minus the clipped sum: the noise, as it was added
                 checks.released()
             dp_optimizer.scale_grad()  # ÷ B, the expected batch
+            if release_log is not None:  # what the optimizer receives
+                release_log.released()
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if penalty is not None:  # a data-independent term: its exact gradient, after the noise
@@ -330,4 +353,4 @@ def dp_sgd(
     }
 
 
-__all__ = ["Canaries", "RecordDP", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]
+__all__ = ["Canaries", "RecordDP", "ReleaseReader", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]

@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from ..core.dp import noise_generator, os_seed
 from ..core.banded_noise import BandedNoise, amplified_steps, column_norm, min_sep_groups, sqrt_coefficients
 from ..core import dp_checks
 from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, sample_rate
+from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
@@ -318,6 +320,8 @@ def train(
             group["noise_variance"] = (dp.noise_multiplier * dp.clip_norm / dp.expected_batch) ** 2
             group["floor"] = cfg.privacy.adam_floor
     watched = watch(cfg, dp)
+    planted = None if finetune_epochs else canaries
+    log = ReleaseLog(planted, dp, first_step=done) if planted is not None else None
     out = run_steps(
         cfg,
         model,
@@ -328,9 +332,11 @@ def train(
         seed,
         before_step,
         _dp_form(step, cfg.federation.strategy),
-        None if finetune_epochs else canaries,
+        planted,
         checks=watched,
+        release_log=log,
     )
+    save_release(cfg, log, client)
     out = _with_accounting(out, dp, done + steps, optimizer)
     check_run(cfg, optimizer, watched, out, dp, charged_before=done, client=client)
     return out
@@ -375,7 +381,11 @@ def distributed_step(
         banded = BandedNoise(sqrt_coefficients(dp.bands), group.setdefault(NOISE_HISTORY, {}))
         canaries = canaries_of_group(canaries, done % dp.bands, dp.bands)
     watched = watch(cfg, dp, shares=share_count(cfg), first_step=done)
-    out = run_steps(cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries, banded, checks=watched)
+    log = ReleaseLog(canaries, mine, first_step=done) if canaries is not None else None
+    out = run_steps(
+        cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries, banded, checks=watched, release_log=log
+    )
+    save_release(cfg, log, client)
     group[DISTRIBUTED_STEPS] = done + 1
     out = _with_accounting(out, dp, done + 1, sgd)
     out["dp_share_sigma"] = mine.noise_multiplier
@@ -435,6 +445,18 @@ def check_run(
     dp_checks.raise_failures(results, client=client, step=reported.steps)
 
 
+def canaries_of_client(cfg: RunConfig, canaries: Canaries | None, client: int | None) -> Canaries | None:
+    """The audit's canaries as ``client`` trains with them: all of them in the audited client. Under distributed noise
+    every other owner holds them too, every coin "out" (it draws and adds nothing, and steps as without them), so
+    that its DP-SGD logs its share of the release at their coordinates: the release the audit reads is the secure
+    sum of every owner's share (``attack/release_audit.py``)."""
+    if canaries is None or client == AUDITED_CLIENT:
+        return canaries
+    if distributed(cfg):
+        return replace(canaries, included=(False,) * len(canaries.included))
+    return None
+
+
 def canaries_of_group(canaries: Canaries | None, group: int, bands: int) -> Canaries | None:
     """The audit's canaries take every step a record takes: under b-min-sep sampling canary c belongs to group
     c mod b, and a round of another group cannot draw it."""
@@ -482,6 +504,7 @@ def run_steps(
     banded=None,
     *,
     checks: dp_checks.StepChecks | None = None,
+    release_log: ReleaseLog | None = None,
 ):
     """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources."""
     _ready()
@@ -518,7 +541,24 @@ def run_steps(
         canaries=canaries,
         banded=banded,
         checks=checks,
+        release_log=release_log,
     )
+
+
+RELEASE_FOLDER = "audit-release"  # an audit run's release log (core/release_log.py), in the run's folder
+
+
+def release_folder(cfg: RunConfig, client: int | None = None) -> Path:
+    """Where a client's DP-SGD calls log their releases (``attack/release_audit.py`` reads them); without
+    ``client``, the folder of every client's."""
+    root = Path(cfg.out) / RELEASE_FOLDER
+    return root if client is None else root / f"client-{client}"
+
+
+def save_release(cfg: RunConfig, log: ReleaseLog | None, client: int | None) -> None:
+    """Write one DP-SGD call's release log, named by its first step (a resumed round rewrites its own file)."""
+    if log is not None:
+        log.save(release_folder(cfg, AUDITED_CLIENT if client is None else client) / f"steps-{log.first_step:06d}.npz")
 
 
 def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:

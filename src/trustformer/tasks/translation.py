@@ -190,7 +190,7 @@ class TranslationTask:
                 shard,
                 seed=seed,
                 step=step,
-                canaries=self.audit_canaries() if client == record_dp.AUDITED_CLIENT else None,
+                canaries=record_dp.canaries_of_client(self.cfg, self.audit_canaries(), client),
                 federation_sizes=self.shard_sizes(),
                 client=client,
             )
