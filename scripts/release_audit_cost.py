@@ -9,6 +9,7 @@ median of ``--repeats`` runs, seeds alike; run it on an idle machine.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -35,14 +36,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--settings", default="full batch,poisson,distributed")
     parser.add_argument("--out", default="runs/release-audit-cost")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="on top of the setting")
     args = parser.parse_args()
+    print(f"preset {args.preset}", " ".join(args.set))
     print("| setting | plain run s | with every-run checks s | checks / plain | audit s | audit / plain |")
     print("|---|---|---|---|---|---|")
     for setting in [s.strip() for s in args.settings.split(",")]:
-        values = {**SETTINGS[setting], "out": str(Path(args.out) / "run")}
-        plain_cfg = load_config("tiny", None, {**values, "privacy.audit_canaries": 0, "privacy.checks": False})
-        checked_cfg = load_config("tiny", None, {**values, "privacy.audit_canaries": 0, "privacy.checks": True})
-        audit_cfg = load_config("tiny", None, {**values, "privacy.checks": True})
+        extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+        values = {**SETTINGS[setting], **extra, "out": str(Path(args.out) / "run")}
+        plain_cfg = load_config(args.preset, None, {**values, "privacy.audit_canaries": 0, "privacy.checks": False})
+        checked_cfg = load_config(args.preset, None, {**values, "privacy.audit_canaries": 0, "privacy.checks": True})
+        audit_cfg = load_config(args.preset, None, {**values, "privacy.checks": True})
         _timed(lambda: run_in_process(plain_cfg))  # warm: the data, the tokenizer, the public start
         plain, checked, audited = [], [], []
         for _ in range(args.repeats):

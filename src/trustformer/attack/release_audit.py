@@ -88,18 +88,21 @@ def read_release(folder: Path, canaries: Canaries) -> Release:
     counts = calls[0]["counts"].astype(np.float64)
     free = calls[0]["free_counts"].astype(np.float64)
     free_var = np.concatenate([c["free_squares"] for c in calls]) / np.maximum(free, 1) / clip**2
-    # a tensor with no coordinate free of canaries: the noise measured on all the free coordinates of the step
-    overall = (np.concatenate([c["free_squares"] for c in calls]).sum(axis=1) / max(free.sum(), 1) / clip**2)[:, None]
-    free_var = np.where(free > 0, free_var, overall)
+    readings = np.concatenate([c["readings"] for c in calls]).astype(np.float64)
     slot = {n: t for t, n in enumerate(names)}
+    tensor = np.asarray([slot[n] for n in canaries.names])
+    for k in np.flatnonzero(free == 0):  # every coordinate a canary's: the mean square of its canaries' readings,
+        held = tensor == k  # the release alone (a drawn canary adds q·C² to σ²C²: a bias of q/σ² at most)
+        if held.any():
+            free_var[:, k] = (readings[:, held] ** 2).mean(axis=1)
     return Release(
-        readings=np.concatenate([c["readings"] for c in calls]).astype(np.float64),
+        readings=readings,
         noise_var=np.concatenate([c["noise_squares"] for c in calls]) / np.maximum(counts, 1) / clip**2,
         counts=counts,
         free_var=free_var,
         prints=np.concatenate([c["prints"] for c in calls]).astype(np.float64),
         tensor_names=names,
-        canary_tensor=np.asarray([slot[n] for n in canaries.names]),
+        canary_tensor=tensor,
         sigma=sigma,
         clip=clip,
         rate=rate,
@@ -283,9 +286,10 @@ def _fresh_check(rel: Release, alpha: float) -> dict:
 def _moment_checks(rel: Release, included: np.ndarray, alpha: float) -> tuple[dict, dict]:
     """Clipping and sampling from the included canaries' readings (see the module docstring). The claim (C, q) says
     E x = q and E x² − σ̂² = q (units of C): each mean (over the canaries, each canary's mean over the steps one
-    sample) is held to q by a two-sided z-test at ``alpha`` / 2. If either fails, the step named is the one whose
-    estimate, Ĉ = m₂/m₁ against 1 or q̂ = m₁²/m₂ (at most 1) against q, is further off (a log ratio); each estimate
-    is reported with its delta-method interval."""
+    sample; m₂'s variance with that of σ̂², which all of a tensor's canaries share) is held to q by a two-sided z-test
+    at ``alpha`` / 2. If either fails, the step named is the one whose
+    estimate, Ĉ = m₂/m₁ (full batches: m₁) against 1 or q̂ = m₁²/m₂ (at most 1) against q, is further off (a log
+    ratio); each estimate is reported with its delta-method interval."""
     x = rel.readings[:, included]
     y = x * x - rel.noise_var[:, rel.canary_tensor][:, included]  # the exact noise of the canary's tensor
     a, b = x.mean(axis=0), y.mean(axis=0)
@@ -293,15 +297,30 @@ def _moment_checks(rel: Release, included: np.ndarray, alpha: float) -> tuple[di
     m1, m2 = float(a.mean()), float(b.mean())
     z = float(stats.norm.isf(alpha / 4))
     q = rel.rate
-    off_first = abs(m1 - q) > z * float(a.std(ddof=1)) / math.sqrt(n)
-    off_second = abs(m2 - q) > z * float(b.std(ddof=1)) / math.sqrt(n)
+    # σ̂² of a tensor is one estimate shared by all its canaries: its own error, 2σ⁴/n per step (χ²), adds to m₂'s
+    # variance in proportion to the square of the tensor's share of the canaries (the whole of it in LoRA's small
+    # adapters, where every coordinate holds a canary; next to nothing in a large matrix)
+    tensors, share = np.unique(rel.canary_tensor[included], return_counts=True)
+    steps = max(rel.steps, 1)
+    shared = float(
+        sum(
+            (c / n) ** 2 * float((2 * rel.noise_var[:, k] ** 2 / max(rel.counts[k], 1)).sum()) / steps**2
+            for k, c in zip(tensors, share)
+        )
+    )
+    var_first, var_second = float(a.var(ddof=1)) / n, float(b.var(ddof=1)) / n + shared
+    off_first = abs(m1 - q) > z * math.sqrt(var_first)
+    off_second = abs(m2 - q) > z * math.sqrt(var_second)
     cov = np.cov(np.vstack([a, b])) / n
+    cov[1, 1] = var_second
     c_hat = m2 / m1 if m1 > 0 else math.inf
     q_hat = m1 * m1 / m2 if m2 > 0 else math.inf
     grad_c = np.array([-m2 / m1**2, 1.0 / m1]) if m1 > 0 else np.zeros(2)
     grad_q = np.array([2 * m1 / m2, -(m1**2) / m2**2]) if m2 > 0 else np.zeros(2)
     c_se = math.sqrt(max(float(grad_c @ cov @ grad_c), 0.0))
     q_se = math.sqrt(max(float(grad_q @ cov @ grad_q), 0.0))
+    if q >= 1.0:  # full batches: every included canary in every step, E x = C itself (far tighter than m₂/m₁)
+        c_hat, c_se = m1, math.sqrt(float(cov[0, 0]))
 
     def distance(value: float, claim: float) -> float:
         return abs(math.log(value / claim)) if 0 < value < math.inf else math.inf

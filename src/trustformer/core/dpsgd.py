@@ -353,4 +353,13 @@ def dp_sgd(
     }
 
 
-__all__ = ["Canaries", "RecordDP", "ReleaseReader", "calibrate", "dp_sgd", "epsilon_spent", "poisson_indices", "sample_rate"]
+__all__ = [
+    "Canaries",
+    "RecordDP",
+    "ReleaseReader",
+    "calibrate",
+    "dp_sgd",
+    "epsilon_spent",
+    "poisson_indices",
+    "sample_rate",
+]

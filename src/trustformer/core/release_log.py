@@ -27,7 +27,7 @@ from torch import nn
 
 from .dpsgd import Canaries, RecordDP
 
-PRINT_COORDINATES = 512  # noise fingerprint: this many fixed non-canary coordinates per step
+PRINT_COORDINATES = 512  # noise fingerprint: this many fixed coordinates per step
 
 
 class ReleaseLog:
@@ -75,7 +75,7 @@ class ReleaseLog:
             counts.append(p.numel() - len({f for _, f in pairs}))
         self.counts = np.asarray([p.numel() for p in self._params], dtype=np.int64)
         self.free_counts = np.asarray(counts, dtype=np.int64)
-        self._spots = _fingerprint(self._params, self._at)
+        self._spots = _fingerprint(self._params)
 
     def _gather(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
         out = torch.zeros(len(self.canaries.names), dtype=torch.float64)
@@ -152,11 +152,11 @@ class ReleaseLog:
         return path
 
 
-def _fingerprint(
-    params: list[nn.Parameter], at: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[tuple[int, torch.Tensor]]:
-    """:data:`PRINT_COORDINATES` fixed coordinates, none a canary's, spread over the tensors in proportion to their
-    size (a generator of their own: the run's draws and noise are untouched)."""
+def _fingerprint(params: list[nn.Parameter]) -> list[tuple[int, torch.Tensor]]:
+    """:data:`PRINT_COORDINATES` fixed coordinates spread over the tensors in proportion to their size (canary
+    coordinates included: the fingerprint reads the exact noise there, and a model whose every trainable coordinate
+    holds a canary, LoRA's adapters, still has one), from a generator of their own (the run's draws and noise are
+    untouched)."""
     sizes = np.asarray([p.numel() for p in params], dtype=np.float64)
     if not len(sizes) or sizes.sum() <= 0:
         return []
@@ -164,11 +164,8 @@ def _fingerprint(
     g = torch.Generator().manual_seed(0xA0D1)
     out = []
     for t, p in enumerate(params):
-        taken = set(at[t][1].tolist())
-        picks = [int(i) for i in torch.randint(p.numel(), (int(share[t]) * 2 + 4,), generator=g) if int(i) not in taken]
-        picks = sorted(set(picks))[: int(share[t])]
-        if picks:
-            out.append((t, torch.tensor(picks, dtype=torch.long, device=p.device)))
+        picks = sorted(set(torch.randint(p.numel(), (int(share[t]),), generator=g).tolist()))
+        out.append((t, torch.tensor(picks, dtype=torch.long, device=p.device)))
     return out
 
 
