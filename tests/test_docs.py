@@ -1322,6 +1322,26 @@ def test_the_audit_plants_table_of_privacy_md_is_audit_plants_json():
     assert f"--json docs/bench/audit-plants.json`, {len(runs)} runs.)" in page("privacy.md")
 
 
+def test_the_release_audit_tables_of_privacy_md_are_their_json():
+    """The release view's tables (planted bugs per setting and factor; honest runs) are the rows
+    scripts/release_audit_plants.py renders from docs/bench/release-audit-*.json, line for line; the figure is there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("release_audit_plants", ROOT / "scripts" / "release_audit_plants.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
+    plants, honest = bench("release-audit-plants.json"), bench("release-audit-honest.json")
+    assert script.HEADER in text and script.HONEST_HEADER in text
+    for row in plants:
+        assert script.render(row) in text, script.render(row)
+    for row in honest:
+        assert script.render_honest(row) in text, script.render_honest(row)
+    assert len(plants) == 50 and sum(r["seeds"] for r in honest) >= 4 * 40
+    assert (ROOT / "docs" / "bench" / "release-audit.png").is_file()
+
+
 # ---------------------------------------------------------------------------------------------- robustness.md
 # No JSON holds the "Why these defaults" table (deviation norms and cosines read from debug logs) nor the share of
 # triggered translations that keep the backdoor's first words (28.5%, scripts/backdoor_traces.py): both are named
