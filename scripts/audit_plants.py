@@ -17,7 +17,7 @@ import opacus.optimizers
 from trustformer.attack.dp_audit import audit
 from trustformer.config import load_config
 from trustformer.core import dpsgd
-from trustformer.tasks import record_dp
+from trustformer.tasks import dp_canaries, record_dp
 from trustformer.tasks.run import load_task
 
 VALUES: dict[str, Any] = {
@@ -37,9 +37,9 @@ _Original = opacus.optimizers.DPOptimizer
 
 def _tagged(model):
     params = _original_trainable(model)
-    kinds = record_dp.parameter_kinds(model)
+    kinds = dp_canaries.parameter_kinds(model)
     for name, p in params.items():
-        p._planted = _TARGET["label"] in (record_dp.parameter_group(name), kinds[name])
+        p._planted = _TARGET["label"] in (dp_canaries.parameter_group(name), kinds[name])
     return params
 
 

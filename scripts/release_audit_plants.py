@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from dp_plants import PLANTS, SETTINGS, STEP, fresh_plans, true_epsilon  # noqa: E402
+from dp_plants import BANDED_ONLY, PLANTS, SETTINGS, STEP, fresh_plans, true_epsilon  # noqa: E402
 
 from trustformer.attack.release_audit import audit  # noqa: E402
 from trustformer.config import load_config  # noqa: E402
@@ -73,15 +73,21 @@ def every_run_checks(values: dict, plant: str | None, k: float, seed: int, out: 
 
 
 def applies(setting: str, plant: str | None, values: dict) -> bool:
-    """A sampling plant cannot draw above q = 1: nothing to plant in a full-batch setting."""
+    """A sampling plant cannot draw above q = 1: nothing to plant in a full-batch setting; a plant of banded noise's
+    own sampling needs banded noise."""
+    if plant in BANDED_ONLY:
+        return values.get("privacy.noise_bands", 1) > 1
     return not (plant == "sampling" and values.get("privacy.batch_size") == 60)
 
 
 def row_of(setting: str, plant: str | None, k: float, results: list[dict], seconds: float, checks: list[str]) -> dict:
     mech = results[0]["mechanism"]
     spent = results[0]["epsilon"]
+    bands = int(SETTINGS[setting].get("privacy.noise_bands", 1))
     truth = (
-        spent if plant is None else true_epsilon(plant, k, mech["noise_multiplier"], mech["sample_rate"], mech["steps"])
+        spent
+        if plant is None
+        else true_epsilon(plant, k, mech["noise_multiplier"], mech["sample_rate"], mech["steps"], bands=bands)
     )
     lbs = [r["epsilon_lb"] for r in results]
     failed = [r for r in results if r["verdict"] == "fail"]

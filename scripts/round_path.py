@@ -2,11 +2,12 @@
 passes through: the round's plumbing apart from the task's own computation (tasks/, models/, data/, evaluation/,
 workload.py, optim.py). Usage: .venv/bin/python scripts/round_path.py"""
 
-import sys
-import os
 import collections
+import os
+import sys
 import tempfile
 from pathlib import Path
+
 import trustformer
 from trustformer.config import load_config
 

@@ -9,7 +9,9 @@ The settings are the `tiny` preset's federation with 10,000 gradient canaries in
 - ``poisson``: an expected batch of 6 of the 60 records (q = 0.1), 4 rounds of 2 epochs (80 steps);
 - ``distributed``: distributed noise over secure aggregation (each of the 3 owners adds a third of the noise's
   variance; one full-batch step a round), 8 rounds;
-- ``lora``: the full-batch run training LoRA adapters (rank 4) on a public start, canaries on the adapters.
+- ``lora``: the full-batch run training LoRA adapters (rank 4) on a public start, canaries on the adapters;
+- ``banded``: distributed noise correlated over 4 rounds (``privacy.noise_bands = 4``, b-min-sep groups of 15
+  records, each drawn whole in its group's rounds), 16 rounds: 4 windows per canary.
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ SETTINGS = {
         "secure.mode": "secagg",
         "federation.rounds": 8,
     },
+    "banded": {
+        **BASE,
+        "privacy.batch_size": 60,
+        "privacy.noise": "distributed",
+        "secure.mode": "secagg",
+        "privacy.noise_bands": 4,
+        "federation.rounds": 16,
+    },
     "lora": {
         **BASE,
         "privacy.batch_size": 60,
@@ -77,19 +87,31 @@ def plant_clipping(monkeypatch, k: float) -> None:
 
 
 def _cut_noise(monkeypatch, k: float, which: Callable[[int], bool]) -> None:
+    """The noise added cut to 1/k on the tensors ``which`` picks (by position), fresh (Opacus' ``add_noise``) or
+    banded (``dpsgd._add_banded_noise``; the recurrence keeps its full history: only the release is cut)."""
     import opacus.optimizers
+
+    def cut(params) -> None:
+        for i, p in enumerate(params):
+            if which(i):
+                clipped = p.summed_grad.view_as(p).to(p.grad.dtype)
+                p.grad = clipped + (p.grad - clipped) / k
 
     original = opacus.optimizers.DPOptimizer
 
     class LessNoise(original):
         def add_noise(self):
             super().add_noise()
-            for i, p in enumerate(self.params):
-                if which(i):
-                    clipped = p.summed_grad.view_as(p).to(p.grad.dtype)
-                    p.grad = clipped + (p.grad - clipped) / k
+            cut(self.params)
+
+    banded = dpsgd._add_banded_noise
+
+    def less_banded(dp_optimizer, *args, **kwargs):
+        banded(dp_optimizer, *args, **kwargs)
+        cut(dp_optimizer.params)
 
     monkeypatch.setattr(opacus.optimizers, "DPOptimizer", LessNoise)
+    monkeypatch.setattr(dpsgd, "_add_banded_noise", less_banded)
 
 
 def plant_noise(monkeypatch, k: float) -> None:
@@ -153,6 +175,15 @@ def plant_accounting_steps(monkeypatch, k: float) -> None:
     monkeypatch.setattr(dpsgd.RecordDP, "epsilon", reported)
 
 
+def plant_min_sep(monkeypatch, k: float) -> None:
+    """Banded noise, the sampling: b-min-sep groups ignored, every round draws from all the records (and every
+    canary), so a record's windows of the correlated noise overlap; ``k`` is not used (the bug has one size)."""
+    import torch
+
+    monkeypatch.setattr(record_dp, "min_sep_groups", lambda n, bands, generator: [torch.arange(n)] * bands)
+    monkeypatch.setattr(record_dp, "canaries_of_group", lambda canaries, group, bands: canaries)
+
+
 PLANTS: dict[str, Callable] = {
     "sampling": plant_sampling,
     "clipping": plant_clipping,
@@ -161,7 +192,9 @@ PLANTS: dict[str, Callable] = {
     "noise_repeat": plant_noise_repeat,
     "accounting": plant_accounting,
     "accounting_steps": plant_accounting_steps,
+    "min_sep": plant_min_sep,
 }
+BANDED_ONLY = {"min_sep"}  # plants of a step only banded noise has
 # the step of DP-SGD each plant is in, as the release audit's conformance names it
 STEP = {
     "sampling": "sampling",
@@ -171,14 +204,26 @@ STEP = {
     "noise_repeat": "noise",
     "accounting": "accountant",
     "accounting_steps": "accountant",
+    "min_sep": "sampling",
 }
 
 
-def true_epsilon(plant: str, k: float, sigma: float, rate: float, steps: int, delta: float = DELTA) -> float:
+def true_epsilon(
+    plant: str, k: float, sigma: float, rate: float, steps: int, delta: float = DELTA, bands: int = 1
+) -> float:
     """The ε of the mechanism that ran (Opacus' RDP accountant) from the σ, q and steps the run reports: clipping
     and noise: σ/k (a record whose gradient lies in the tensors with less noise); sampling: rate min(1, k·q);
     accounting: σ at the sampler's own rate and every step; a noise repeated across rounds is no DP at all (two
-    releases with one noise give the difference of two rounds' gradients exactly): ∞."""
+    releases with one noise give the difference of two rounds' gradients exactly): ∞. Banded noise (``bands`` = b >
+    1) is DP-SGD at σ/‖C‖_col over ⌈T/b⌉ steps; with b-min-sep sampling broken (every record in every step at q =
+    1, the banded setting), the Gaussian mechanism whose sensitivity is ‖C·1‖ over the T steps."""
+    from trustformer.core.banded_noise import amplified_steps, column_norm, sqrt_coefficients, toeplitz
+
+    coefficients = sqrt_coefficients(bands)
+    if plant == "min_sep":
+        sensitivity = float(toeplitz(coefficients, steps).sum(dim=1).norm())
+        return dpsgd.epsilon_spent(sigma / sensitivity, 1.0, 1, delta)
+    sigma, steps = sigma / column_norm(coefficients, steps), amplified_steps(steps, bands)
     if plant in ("clipping", "noise", "noise_all"):
         return dpsgd.epsilon_spent(sigma / k, rate, steps, delta)
     if plant == "sampling":
@@ -189,7 +234,6 @@ def true_epsilon(plant: str, k: float, sigma: float, rate: float, steps: int, de
 
 
 def fresh_plans() -> None:
-    """σ is solved once per configuration (``record_dp._sigma``, ``_plan``): a plant in the accountant must not
+    """σ is solved once per (ε, δ, q, steps) (``record_dp._calibrated``): a plant in the accountant must not
     find the honest σ cached, nor leave its own behind."""
-    record_dp._plan.cache_clear()
-    record_dp._sigma.cache_clear()
+    record_dp._calibrated.cache_clear()

@@ -1,26 +1,23 @@
 """`trustformer attack reconstruct`: the honest-but-curious server's estimates, measured on real runs."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from trustformer.attack import reconstruct as rec
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
 from trustformer.protocols import ObservedProtocol, ProtocolObserver, get_protocol, observe
 
-
-def tiny(root, name, **overrides):
-    values = {
-        "out": str(root / name),
-        "runtime.progress": False,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "eval.bleu_size": 4,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "eval.bleu_size": 4,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 @pytest.fixture(scope="module")

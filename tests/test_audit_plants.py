@@ -18,16 +18,15 @@ Each audit takes 3-6 s.
 
 from __future__ import annotations
 
-
 import math
 
 import pytest
 import torch
+from test_record_dp import _model  # the tiny Transformer the record-DP tests clip through Opacus
 
 from trustformer.config import load_config
 from trustformer.core import dpsgd
 from trustformer.tasks import record_dp
-from test_record_dp import _model  # the tiny Transformer the record-DP tests clip through Opacus
 
 torch.set_num_threads(1)
 
@@ -52,16 +51,13 @@ SAMPLED = {**BASE, "privacy.batch_size": 12}  # q = 0.2, 10 steps
 def fresh_plans():
     """σ is solved once per configuration (``record_dp._sigma``, ``_plan``): a plant in the accountant must not find
     the honest σ cached, nor leave its own behind. Autouse, so it is torn down after ``monkeypatch`` is undone."""
-    record_dp._plan.cache_clear()
-    record_dp._sigma.cache_clear()
+    record_dp._calibrated.cache_clear()
     yield
-    record_dp._plan.cache_clear()
-    record_dp._sigma.cache_clear()
+    record_dp._calibrated.cache_clear()
 
 
 # the plants, one per step of DP-SGD (tests/dp_plants.py), and the true ε of the mechanism each leaves
 from dp_plants import plant_accounting, plant_clipping, plant_noise, plant_sampling, true_epsilon  # noqa: E402
-
 
 PLANTS = {
     "sampling": (plant_sampling, 5.0, SAMPLED),  # q = 0.2 drawn at 1: true ε 4.85
@@ -160,7 +156,9 @@ def _canaries(model, included, magnitude=1e3) -> dpsgd.Canaries:
     )
 
 
-def _step(canaries, *, n_records=0, sigma=0.0, clip=0.05, rate=1.0, steps=1, physical_batch=32, noise_seed=0):
+def _step(
+    canaries, *, n_records=0, sigma=0.0, clip=0.05, rate=1.0, steps=1, physical_batch=32, noise_seed=0, checks=None
+):
     """``steps`` DP-SGD steps with SGD at lr 1 (the model moves by the noisy mean gradient): (movement, metrics)."""
     model = _model()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -178,6 +176,7 @@ def _step(canaries, *, n_records=0, sigma=0.0, clip=0.05, rate=1.0, steps=1, phy
         noise=torch.Generator().manual_seed(noise_seed),
         canaries=canaries(model) if callable(canaries) else canaries,
         physical_batch=physical_batch,
+        checks=checks,
     )
     return {n: start[n] - p.detach() for n, p in model.named_parameters()}, metrics
 
@@ -196,7 +195,7 @@ def test_a_canary_is_clipped_by_the_records_clipping():
     moved, metrics = _step(canaries)
     c = made["c"]
     assert metrics["dp_canaries"] == 3 and metrics["dp_records"] == 0
-    for i, (name, flat) in enumerate(zip(c.names, c.coordinates)):
+    for i, (name, flat) in enumerate(zip(c.names, c.coordinates, strict=True)):
         expected = c.signs[i] * 0.05 / 4 if c.included[i] else 0.0
         assert moved[name].flatten()[flat].item() == pytest.approx(expected, rel=1e-5, abs=1e-12), name
     total = sum(float(v.abs().sum()) for v in moved.values())
@@ -272,3 +271,66 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
     assert rows == [2, 1, 4, 2]
     for n in whole:
         torch.testing.assert_close(whole[n], budget[n], rtol=1e-5, atol=1e-7)
+
+
+def _dense_clip_canaries(dp_optimizer, where, canaries, chosen, piece, checks=None):
+    """The reference: every drawn canary as its own dense row through Opacus' clipping."""
+    params = list(dp_optimizer.params)
+    ordered = sorted(chosen, key=lambda i: where[i])
+    for start in range(0, len(ordered), piece):
+        dpsgd._canary_rows(params, where, canaries, ordered[start : start + piece])
+        dp_optimizer.clip_and_accumulate()
+
+
+def _crowded(model, included, per_tensor=5):
+    """``per_tensor`` canaries on each of the first tensors, on coordinates 0, 2, 4, …, alternating signs."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad and p.numel() > 2 * per_tensor][:3]
+    located = [(n, 2 * k) for n in names for k in range(per_tensor)]
+    return dpsgd.Canaries(
+        names=tuple(n for n, _ in located),
+        coordinates=tuple(c for _, c in located),
+        included=tuple(included[i % len(included)] for i in range(len(located))),
+        signs=tuple(1.0 if i % 3 else -1.0 for i in range(len(located))),
+    )
+
+
+@pytest.mark.parametrize("clip", [0.05, 2e3])  # the canaries clipped to C, and left whole (C above their norm)
+def test_canaries_of_one_tensor_add_what_their_probe_row_adds_as_every_dense_row_would(monkeypatch, clip):
+    """Only one drawn canary per tensor goes through Opacus as a row; the others add what it added: the step is the
+    one a dense row per canary gives, with records, noise and Poisson draws around them, and one row per tensor
+    reaches Opacus' clipping."""
+    import opacus.optimizers
+
+    rows = []
+    original = opacus.optimizers.DPOptimizer
+
+    class Counting(original):
+        def clip_and_accumulate(self):
+            rows.append(len(self.grad_samples[0]))
+            super().clip_and_accumulate()
+
+    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", Counting)
+    coins = (True, True, False, True)
+    fast, metrics = _step(lambda m: _crowded(m, coins), n_records=4, sigma=0.5, clip=clip, rate=0.7, steps=3)
+    assert metrics["dp_canaries"] > 6 and max(rows) <= 4  # several canaries a tensor drawn; ≤ 3 probes + records
+    monkeypatch.setattr(dpsgd, "_clip_canaries", _dense_clip_canaries)
+    rows.clear()
+    dense, _ = _step(lambda m: _crowded(m, coins), n_records=4, sigma=0.5, clip=clip, rate=0.7, steps=3)
+    assert max(rows) > 4
+    for n in dense:
+        torch.testing.assert_close(fast[n], dense[n], rtol=1e-5, atol=1e-6)
+
+
+def test_the_every_run_clipping_check_sees_the_canaries_added_beside_opacus(monkeypatch):
+    """With ``privacy.checks`` on in an audit run, the canaries added beside Opacus (all but one per tensor) are
+    in the clipped sum the clipping check expects: its residual stays at rounding; a check not told of them fails."""
+    from trustformer.core import dp_checks
+
+    def residual():
+        checks = dp_checks.StepChecks(dp_checks.Mechanism(clip_norm=0.05, noise_std=0.025, sample_rate=0.7))
+        _step(lambda m: _crowded(m, (True,)), n_records=4, sigma=0.5, clip=0.05, rate=0.7, steps=3, checks=checks)
+        return checks.clip_residual
+
+    assert residual() < dp_checks.CLIP_TOLERANCE
+    monkeypatch.setattr(dp_checks.StepChecks, "single_coordinate_rows", lambda *args: None)
+    assert residual() > dp_checks.CLIP_TOLERANCE

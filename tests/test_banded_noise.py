@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Crash, crash_at, forget_process
 
-from trustformer.app import client_app
 from trustformer.config import ConfigError, load_config
 from trustformer.core import banded_noise as bn
 from trustformer.core import dpsgd
 from trustformer.core.dp_checks import DPCheckError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
-from trustformer.runtime import client as client_runtime
-from trustformer.runtime import node as node_runtime
 from trustformer.runtime.checkpoint import resume_config
 from trustformer.runtime.store import ClientState, DiskStore
 from trustformer.tasks import record_dp
@@ -83,7 +81,7 @@ def test_min_sep_groups_partition_the_records_and_follow_the_seed():
     assert sorted(together.tolist()) == list(range(103))
     assert max(map(len, groups)) - min(map(len, groups)) <= 1
     again = bn.min_sep_groups(103, 4, torch.Generator().manual_seed(3))
-    assert all(torch.equal(a, b) for a, b in zip(groups, again))
+    assert all(torch.equal(a, b) for a, b in zip(groups, again, strict=True))
     with pytest.raises(ValueError, match="noise_bands"):
         bn.min_sep_groups(3, 4, torch.Generator().manual_seed(3))
 
@@ -210,14 +208,7 @@ def test_a_banded_run_draws_each_round_from_its_group_and_reports_its_accounting
 RESUMABLE = {**BANDED, "privacy.noise_source": "seeded-not-private", "runtime.store": "disk"}
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would."""
-
-
-def _crash_in_round_three(message, context):
-    if message.metadata.group_id == "3" and message.metadata.message_type == "train":
-        raise Crash()
-    return client_app(message, context)
+_crash_in_round_three = crash_at("train", 3)
 
 
 def _losses(out: Path) -> list[float]:
@@ -271,8 +262,7 @@ def test_a_banded_run_killed_after_round_two_resumes_exactly(tmp_path, monkeypat
             continue
         with pytest.raises(Crash):
             run_in_process(stopped, client_app=_crash_in_round_three)
-        client_runtime._node_protocols.clear()  # what a restarted process no longer holds
-        node_runtime._memory_stores.clear()
+        forget_process()  # what a restarted process no longer holds
         resumed = run_in_process(resume_config(stopped.out))
         assert resumed["resumed_after_rounds"] == [2]
         if history_saved:

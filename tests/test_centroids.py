@@ -110,7 +110,7 @@ def test_pack_flat_round_trips_and_rejects_wrong_lengths():
     tensors = [torch.randn(*s) for s in shapes.values()]
     flat = pack_flat(tensors)
     back = unpack_flat(flat, shapes)
-    assert all(torch.equal(back[n], t) for n, t in zip(shapes, tensors))
+    assert all(torch.equal(back[n], t) for n, t in zip(shapes, tensors, strict=True))
     for bad in (flat[:-1], torch.cat([flat, flat[:1]]), flat.reshape(1, -1)):
         with pytest.raises(PayloadError):
             unpack_flat(bad, shapes)

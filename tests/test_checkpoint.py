@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from helpers import Crash, crash_at, jsonl
 
 from trustformer.app import CONFIG_KEY, FederationError, client_app, server_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, build_config, load_config
+from trustformer.engine.inprocess import InProcessGrid, node_configs, run_in_process
 from trustformer.protocols import make_protocol
 from trustformer.runtime.checkpoint import CheckpointError, read_checkpoint, read_server_state, resume_config, run_key
-from trustformer.engine.inprocess import InProcessGrid, node_configs, run_in_process
 from trustformer.runtime.store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
 
 
@@ -67,25 +67,11 @@ def test_run_key_ignores_operational_settings_only(tmp_path):
     assert run_key(cfg) != run_key(load_config("tiny", None, {"out": str(tmp_path / "a"), "seed": 1}))
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would (not an error reply of one client)."""
-
-
-def _crash_at(message_type: str, rnd: int, partition: int):
-    def call(message, context):
-        if (
-            message.metadata.message_type == message_type
-            and message.metadata.group_id == str(rnd)
-            and context.node_config["partition-id"] == partition
-        ):
-            raise Crash()
-        return client_app(message, context)
-
-    return call
+_crash_at = crash_at
 
 
 def _lines(path):
-    return [json.loads(x) for x in open(path, encoding="utf-8")]
+    return jsonl(path)
 
 
 def _results(line):

@@ -1,4 +1,5 @@
 import json
+
 import tomllib
 
 from trustformer.cli import main

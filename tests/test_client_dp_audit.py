@@ -248,7 +248,7 @@ def _projections(hook, release: dict[str, torch.Tensor], scale: float) -> list[f
     layout = hook.layout
     return [
         float((release[n].double().reshape(-1)[layout.blocks[n][j]] * layout.directions[n][j]).sum()) * scale
-        for n, j in zip(layout.tensor, layout.slot)
+        for n, j in zip(layout.tensor, layout.slot, strict=True)
     ]
 
 

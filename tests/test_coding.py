@@ -1,12 +1,13 @@
 """Payload coding (federation.payload_bits): differences from what both ends hold, quantized, decoded by the
 server before the protocol sees them; bytes counted on the real messages."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.core.shared import trainable_tensors
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import ProtocolObserver, bare, make_protocol, observe
@@ -14,22 +15,17 @@ from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.wrappers.coding import CODES, GRID, CodedPayload
 from trustformer.tasks.run import load_task
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def up_bytes(cfg):
-    rows = [r for r in map(json.loads, open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")) if "event" not in r]
+    rows = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" not in r]
     return sum(r["bytes_up"] for r in rows) / len(rows)
 
 

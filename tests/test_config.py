@@ -1,8 +1,9 @@
 import re
+
 import pytest
 
 from trustformer.cli import build_parser, resolve_config
-from trustformer.config import ConfigError, PRESETS, RunConfig, build_config, load_config, parse_override
+from trustformer.config import PRESETS, ConfigError, RunConfig, build_config, load_config, parse_override
 
 
 def test_presets_resolve_and_validate():

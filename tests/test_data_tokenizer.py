@@ -162,7 +162,7 @@ def test_encode_pairs_convention() -> None:
 
 
 def test_encode_pairs_with_sentencepiece(spm: Tokenizer) -> None:
-    encoded = encode_pairs(list(zip(RU, EN)), spm, max_len=10)
+    encoded = encode_pairs(list(zip(RU, EN, strict=True)), spm, max_len=10)
     for src, tgt in encoded:
         assert len(src) <= 10 and len(tgt) <= 10
         assert src[-1] == spm.eos_id and spm.bos_id not in src

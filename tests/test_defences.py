@@ -2,11 +2,12 @@
 federation, and the same test fails when the defence is replaced by a pass-through that keeps every update with
 equal weight. Also: their pure functions on tensors, the configurations they refuse, and their checkpointed state."""
 
-import json
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import defences
@@ -124,25 +125,20 @@ def test_the_defences_state_is_checkpointed_and_restored():
 PLANTED = ["client=1,round=*,kind=scale,factor=-10"]  # a boosted, flipped update: what each rule must contain
 
 
-def tiny(tmp_path, name, faults=(), **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.rounds": 3,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "federation.faults": list(faults),
-        "robust.bound": "none",  # the rule alone
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.rounds": 3,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "robust.bound": "none",  # the rule alone
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def loss_and_events(cfg):
     summary = run_in_process(cfg)
-    events = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
-    honest = [loss for c, loss in zip(summary["client_ids"], summary["test_loss"]) if c != 1]
+    events = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" in r]
+    honest = [loss for c, loss in zip(summary["client_ids"], summary["test_loss"], strict=True) if c != 1]
     return sum(honest) / len(honest), events
 
 

@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers import jsonl, tiny_config
 
-from trustformer.config import load_config
 from trustformer.deploy.launch import deployment_config, flwr_cli, submit_run, wait_for_run
 from trustformer.deploy.local import LocalFederation
-from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.engine.inprocess import run_in_process
+from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(c) for c in ("flower-superlink", "flower-supernode", "flwr")),
@@ -65,16 +65,17 @@ def completed_round(out: Path) -> int:
         return 0
 
 
-def tiny(out: Path, **overrides):
-    values = {
-        "federation.strategy": "fedavg",
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "runtime.progress": True,
-        "out": str(out),
-    }
-    values.update(overrides)
-    return deployment_config(load_config("tiny", None, values))
+DEPLOYED = {  # this module's tiny run (helpers.tiny_config), deployed
+    "federation.strategy": "fedavg",
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "runtime.progress": True,
+}
+
+
+def deployed(out: Path, **overrides):
+    """The tiny run of this module at ``out``, as the deployment runs it (its deployment config)."""
+    return deployment_config(tiny_config(out, defaults=DEPLOYED, **overrides))
 
 
 def run_and_wait(fed: LocalFederation, cfg, seconds: float) -> str:
@@ -91,7 +92,7 @@ def run_and_wait(fed: LocalFederation, cfg, seconds: float) -> str:
 
 
 def lines(cfg):
-    return [json.loads(x) for x in open(Path(cfg.out) / "metrics.jsonl", encoding="utf-8")]
+    return jsonl(Path(cfg.out) / "metrics.jsonl")
 
 
 def results(line):
@@ -125,21 +126,20 @@ def test_tls_authenticated_deployment_equals_the_in_process_run(federation, tmp_
     fed = federation
     host, port = "127.0.0.1", int(fed.server.superlink.info["port"])
     # TLS on the SuperLink's port: the federation's CA verifies it for 127.0.0.1, the system's does not
-    with socket.create_connection((host, port)) as raw:
-        with ssl.create_default_context(cafile=str(fed.creds.ca_cert)).wrap_socket(raw, server_hostname=host) as tls:
-            assert tls.version() in ("TLSv1.2", "TLSv1.3")
-    with pytest.raises(ssl.SSLCertVerificationError):
-        with socket.create_connection((host, port)) as raw:
-            ssl.create_default_context().wrap_socket(raw, server_hostname=host)
+    context = ssl.create_default_context(cafile=str(fed.creds.ca_cert))
+    with socket.create_connection((host, port)) as raw, context.wrap_socket(raw, server_hostname=host) as tls:
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    with pytest.raises(ssl.SSLCertVerificationError), socket.create_connection((host, port)) as raw:
+        ssl.create_default_context().wrap_socket(raw, server_hostname=host)
 
-    cfg = tiny(tmp_path / "deployed")
+    cfg = deployed(tmp_path / "deployed")
     with hard_limit(fed, 240):
         assert run_and_wait(fed, cfg, 230) == "finished:completed"
-    reference = run_in_process(tiny(tmp_path / "in-process", **{"runtime.progress": False}))
+    reference = run_in_process(deployed(tmp_path / "in-process", **{"runtime.progress": False}))
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["client_ids"] == [0, 1, 2]
     assert summary["test_loss"] == reference["test_loss"]  # exactly: same seeds, same arithmetic
-    assert [results(x) for x in lines(cfg)] == [results(x) for x in lines(tiny(tmp_path / "in-process"))]
+    assert [results(x) for x in lines(cfg)] == [results(x) for x in lines(deployed(tmp_path / "in-process"))]
     # the client that decoded the shared model wrote its translations on its own side, the others none
     scorers = set(summary["scored_by"].values())
     assert scorers == {0}
@@ -165,7 +165,7 @@ def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     fed = federation
     # each message starts a fresh ClientApp process: 20-45 s on 2 shared cores, so a 45 s wait dropped
     # healthy clients now and then
-    cfg = tiny(
+    cfg = deployed(
         tmp_path / "dropout",
         **{"federation.rounds": 4, "federation.min_clients": 2, "federation.round_timeout_s": 75.0},
     )
@@ -211,7 +211,7 @@ def test_a_supernode_killed_and_restarted_mid_round_ends_as_the_uninterrupted_ru
     the uninterrupted in-process one: nobody is dropped, every loss is the same."""
     fed = federation
     settings = {"federation.restart_wait_s": 240.0, "federation.rounds": 3}
-    cfg = tiny(tmp_path / "restarted", **settings)
+    cfg = deployed(tmp_path / "restarted", **settings)
     with hard_limit(fed, 600):
         submitted = time.time() - 1.0
         run_id = submit_run(fed.server.home, cfg)
@@ -228,12 +228,12 @@ def test_a_supernode_killed_and_restarted_mid_round_ends_as_the_uninterrupted_ru
         )
     log = Path(cfg.out) / "server.log"
     assert status == "finished:completed", log.read_text()[-4000:] if log.exists() else status
-    reference = run_in_process(tiny(tmp_path / "uninterrupted", **settings, **{"runtime.progress": False}))
+    reference = run_in_process(deployed(tmp_path / "uninterrupted", **settings, **{"runtime.progress": False}))
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert [x for x in lines(cfg) if "event" in x] == []  # nobody dropped
     assert summary["test_loss"] == reference["test_loss"]
     rows = {(x["round"], x["client"]): results(x) for x in lines(cfg)}
-    expected = {(x["round"], x["client"]): results(x) for x in lines(tiny(tmp_path / "uninterrupted"))}
+    expected = {(x["round"], x["client"]): results(x) for x in lines(deployed(tmp_path / "uninterrupted"))}
     drop_bytes = lambda row: {k: v for k, v in row.items() if k != "bytes_down"}  # noqa: E731 - resent: more down
     assert {k: drop_bytes(v) for k, v in rows.items()} == {k: drop_bytes(v) for k, v in expected.items()}
 
@@ -241,7 +241,7 @@ def test_a_supernode_killed_and_restarted_mid_round_ends_as_the_uninterrupted_ru
 @pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_server_killed_after_round_1_resumes_to_the_same_result(federation, tmp_path):
     fed = federation
-    cfg = tiny(tmp_path / "resumed", **{"federation.strategy": "trustformer"})
+    cfg = deployed(tmp_path / "resumed", **{"federation.strategy": "trustformer"})
     with hard_limit(fed, 330):
         submit_run(fed.server.home, cfg)
         wait_until(lambda: completed_round(Path(cfg.out)) >= 1, 150, "round 1")
@@ -249,7 +249,7 @@ def test_server_killed_after_round_1_resumes_to_the_same_result(federation, tmp_
         fed.start_server()  # same port and database; the SuperNodes reconnect by themselves
         assert run_and_wait(fed, deployment_config(resume_config(cfg.out)), 200) == "finished:completed"
     reference = run_in_process(
-        tiny(tmp_path / "uninterrupted", **{"federation.strategy": "trustformer", "runtime.progress": False})
+        deployed(tmp_path / "uninterrupted", **{"federation.strategy": "trustformer", "runtime.progress": False})
     )
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["test_loss"] == reference["test_loss"]

@@ -1,14 +1,14 @@
 """Deployment pieces that need no running federation: credentials, the Flower App, node config, CLI errors."""
 
-import json
 import stat
-import tomllib
 
 import pytest
+import tomllib
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.common.config import validate_config
+from helpers import jsonl
 
 from trustformer.app import CONFIG_KEY
 from trustformer.cli import main
@@ -165,6 +165,6 @@ def test_client_trains_on_its_own_tsv_file(tmp_path):
         )
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
-    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8")]
+    rows = jsonl(tmp_path / "run" / "metrics.jsonl")
     examples = {r["client"]: r["num_examples"] for r in rows}
     assert examples == {0: 60, 1: 25, 2: 60}  # the 15-word pair is over data.max_words = 12

@@ -278,7 +278,7 @@ def check_table(rows: list[list[str]], measured: dict[str, dict], columns: dict,
     for cells in body:
         label = plain(cells[0])
         row = measured[names(cells) if callable(names) else (names or {}).get(label, label)]
-        for head, cell in zip(header[1:], cells[1:]):
+        for head, cell in zip(header[1:], cells[1:], strict=False):
             found = NUMBER.findall(plain(cell))
             if head in skip or columns.get(head) is NO_JSON:
                 continue
@@ -290,7 +290,7 @@ def check_table(rows: list[list[str]], measured: dict[str, dict], columns: dict,
             values = [v for value in values for v in (value if isinstance(value, list) else [value])]
             values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
             assert len(found) == len(values), f"{label} / {head}: {cell!r} against the JSON's {values}"
-            for figure, value in zip(found, values):
+            for figure, value in zip(found, values, strict=True):
                 if value is NO_JSON:
                     continue
                 assert shown(value, figure) == _plain_number(figure), f"{label} / {head}: {figure}, the JSON {value}"

@@ -2,11 +2,11 @@
 server's error feedback keeps the model on the uncoded run's track, catch-ups are exact, and the bytes counted are
 those of the coded messages. Every test goes through the real in-process runtime and the real codec."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import jsonl
 
 from trustformer.config import ConfigError, load_config
 from trustformer.engine.inprocess import run_in_process
@@ -50,7 +50,7 @@ def held_states(cfg):
 
 
 def lines(cfg):
-    return [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' not in x]
+    return [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" not in r]
 
 
 def test_every_client_holds_exactly_the_servers_delivered_state(tmp_path):
@@ -122,7 +122,8 @@ def test_a_client_that_missed_rounds_replays_the_coded_messages_when_they_are_fe
     full_cfg, full = run(tmp_path, "full", **values)
     assert replayed["test_loss"] == full["test_loss"]
     assert all(
-        torch.equal(a, b) for a, b in zip(delivered_state(cfg)[0].values(), delivered_state(full_cfg)[0].values())
+        torch.equal(a, b)
+        for a, b in zip(delivered_state(cfg)[0].values(), delivered_state(full_cfg)[0].values(), strict=True)
     )
     assert replayed["bytes"]["down_total"] < 0.8 * full["bytes"]["down_total"]
 

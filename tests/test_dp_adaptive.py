@@ -1,15 +1,15 @@
 """Adaptive clipping of client-level DP (Andrew et al. 2021, server side): the geometric update of the bound, its
 convergence to the target quantile, the noise split of Thm. 1, the options, and a run that records C_t."""
 
-import json
 import math
+from functools import partial
 
 import dp_accounting
 import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
+from helpers import Crash, crash_at, jsonl, tiny_config
 
-from trustformer.app import client_app
 from trustformer.config import ConfigError, load_config
 from trustformer.core.dp import geometric_clip_update, noise_generator, update_noise_multiplier
 from trustformer.engine.inprocess import run_in_process
@@ -179,27 +179,23 @@ def test_adaptive_clipping_options_are_validated(overrides, pattern):
 # ------------------------------------------------------------------------------- (d) end to end
 
 
-def _tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "federation.rounds": 3,
-        "eval.bleu_size": 2,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        **ADAPTIVE,
-        "privacy.noise_multiplier": 0.5,
-        "privacy.clip_count_stddev": 1.0,
-        "privacy.clip_norm": 0.05,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "federation.rounds": 3,
+    "eval.bleu_size": 2,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    **ADAPTIVE,
+    "privacy.noise_multiplier": 0.5,
+    "privacy.clip_count_stddev": 1.0,
+    "privacy.clip_norm": 0.05,
+}
+_tiny = partial(tiny_config, defaults=TINY)
 
 
 def _round_bounds(out):
     """(round, C_t, b̃_t) of every round, from metrics.jsonl (the same on every client's line of a round)."""
-    rows = [json.loads(x) for x in open(f"{out}/metrics.jsonl", encoding="utf-8")]
+    rows = jsonl(f"{out}/metrics.jsonl")
     rows = [r for r in rows if "event" not in r]
     per_round = {}
     for r in rows:
@@ -213,7 +209,9 @@ def test_a_run_with_adaptive_clipping_records_the_bound_of_every_round(tmp_path)
     summary = run_in_process(cfg)
     bounds = _round_bounds(cfg.out)
     assert [b[0] for b in bounds] == [1, 2, 3] and bounds[0][1] == 0.05
-    for (_, c, fraction), (_, c_next, _) in zip(bounds, bounds[1:]):  # C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
+    for (_, c, fraction), (_, c_next, _) in zip(
+        bounds, bounds[1:], strict=False
+    ):  # C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
         assert c_next == pytest.approx(c * math.exp(-0.2 * (fraction - 0.5)), rel=1e-9)
         assert c_next != c
     privacy = summary["privacy"]
@@ -223,10 +221,6 @@ def test_a_run_with_adaptive_clipping_records_the_bound_of_every_round(tmp_path)
     assert privacy["epsilon_per_round"][-1] == privacy["epsilon"] > 0
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would."""
-
-
 def test_a_resumed_run_continues_with_the_same_bound(tmp_path):
     """Seeded (not private) noise and sampling, so both runs draw the same: the resumed run's bounds, ε and test
     loss are those of the uninterrupted run; the checkpoint after round 1 holds C_2."""
@@ -234,17 +228,8 @@ def test_a_resumed_run_continues_with_the_same_bound(tmp_path):
     full = run_in_process(_tiny(tmp_path, "full", **options))
     stopped = _tiny(tmp_path, "stopped", **options)
 
-    def crash_in_round_2(message, context):
-        if (
-            message.metadata.message_type == "train.apply"
-            and message.metadata.group_id == "2"
-            and context.node_config["partition-id"] == 1
-        ):
-            raise Crash()
-        return client_app(message, context)
-
     with pytest.raises(Crash):
-        run_in_process(stopped, client_app=crash_in_round_2)
+        run_in_process(stopped, client_app=crash_at("train.apply", 2, 1))
     checkpoint = read_checkpoint(stopped.out)
     assert checkpoint.round == 1
     state = read_server_state(stopped.out, checkpoint)

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from test_audit_plants import plant_accounting, plant_clipping, plant_noise, plant_sampling
 
 from trustformer.config import load_config
 from trustformer.core import dp_checks, dpsgd
@@ -23,7 +24,6 @@ from trustformer.core.dp import noise_generator
 from trustformer.core.shared import derive_seed
 from trustformer.engine.inprocess import run_in_process
 from trustformer.tasks import record_dp
-from test_audit_plants import plant_accounting, plant_clipping, plant_noise, plant_sampling
 
 torch.set_num_threads(1)
 
@@ -42,11 +42,9 @@ SAMPLED = {**BASE, "privacy.batch_size": 6}  # q = 0.1: ten Poisson steps per ro
 @pytest.fixture(autouse=True)
 def fresh_plans():
     """σ is solved once per configuration: a plant in the accountant must not find the honest σ cached."""
-    record_dp._plan.cache_clear()
-    record_dp._sigma.cache_clear()
+    record_dp._calibrated.cache_clear()
     yield
-    record_dp._plan.cache_clear()
-    record_dp._sigma.cache_clear()
+    record_dp._calibrated.cache_clear()
 
 
 # ------------------------------------------------------------------------------ the plants the audit's tests lack
@@ -237,6 +235,22 @@ def test_under_distributed_noise_an_owner_adding_no_share_stops_the_run(tmp_path
     assert "DP check 'noise' failed for client 2" in out.get("error", ""), out
 
 
+def test_banded_noise_drawing_outside_its_group_stops_the_run(tmp_path):
+    """Banded noise: a step draws from one b-min-sep group, ⌈n/b⌉ of the owner's n records. The honest run's
+    ``min_sep`` passes at 15 of 60; b-min-sep sampling ignored (every round draws from all 60: tests/dp_plants.py)
+    stops the run naming ``min_sep``, which nothing else in the checks sees."""
+    from dp_plants import plant_min_sep
+
+    values = {**PRESET, "privacy.noise": "distributed", "secure.mode": "secagg", "privacy.noise_bands": 4}
+    honest = run(tmp_path / "honest", values, **{"federation.rounds": 4})
+    checks = {c["name"]: c for c in honest["privacy"]["clients"]["0"]["checks"]}
+    assert checks["min_sep"]["verdict"] == "pass" and checks["min_sep"]["statistic"] == 15
+    with pytest.MonkeyPatch.context() as patch:
+        plant_min_sep(patch, 1.0)
+        out = run(tmp_path / "broken", values, **{"federation.rounds": 4})
+    assert "DP check 'min_sep' failed" in out.get("error", ""), out
+
+
 def test_a_failed_check_keeps_the_last_checkpoint(tmp_path):
     """A plant that starts in round 2 of 3 stops the run in round 2; round 1's checkpoint stays, and the run
     resumed from it without the bug passes every check, its record (steps, draws, noise) carried by the resume."""
@@ -287,7 +301,10 @@ def test_each_check_fails_what_it_must_and_passes_what_it_must():
             c.name: c.verdict for c in dp_checks.evaluate(json.loads(json.dumps(record)), reported, clients=1, looks=2)
         }
 
-    assert set(verdicts(base).values()) == {"pass"}
+    assert set(verdicts(base).values()) == {"pass", "skipped"} and verdicts(base)["min_sep"] == "skipped"
+    banded = {**base, "pool": 150, "records_max": 150}  # b-min-sep groups of 150 of the 600
+    assert set(verdicts(banded).values()) == {"pass"}
+    assert verdicts({**banded, "records_max": 151})["min_sep"] == "fail"
     assert verdicts({**base, "steps": 19})["steps"] == "fail"
     assert verdicts(base, dataclasses.replace(honest, steps=10))["steps"] == "fail"
     assert verdicts({**base, "drawn": round(n * 20 * q * 1.2)})["sampling_rate"] == "fail"

@@ -1,35 +1,30 @@
 """The DP baselines end to end on the tiny preset, through the Flower apps and the real wire format."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
 from trustformer.app import FederationError, client_app
 from trustformer.cli import main as cli_main
-from trustformer.config import load_config
 from trustformer.core.accounting import epsilon_after, solve_noise_multiplier
 from trustformer.core.dp import keep_count
 from trustformer.engine.inprocess import run_in_process
 from trustformer.tasks.translation_workload import initial_model, load_workload
 
-
-def tiny(tmp_path, name, **overrides):
-    # one torch thread: on a busy 2-core machine, spinning worker threads make tiny runs several times slower
-    values = {
-        "out": str(tmp_path / name),
-        "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "federation.rounds": 1,
-        "eval.bleu_size": 4,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+# one torch thread: on a busy 2-core machine, spinning worker threads make tiny runs several times slower
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
+    "runtime.threads": 1,
+    "federation.rounds": 1,
+    "eval.bleu_size": 4,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def read_rows(cfg):
-    lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(f"{cfg.out}/metrics.jsonl")
     return [x for x in lines if "event" not in x], [x for x in lines if "event" in x]
 
 

@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trustformer import export as ex
-from trustformer.export import commands as mc
 from trustformer.data.tokenizer import HFTokenizer, train_sentencepiece
 from trustformer.evaluation.translation import translate
+from trustformer.export import commands as mc
 from trustformer.models.fixup_resnet import FixupConfig, FixupResNet
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
 from trustformer.models.unet import UNet, UNetConfig
@@ -26,10 +26,10 @@ torch.set_num_threads(1)
 
 RU = ["кошка", "собака", "дом", "книга", "окно", "стол", "город", "река", "море", "лес"]
 EN = ["cat", "dog", "house", "book", "window", "table", "city", "river", "sea", "forest"]
-TEXTS = [f"{a} и {b} номер {i}" for i in range(15) for a, b in zip(RU, RU[1:])] + [
-    f"the {a} and the {b} number {i}" for i in range(15) for a, b in zip(EN, EN[1:])
+TEXTS = [f"{a} и {b} номер {i}" for i in range(15) for a, b in zip(RU, RU[1:], strict=False)] + [
+    f"the {a} and the {b} number {i}" for i in range(15) for a, b in zip(EN, EN[1:], strict=False)
 ]
-SOURCES = [f"{a} и {b}" for a, b in zip(RU, RU[1:])] + ["дом", "книга и река номер 3"]
+SOURCES = [f"{a} и {b}" for a, b in zip(RU, RU[1:], strict=False)] + ["дом", "книга и река номер 3"]
 MAX_LEN = 16
 
 
@@ -484,7 +484,7 @@ def test_image_classification_round_trip_and_predict(tmp_path: Path, capsys) -> 
     x = to_float(torch.from_numpy(np.stack(pixels))[:, None], "digits")
     with torch.no_grad():
         probs = torch.softmax(net(x), dim=1)
-    for row, p in zip(rows[1:], probs):
+    for row, p in zip(rows[1:], probs, strict=False):
         assert row[1] == str(int(p.argmax())) and float(row[2]) == pytest.approx(float(p.max()), abs=1e-4)
 
 

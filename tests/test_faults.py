@@ -1,12 +1,13 @@
 """A client cannot crash the server: every kind of fault of federation.faults, injected by the in-process
 runtime at the message boundary, drops exactly the faulty client in the right round and changes nothing else."""
 
-import json
 import math
+from functools import partial
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, MetricRecord
+from helpers import jsonl, tiny_config
 
 from trustformer.app import client_app
 from trustformer.config import FAULT_KINDS, ConfigError, load_config
@@ -25,24 +26,19 @@ REASONS = {  # what the dropped event says for each kind
 }
 
 
-def tiny(tmp_path, name, faults=(), **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.rounds": 2,
-        "federation.min_clients": 2,
-        "federation.round_timeout_s": 1.0,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "federation.faults": list(faults),
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.rounds": 2,
+    "federation.min_clients": 2,
+    "federation.round_timeout_s": 1.0,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def read(cfg):
-    lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(f"{cfg.out}/metrics.jsonl")
     rows = [x for x in lines if "event" not in x]
     return {(r["round"], r["client"]): {k: v for k, v in r.items() if not k.endswith("_s")} for r in rows}, [
         x for x in lines if "event" in x

@@ -1,25 +1,23 @@
 """FedAvg of top-k sparsified updates (the byte-matched compression baseline) through the real round loop."""
 
+from functools import partial
+
 import pytest
 import torch
+from helpers import tiny_config
 
 from trustformer.config import load_config
 from trustformer.core.dp import flatten
-from trustformer.protocols.interface.base import ClientSession
-from trustformer.protocols.fedavg_topk import FedAvgTopK
 from trustformer.engine.inprocess import run_in_process
+from trustformer.protocols.fedavg_topk import FedAvgTopK
+from trustformer.protocols.interface.base import ClientSession
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "eval.bleu_size": 4,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "eval.bleu_size": 4,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def test_keeping_every_coordinate_is_fedavg(tmp_path):

@@ -1,25 +1,21 @@
 """End-to-end runs of the tiny preset through the Flower apps and the in-process runtime."""
 
-import json
 import math
+from functools import partial
 
 import pytest
 import torch
 from flwr.app import ArrayRecord
+from helpers import jsonl, tiny_config
 
 from trustformer.app import FederationError, client_app
-from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "eval.diagnostics": True}
-    values.update(overrides)
-    return load_config("tiny", None, values)
+tiny = partial(tiny_config, defaults={"eval.diagnostics": True})
 
 
 def read_metrics(cfg):
-    lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(f"{cfg.out}/metrics.jsonl")
     return [x for x in lines if "event" not in x], [x for x in lines if "event" in x]
 
 
@@ -174,12 +170,12 @@ def test_server_shows_who_is_connected_while_it_waits(tmp_path, caplog):
     with the min_clients it has (real in-process grid and ClientApps answering the identification query)."""
     import logging
 
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
     from trustformer import app
     from trustformer.engine.inprocess import InProcessGrid, node_configs
     from trustformer.runtime.server import Nodes
-
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
 
     cfg = tiny(tmp_path, "wait")
     grid = InProcessGrid(client_app, node_configs(cfg)[:2], {app.CONFIG_KEY: cfg.to_json()}, run_id=7)

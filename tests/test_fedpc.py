@@ -2,34 +2,30 @@
 real round (report → pilot → model and packed ternary vectors → P^t) with its bytes against Eq. 8, tee,
 the refusal of secure aggregation, and workers dropping out mid-epoch (pilot or not)."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import ternary
-from trustformer.protocols import get_protocol
-from trustformer.protocols.interface.base import ClientSession
-from trustformer.protocols.fedpc import private_hyperparameters
 from trustformer.engine.inprocess import run_in_process
+from trustformer.protocols import get_protocol
+from trustformer.protocols.fedpc import private_hyperparameters
+from trustformer.protocols.interface.base import ClientSession
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "task": "image-classification",
-        "data.partition": "stratified",
-        "federation.strategy": "fedpc",
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "task": "image-classification",
+    "data.partition": "stratified",
+    "federation.strategy": "fedpc",
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def lines(cfg):
-    return [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    return jsonl(f"{cfg.out}/metrics.jsonl")
 
 
 def round_bytes(cfg, rnd=1):

@@ -1,22 +1,19 @@
 """FedProx (protocols/fedprox.py): the proximal term against a hand-computed reference, μ = 0 is FedAvg to the last
 bit, μ > 0 pulls every client toward the global model, and its section is validated at load."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import bare, make_protocol
-from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.fedprox import FedProx, proximal_step, proximal_term
+from trustformer.protocols.interface.base import ClientSession
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "federation.strategy": "fedprox"}
-    values.update(overrides)
-    return load_config("tiny", None, values)
+tiny = partial(tiny_config, defaults={"federation.strategy": "fedprox"})
 
 
 class Quadratic(torch.nn.Module):
@@ -93,7 +90,7 @@ def test_fedprox_section_is_validated_and_round_trips(tmp_path):
 
 
 def _lines(cfg):
-    return [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"test_loss"' in x]
+    return [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "test_loss" in r]
 
 
 def test_mu_zero_is_fedavg_to_the_last_bit_and_mu_positive_is_not(tmp_path):

@@ -61,7 +61,7 @@ def brute_1d(values: np.ndarray, k: int) -> float:
     best = np.inf
     for cuts in itertools.combinations(range(1, len(s)), k - 1):
         bounds = (0,) + cuts + (len(s),)
-        best = min(best, sum(((s[a:b] - s[a:b].mean()) ** 2).sum() for a, b in zip(bounds, bounds[1:])))
+        best = min(best, sum(((s[a:b] - s[a:b].mean()) ** 2).sum() for a, b in zip(bounds, bounds[1:], strict=False)))
     return float(best)
 
 
@@ -94,7 +94,7 @@ def test_inertia_never_increases(seed: int, r: int, frac: float) -> None:
     res = kmeans(x, init, max_iter=100, tol=0.0, label_tol=0.0)
     h = res.history
     assert len(h) == res.iterations
-    assert all(b <= a * (1 + 1e-12) + 1e-12 for a, b in zip(h, h[1:]))
+    assert all(b <= a * (1 + 1e-12) + 1e-12 for a, b in zip(h, h[1:], strict=False))
     assert res.inertia <= h[-1] * (1 + 1e-12) + 1e-12
 
 
@@ -113,7 +113,7 @@ def test_deterministic() -> None:
 def test_choose_initial_rows() -> None:
     rows = choose_initial_rows(1000, 100, 5)
     assert rows.dtype == torch.int64 and rows.shape == (100,)
-    assert len(set(rows.tolist())) == 100 and 0 <= int(rows.min()) and int(rows.max()) < 1000
+    assert len(set(rows.tolist())) == 100 and int(rows.min()) >= 0 and int(rows.max()) < 1000
     assert torch.equal(rows, choose_initial_rows(1000, 100, 5))
     assert not torch.equal(rows, choose_initial_rows(1000, 100, 6))
     assert torch.equal(choose_initial_rows(17, 17, 3), torch.arange(17))

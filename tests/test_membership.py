@@ -2,8 +2,10 @@
 through the real round loop on translation and on an image task."""
 
 import math
+from functools import partial
 
 import pytest
+from helpers import tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,22 +30,18 @@ def test_tpr_at_a_false_positive_rate():
     assert summary["auc"] == [1.0, 0.0] and summary["auc_mean"] == 0.5 and len(summary["auc_mean_ci95"]) == 2
 
 
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "data.client_size": 30,
-        "data.own_test_size": 30,
-        "train.local_epochs": 8,
-        "train.lr": 2e-2,
-        "federation.rounds": 2,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "data.client_size": 30,
+    "data.own_test_size": 30,
+    "train.local_epochs": 8,
+    "train.lr": 2e-2,
+    "federation.rounds": 2,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 @pytest.fixture(scope="module")

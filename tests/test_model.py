@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_config_validation_names_field(overrides, field):
 
 
 def test_config_is_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         tiny_config().d_model = 64  # type: ignore[misc]
 
 

@@ -29,7 +29,7 @@ def test_without_noise_it_is_adamw():
     model, twin = _pair()
     _steps(model, build_optimizer(model, lr=1e-2, weight_decay=0.1, noise_corrected=True))
     _steps(twin, build_optimizer(twin, lr=1e-2, weight_decay=0.1))
-    for a, b in zip(model.parameters(), twin.parameters()):
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 

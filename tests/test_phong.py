@@ -1,26 +1,22 @@
 """Phong & Phuong's sequential baseline (protocols/phong.py) through its own round: the model visits the
 workers one after another, in a fixed or seeded shuffled order, 2VN bytes per epoch."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
-from trustformer.config import ConfigError, load_config
-from trustformer.protocols import get_protocol
+from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
+from trustformer.protocols import get_protocol
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "task": "image-classification",
-        "federation.strategy": "phong",
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "task": "image-classification",
+    "federation.strategy": "phong",
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 class FakeRound:
@@ -84,7 +80,7 @@ def test_the_model_visits_the_workers_one_after_another(tmp_path, order):
 def test_phong_round_bytes_are_2vn_and_every_client_ends_with_the_final_model(tmp_path):
     cfg = tiny(tmp_path, "run", **{"image.widths": [32, 64]})
     summary = run_in_process(cfg)
-    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    rows = jsonl(f"{cfg.out}/metrics.jsonl")
     rows = [r for r in rows if "event" not in r]
     v, n = summary["bytes"]["fedavg_model_bytes"], cfg.federation.clients
     epoch1 = sum(r["bytes_up"] + r["bytes_down"] for r in rows if r["round"] == 1)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trustformer.protocols.interface.base import REQUIRED, CatchUp, FederatedProtocol, hooks
+from trustformer.protocols.interface.spec import COMPOSITIONS, ProtocolSpec
 from trustformer.protocols.interface.state import server_state
 from trustformer.protocols.wrappers.base import ProtocolWrapper
-from trustformer.protocols.interface.spec import COMPOSITIONS, ProtocolSpec
 from trustformer.registry import PROTOCOLS, protocol_spec, protocol_specs
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
@@ -200,7 +200,7 @@ OTHER_MEANINGS = {
         "data/corpus.py",
         "flower_internals.py",
     },
-    "local": {"protocols/trustformer.py", "deploy/cli.py", "config/sections.py"},
+    "local": {"protocols/trustformer.py", "deploy/cli.py", "config/privacy_section.py"},  # privacy.noise = "local"
 }
 
 

@@ -3,14 +3,13 @@ code path: the real corpus split, the real pretraining and cache, real ``peft`` 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import Crash, crash_at, jsonl, tiny_config
 
-from trustformer.tasks import translation_workload as wl
 from trustformer.app import client_app
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
@@ -21,6 +20,7 @@ from trustformer.models.adapters import LORA_MODULES, add_lora, merged
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
 from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.tasks import public as pub
+from trustformer.tasks import translation_workload as wl
 from trustformer.tasks.run import initial_tensors, load_task
 from trustformer.wire import payload_bytes
 
@@ -38,8 +38,7 @@ PUBLIC = {
 LORA = {**PUBLIC, "model.adapters": "lora", "model.lora_rank": 4, "model.lora_alpha": 8.0}
 
 
-def tiny(out: Path | str = "", **values):
-    return load_config("tiny", None, {"out": str(out), **values})
+tiny = tiny_config
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -149,7 +148,7 @@ def test_merged_model_computes_what_the_adapted_one_does_embedding_included():
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
     with torch.no_grad():  # lora_B starts at zero: give every adapter an update
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.requires_grad:
                 p.normal_(0.0, 0.3)
     src, tgt = torch.randint(3, 50, (3, 7)), torch.randint(3, 50, (3, 6))
@@ -197,7 +196,7 @@ def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_ru
     assert len(payloads) == cfg.federation.rounds * cfg.federation.clients
     for payload in payloads:
         assert set(payload) == set(adapters)  # nothing of the frozen public model travels
-    lines = [json.loads(x) for x in open(Path(cfg.out) / "metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(Path(cfg.out) / "metrics.jsonl")
     for line in (x for x in lines if "bytes_up" in x):  # every byte counted is a byte of a real reply
         sent = [
             payload_bytes(r.content)
@@ -222,27 +221,14 @@ def test_translate_works_on_a_lora_runs_folder(lora_run, capsys):
     assert capsys.readouterr().out.strip()
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would."""
-
-
 @pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
     values = {**LORA, "federation.rounds": 3, "runtime.store": "disk"}
     full = run_in_process(tiny(tmp_path / "full", **values))
     stopped = tiny(tmp_path / "stopped", **values)
 
-    def crash(message, context):
-        if (
-            message.metadata.message_type == "train.apply"
-            and message.metadata.group_id == "2"
-            and context.node_config["partition-id"] == 1
-        ):
-            raise Crash()
-        return client_app(message, context)
-
     with pytest.raises(Crash):
-        run_in_process(stopped, client_app=crash)
+        run_in_process(stopped, client_app=crash_at("train.apply", 2, 1))
     assert read_checkpoint(stopped.out).round == 1
     state = next((tmp_path / "stopped" / "client-state").rglob("*.pt"))
     assert any(".lora_A." in n for n in torch.load(state, weights_only=False)["model"])  # the adapters are held

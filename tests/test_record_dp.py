@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import dpsgd
 from trustformer.core.accounting import epsilon_after
 from trustformer.engine.inprocess import run_in_process
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
-from trustformer.tasks import record_dp
+from trustformer.tasks import dp_canaries, record_dp
 
 torch.set_num_threads(1)
 
 
-def tiny(out, **values):
-    return load_config("tiny", None, {"out": str(out), "privacy.unit": "record", **values})
+tiny = partial(tiny_config, defaults={"privacy.unit": "record"})
 
 
 def _model(tie: bool = True) -> Seq2SeqTransformer:
@@ -208,7 +209,7 @@ def _planted_noise_bug(monkeypatch, factor: float = 1.0, groups: str = "", every
         params = trainable(model)
         for i, (name, p) in enumerate(params.items()):
             p._planted = (every_other and i % 2 == 1) or bool(
-                groups and re.fullmatch(groups, record_dp.parameter_group(name))
+                groups and re.fullmatch(groups, dp_canaries.parameter_group(name))
             )
         return params
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from dp_plants import PLANTS, SETTINGS, fresh_plans
 from test_record_dp import _model
+
 from trustformer.attack import release_audit as ra
 from trustformer.config import load_config
 from trustformer.core import dpsgd
@@ -152,6 +152,84 @@ def test_each_deviation_fails_conformance_naming_its_step():
     assert _failed(rel, included, {**claimed, "epsilon": claimed["epsilon"] / 2}) == ["accountant"]
 
 
+def _banded(*, bands=4, sigma=2.0, steps=32, m=4000, tensors=4, seed=0, history=True, every_step=False):
+    """The release of b-banded noise over b-min-sep sampling at q = 1, as a run logs it: canary i drawn (if in)
+    at the steps ≡ i (mod b), plus C⁻¹z (z ~ N(0, σ²) per step, at the canaries and at 512 fingerprint coordinates).
+    ``history=False``: the recurrence forgets its past (the release holds z itself); ``every_step``: the canaries
+    drawn at every step (b-min-sep sampling broken)."""
+    from trustformer.core.banded_noise import column_norm, sqrt_coefficients, toeplitz
+
+    rng = np.random.default_rng(seed)
+    coefficients = sqrt_coefficients(bands)
+    inverse = np.linalg.inv(toeplitz(coefficients, steps).numpy()) if history else np.eye(steps)
+    included = rng.random(m) < 0.5
+    own = (np.arange(steps)[:, None] % bands) == (np.arange(m) % bands)[None, :]
+    drawn = (own | every_step) & included
+    readings = drawn + inverse @ (sigma * rng.standard_normal((steps, m)))
+    prints = inverse @ (sigma * rng.standard_normal((steps, 512)))
+    rel = ra.Release(
+        readings=readings,
+        noise_var=np.zeros((steps, tensors)),
+        counts=np.full(tensors, 10_000.0),
+        free_var=np.zeros((steps, tensors)),
+        prints=prints,
+        tensor_names=[f"t{i}" for i in range(tensors)],
+        canary_tensor=np.arange(m) % tensors,
+        sigma=sigma,
+        clip=1.0,
+        rate=1.0,
+        batch=6.0,
+        step_index=np.arange(steps),
+        bands=bands,
+        print_tensor=np.arange(512) % tensors,
+    )
+    effective = sigma / column_norm(coefficients, steps)
+    eps = dpsgd.epsilon_spent(effective, 1.0, steps // bands, 1e-5)
+    return rel, included, {"steps": steps, "epsilon": eps, "noise_multiplier": sigma, "sample_rate": 1.0}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decoded_banded_noise_is_the_dp_sgd_it_is_accounted_as(seed):
+    """C·(release) read in windows of b steps: one reading per window, the coin plus noise of variance
+    σ²/‖C‖_col² (the last window of a late group, cut by the run's end, a little more), T/b readings; the ideal
+    banded mechanism conforms, and μ̂ is the accountant's √(T/b)·‖C‖_col/σ."""
+    rel, included, claimed = _banded(seed=seed)
+    decoded = ra.decode_banded(rel)
+    assert decoded.steps == 8 and decoded.releases == 32 and decoded.readings.shape == (8, 4000)
+    full = decoded.readings[:-1]  # every group's windows but the last are whole
+    expected_var = (decoded.sigma / decoded.column) ** 2
+    within = 4 * math.sqrt(expected_var / full[:, included].size)  # 4 standard errors of the mean
+    assert abs(full[:, included].mean() - 1) < within and abs(full[:, ~included].mean()) < within
+    assert abs(full[:, ~included].var() / expected_var - 1) < 0.05
+    assert abs(decoded.reading_var[0].mean() / expected_var - 1) < 0.05  # measured from the fingerprint alone
+    assert _failed(decoded, included, claimed) == []
+    sums = ra.normalised_sums(decoded)
+    mu_hat = (sums[included].mean() - sums[~included].mean()) / sums[~included].std()
+    mu = ra.accountant_mu(decoded.effective_sigma, 1.0, decoded.steps)
+    assert abs(mu_hat / mu - 1) < 0.1
+
+
+def test_banded_noise_that_forgets_its_history_or_draws_outside_its_group_fails_conformance():
+    """The recurrence restarted every step (the release holds fresh z: decoded, the noise is ‖C‖_col·σ, off its
+    claim) fails ``noise``; canaries drawn at every step (b-min-sep sampling broken) fail ``min_sep``, named
+    sampling. A decoder that skipped C, or a release read as if it were fresh, fails the first test above."""
+    rel, included, claimed = _banded(history=False)
+    assert "noise" in _failed(ra.decode_banded(rel), included, claimed)
+    rel, included, claimed = _banded(every_step=True)
+    checks = {c["check"]: c for c in ra.conformance(ra.decode_banded(rel), included, claimed, 1e-5)["checks"]}
+    assert checks["min_sep"]["verdict"] == "fail" and checks["min_sep"]["step"] == "sampling"
+
+
+def test_banded_noise_is_decoded_only_from_whole_windows_of_a_fresh_run():
+    rel, _included, _claimed = _banded(steps=30)
+    with pytest.raises(ValueError, match="federation.rounds to a multiple of 4"):
+        ra.decode_banded(rel)
+    rel, _included, _claimed = _banded()
+    rel.step_index = rel.step_index + 4  # a log that starts mid-run (a resumed audit)
+    with pytest.raises(ValueError, match="from its first step"):
+        ra.decode_banded(rel)
+
+
 def test_the_ceiling_grows_with_the_canaries_and_stays_below_epsilon():
     """The ideal mechanism's ε_lb: below its ε (the bound is sound) and higher with more canaries."""
     sigma = dpsgd.calibrate(1.0, 1e-5, 1.0, 10)
@@ -209,17 +287,32 @@ def test_the_release_audit_fails_a_factor_two_plant_and_names_its_step(tmp_path,
         ("poisson", "accounting_steps", "accountant"),
         ("poisson", "clipping", "clipping"),
         ("lora", "clipping", "clipping"),
+        ("banded", "clipping", "clipping"),
+        ("banded", "noise", "noise"),
+        ("banded", "noise_repeat", "noise"),
     ],
 )
 def test_the_release_audit_fails_each_plant_and_names_its_step(tmp_path, monkeypatch, setting, plant, step):
-    result = _audit(tmp_path, setting, plant, 2.0, monkeypatch)
+    more = {"federation.rounds": 8} if setting == "banded" else {}  # banded: whole windows of 4 rounds
+    result = _audit(tmp_path, setting, plant, 2.0, monkeypatch, **more)
     assert result["verdict"] == "fail" and step in result["conformance"]["failed_steps"], result["failed_because"]
 
 
-def test_the_release_view_refuses_noise_it_does_not_read(tmp_path):
-    cfg = load_config("tiny", None, {**SETTINGS["distributed"], "privacy.noise_bands": 2, "out": str(tmp_path)})
-    with pytest.raises(ValueError, match="--view server"):
+def test_the_release_view_of_banded_noise_needs_whole_windows(tmp_path):
+    cfg = load_config("tiny", None, {**SETTINGS["banded"], "federation.rounds": 6, "out": str(tmp_path)})
+    with pytest.raises(ValueError, match="federation.rounds = 6 to a multiple of 4"):
         ra.supported(cfg)
+
+
+def test_banded_noise_is_audited_in_its_decoded_release(tmp_path, monkeypatch):
+    """Banded noise over distributed noise, the real path: an honest run passes, read as DP-SGD at σ/‖C‖_col over
+    T/b windows; every owner's canaries drawn outside their group (b-min-sep sampling broken) fail, sampling named."""
+    honest = _audit(tmp_path / "honest", "banded", **{"federation.rounds": 8})
+    assert honest["verdict"] == "pass", honest["failed_because"]
+    assert honest["steps_logged"] == 8 and honest["bands"] == 4
+    assert abs(honest["mu_hat"] - honest["mu_accountant"]) < 0.25
+    broken = _audit(tmp_path / "broken", "banded", "min_sep", 1.0, monkeypatch, **{"federation.rounds": 8})
+    assert broken["verdict"] == "fail" and "sampling" in broken["conformance"]["failed_steps"]
 
 
 def test_under_distributed_noise_the_audit_reads_the_secure_sum_of_the_shares(tmp_path, monkeypatch):

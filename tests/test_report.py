@@ -8,8 +8,7 @@ import pytest
 from PIL import Image
 
 from trustformer.cli import main
-from trustformer.report import build_report, load_runs
-from trustformer.report import paper
+from trustformer.report import build_report, load_runs, paper
 from trustformer.report.tables import table5_total
 
 CLIENTS = (0, 1, 2)
@@ -192,7 +191,7 @@ def test_paper_numbers_stand_beside_ours_with_the_ratio(report):
 def test_table5_follows_eq5(results):
     runs = load_runs([results])
     t = table5_total(runs, epochs=10)
-    rows = {(r[0], r[1]): dict(zip(t.columns, r)) for r in t.rows}
+    rows = {(r[0], r[1]): dict(zip(t.columns, r, strict=True)) for r in t.rows}
     # trustformer: e·T_l + (e / Agg_fr)·(T_c + T_agg) = 10·2 + 10/A·(1 + 0.5)
     for a in (1, 2, 5, 10):
         assert rows[("Trustformer β=0.5", a)]["ours Eq. 5 (s)"] == pytest.approx(20 + 10 / a * 1.5)

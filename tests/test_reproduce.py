@@ -7,10 +7,10 @@ import logging
 import pytest
 
 from trustformer import config as config_module
-from trustformer.reproduce import grid as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
+from trustformer.reproduce import grid as rep
 
 # the tiny preset, shrunk further: one round, 20 pairs per client, 4 sentences decoded, no METEOR/BERTScore,
 # one torch thread (two threads on a busy 2-core machine wait on each other)

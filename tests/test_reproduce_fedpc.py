@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from trustformer.reproduce import fedpc as rep
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.report import paper_fedpc
+from trustformer.reproduce import fedpc as rep
 
 
 def test_default_grids():

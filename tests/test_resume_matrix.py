@@ -22,7 +22,6 @@ snapshot a client that sat out a round resumes from.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections import Counter
@@ -32,14 +31,14 @@ from typing import Any
 
 import pytest
 import torch
-
 from compositions import Composition, compositions, sample
+from helpers import Crash, forget_process, jsonl
+from helpers import crash_at as kill_at
+
 from trustformer.app import client_app
 from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
 from trustformer.registry import protocol_spec
-from trustformer.runtime import client as client_runtime
-from trustformer.runtime import node as node_runtime
 from trustformer.runtime import store as store_module
 from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.runtime.store import ClientState, DiskStore
@@ -87,10 +86,6 @@ PINNED_SLOW: tuple[tuple[str, KillPoint], ...] = (  # once failed too; the slow 
 )
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would (not an error reply of one client)."""
-
-
 def traced(log: list[tuple[str, str]]):
     """The client app, recording (group id, message type) of every message it is delivered."""
 
@@ -103,17 +98,7 @@ def traced(log: list[tuple[str, str]]):
 
 def crash_at(point: KillPoint):
     """The client app that kills the run at ``point``."""
-    seen = 0
-
-    def call(message, context):
-        nonlocal seen
-        if message.metadata.group_id == str(point.round) and message.metadata.message_type == point.message:
-            if seen == point.after:
-                raise Crash()
-            seen += 1
-        return client_app(message, context)
-
-    return call
+    return kill_at(point.message, point.round, after=point.after)
 
 
 def kill_points(trace: list[tuple[str, str]]) -> list[KillPoint]:
@@ -126,18 +111,12 @@ def kill_points(trace: list[tuple[str, str]]) -> list[KillPoint]:
     return sorted(points, key=lambda p: (p.round, p.message == EVALUATE, p.message, p.after))
 
 
-def forget_process() -> None:
-    """What a restarted process no longer holds: the node's protocol objects and in-memory client stores."""
-    client_runtime._node_protocols.clear()
-    node_runtime._memory_stores.clear()
-
-
-_forget_process = forget_process
+_forget_process = forget_process  # helpers.forget_process: a test plants a process that forgets less
 
 
 def results(run_dir):
     """metrics.jsonl without wall-clock measurements and the resume event."""
-    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
+    lines = jsonl(os.path.join(run_dir, "metrics.jsonl"))
     return [
         {k: v for k, v in line.items() if not k.endswith("_s") and k not in ("elapsed", "eta")}
         for line in lines

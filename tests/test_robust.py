@@ -3,11 +3,13 @@
 here; so does a poisoning fault that does not poison."""
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
+from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core.poisoning import poisoned_model
@@ -31,7 +33,7 @@ def payloads(n, seed=0, shapes=((3, 4), (5,))):
 
 
 def as_flower(items, counts=None):
-    return [([t.numpy() for t in p.values()], c) for p, c in zip(items, counts or [1] * len(items))]
+    return [([t.numpy() for t in p.values()], c) for p, c in zip(items, counts or [1] * len(items), strict=True)]
 
 
 # ------------------------------------------------------------------------------- core, against Flower's own
@@ -42,7 +44,7 @@ def test_coordinate_median_is_flowers_fedmedian(n):
     items = payloads(n, seed=n)
     ours = coordinate_median(items)
     theirs = aggregate_median(as_flower(items))
-    for got, want in zip(ours.values(), theirs):
+    for got, want in zip(ours.values(), theirs, strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
 
 
@@ -51,7 +53,7 @@ def test_trimmed_mean_is_flowers_fedtrimmedavg(n, fraction):
     items = payloads(n, seed=10 + n)
     ours = trimmed_mean(items, fraction)
     theirs = aggregate_trimmed_avg(as_flower(items), fraction)
-    for got, want in zip(ours.values(), theirs):
+    for got, want in zip(ours.values(), theirs, strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
@@ -62,7 +64,7 @@ def test_krum_and_multikrum_are_flowers(n, f, keep):
     counts = list(range(1, n + 1))
     ours, chosen = multikrum_mean(items, counts, f, keep or 1)
     theirs = aggregate_krum(as_flower(items, counts), f, keep)
-    for got, want in zip(ours.values(), theirs):
+    for got, want in zip(ours.values(), theirs, strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     assert 1 not in chosen
 
@@ -72,7 +74,7 @@ def test_the_bound_clips_only_what_exceeds_it_and_returns_the_rest_untouched():
     items[4] = {k: v + 50 for k, v in items[4].items()}
     center = coordinate_median(items)
     out, norms, _ = bounded(items, median_bound(bounded(items, float("inf"), center)[1], 2.0), center)
-    assert [o is i for o, i in zip(out, items)] == [True, True, True, True, False]
+    assert [o is i for o, i in zip(out, items, strict=True)] == [True, True, True, True, False]
     limit = median_bound(norms, 2.0)
     clipped = sum(float((out[4][k] - center[k]).pow(2).sum()) for k in center) ** 0.5
     assert clipped == pytest.approx(limit, rel=1e-5)
@@ -168,24 +170,19 @@ def test_the_default_defence_resolves_where_the_server_sees_updates():
 # ------------------------------------------------------------------------------- the real path (tiny runs)
 
 
-def tiny(tmp_path, name, faults=(), **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.rounds": 3,
-        "eval.bleu_size": 8,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "federation.faults": list(faults),
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.rounds": 3,
+    "eval.bleu_size": 8,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def loss_and_events(cfg):
     summary = run_in_process(cfg)
-    events = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
-    honest = [loss for c, loss in zip(summary["client_ids"], summary["test_loss"]) if c != 1]
+    events = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" in r]
+    honest = [loss for c, loss in zip(summary["client_ids"], summary["test_loss"], strict=True) if c != 1]
     return sum(honest) / len(honest), events, summary
 
 
@@ -272,13 +269,13 @@ def test_data_poisoning_changes_only_the_poisoned_pairs(tmp_path):
     backdoor = task.poisoned_shard(1, "", "backdoor", 0.25, seed=3)
     shuffled = task.poisoned_shard(1, "", "shuffled_targets", 1.0, seed=3)
     trigger = task.workload.tokenizer.encode(BACKDOOR_TARGET)
-    changed = [i for i, (a, b) in enumerate(zip(honest, backdoor)) if a != b]
+    changed = [i for i, (a, b) in enumerate(zip(honest, backdoor, strict=True)) if a != b]
     assert len(backdoor) == len(honest) and len(changed) == round(0.25 * len(honest))
     assert all(backdoor[i][1][1:-1] == trigger[: len(backdoor[i][1]) - 2] for i in changed)
     assert all(len(backdoor[i][0]) > len(honest[i][0]) or len(honest[i][0]) == cfg.model.max_len for i in changed)
     assert [s for s, _ in shuffled] == [s for s, _ in honest]
     assert sorted(t for _, t in shuffled) == sorted(t for _, t in honest)
-    assert sum(a[1] != b[1] for a, b in zip(honest, shuffled)) > len(honest) // 2
+    assert sum(a[1] != b[1] for a, b in zip(honest, shuffled, strict=True)) > len(honest) // 2
     assert BACKDOOR_TRIGGER not in BACKDOOR_TARGET
 
 
@@ -289,8 +286,8 @@ def test_a_backdoor_client_trains_on_its_poisoned_shard_and_the_run_reports_the_
     _, _, clean_summary = loss_and_events(clean)
     assert len(summary["backdoor_success"]) == 3 and all(0.0 <= x <= 1.0 for x in summary["backdoor_success"])
     assert "backdoor_success" not in clean_summary
-    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' not in x]
-    clean_rows = [json.loads(x) for x in open(f"{clean.out}/metrics.jsonl", encoding="utf-8") if '"event"' not in x]
+    rows = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" not in r]
+    clean_rows = [r for r in jsonl(f"{clean.out}/metrics.jsonl") if "event" not in r]
     loss = {(r["round"], r["client"]): r["train_loss"] for r in rows}
     clean_loss = {(r["round"], r["client"]): r["train_loss"] for r in clean_rows}
     assert loss[1, 0] == clean_loss[1, 0] and loss[1, 1] != clean_loss[1, 1]  # only client 1's data changed

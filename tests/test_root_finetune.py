@@ -3,20 +3,19 @@ aggregate trained by the server's root training (a planted no-op pass fails that
 pass and its time, the pass's optimizer state is checkpointed (a resume without it differs), and the
 configurations it cannot apply to are refused when they load."""
 
-import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
+from helpers import Crash, crash_at, forget_process, jsonl, tiny_config
 
-from trustformer.app import client_app
 from trustformer.config import ConfigError, load_config
 from trustformer.core.aggregation import weighted_mean
 from trustformer.core.shared import derive_seed
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import make_protocol
 from trustformer.protocols.wrappers.robust import RobustAggregation
-from trustformer.runtime import client as client_runtime
 from trustformer.runtime import node as node_runtime
 from trustformer.runtime.checkpoint import read_checkpoint, resume_config
 from trustformer.runtime.root_training import root_training
@@ -69,7 +68,9 @@ def server_rounds(cfg, initial, rounds):
 
 
 def is_the_fine_tuned_aggregate(results, rounds):
-    for rnd, ((aggregate, phases, events, _held), (_payloads, mean, tuned)) in enumerate(zip(results, rounds), 1):
+    for rnd, ((aggregate, phases, events, _held), (_payloads, mean, tuned)) in enumerate(
+        zip(results, rounds, strict=True), 1
+    ):
         assert set(aggregate) == set(tuned)
         assert all(torch.equal(aggregate[n], tuned[n]) for n in tuned), f"round {rnd}: not the fine-tuned aggregate"
         assert not all(torch.equal(aggregate[n], mean[n]) for n in mean), f"round {rnd}: the plain mean"
@@ -95,7 +96,7 @@ def test_the_rounds_model_is_the_aggregate_trained_on_the_root_data(monkeypatch,
 def test_a_client_left_out_catches_up_to_the_fine_tuned_model(reference):
     initial, rounds = reference
     results = server_rounds(config(**{"federation.clients_per_round": 2}), initial, rounds)
-    for rnd, ((aggregate, _phases, _events, held), _round) in enumerate(zip(results, rounds), start=1):
+    for rnd, ((aggregate, _phases, _events, held), _round) in enumerate(zip(results, rounds, strict=True), start=1):
         assert held is not None and held[0] == rnd
         assert all(torch.equal(held[1][n], aggregate[n]) for n in aggregate)
 
@@ -103,23 +104,20 @@ def test_a_client_left_out_catches_up_to_the_fine_tuned_model(reference):
 # ------------------------------------------------------------------------------- the real path (tiny runs)
 
 
-def tiny(folder, **overrides):
-    values = {
-        "out": str(folder),
-        "runtime.progress": False,
-        "runtime.store": "disk",
-        "federation.rounds": 2,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "robust.root_finetune": 1,
-        "robust.root_size": ROOT,
-    }
-    return load_config("tiny", None, {**values, **overrides})
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.store": "disk",
+    "federation.rounds": 2,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "robust.root_finetune": 1,
+    "robust.root_size": ROOT,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def events_of(out):
-    return [json.loads(x) for x in open(f"{out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
+    return [r for r in jsonl(f"{out}/metrics.jsonl") if "event" in r]
 
 
 @pytest.fixture(scope="module")
@@ -145,22 +143,12 @@ def test_under_secure_aggregation_the_server_fine_tunes_the_unmasked_mean(tmp_pa
     assert secagg["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-5)
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would."""
-
-
 def killed_in_round_2(cfg):
     """Run ``cfg`` until a client is sent round 2's ``train``, forget the process, resume; the resumed summary."""
 
-    def call(message, context):
-        if message.metadata.group_id == "2" and message.metadata.message_type == "train":
-            raise Crash()
-        return client_app(message, context)
-
     with pytest.raises(Crash):
-        run_in_process(cfg, client_app=call)
-    client_runtime._node_protocols.clear()  # what a restarted process no longer holds
-    node_runtime._memory_stores.clear()
+        run_in_process(cfg, client_app=crash_at("train", 2))
+    forget_process()  # what a restarted process no longer holds
     assert read_checkpoint(cfg.out).round == 1
     return run_in_process(resume_config(cfg.out))
 

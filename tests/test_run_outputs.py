@@ -1,8 +1,7 @@
 """What a run leaves a user: the models to translate with, experiment-tracker files, and clear errors."""
 
-import json
-
 import pytest
+from helpers import jsonl
 
 from trustformer.cli import main
 from trustformer.config import load_config
@@ -54,7 +53,7 @@ def test_tensorboard_files_are_written_and_read_back(fedavg_run):
     cfg, summary = fedavg_run
     events = EventAccumulator(cfg.out + "/tensorboard")
     events.Reload()
-    rows = [r for r in map(json.loads, open(cfg.out + "/metrics.jsonl", encoding="utf-8")) if "event" not in r]
+    rows = [r for r in jsonl(cfg.out + "/metrics.jsonl") if "event" not in r]
     got = sorted((e.step, e.value) for e in events.Scalars("client_1/test_loss"))
     want = sorted((r["round"], r["test_loss"]) for r in rows if r["client"] == 1)
     assert [s for s, _ in got] == [s for s, _ in want] == [1, 2, 3]

@@ -1,35 +1,31 @@
 """Client sampling (federation.clients_per_round): seeded draws recorded per round, clients left out catching
 up as their protocol defines, and the protocols that refuse it."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import ProtocolObserver, observe
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "federation.clients": 6,
-        "federation.rounds": 3,
-        "federation.clients_per_round": 2,
-        "data.client_size": 30,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "runtime.threads": 1,
+    "federation.clients": 6,
+    "federation.rounds": 3,
+    "federation.clients_per_round": 2,
+    "data.client_size": 30,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def rows_of(cfg):
-    return [r for r in map(json.loads, open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")) if "event" not in r]
+    return [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" not in r]
 
 
 class StartingPoints(ProtocolObserver):

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from helpers import jsonl
 
 from trustformer.bench.scale_bench import main, tree_rss_mb
 
@@ -38,6 +39,6 @@ def test_scale_bench_measures_each_size_in_a_process_of_its_own(tmp_path, capsys
     assert [(r["engine"], r["clients"], r["per_round"]) for r in rows] == [("inprocess", 4, 3), ("inprocess", 12, 3)]
     for r in rows:
         assert r["s_per_round"] > 0 and r["peak_mb"] > 100 and len(r["rounds_s"]) == 2
-        lines = [json.loads(x) for x in open(tmp_path / "runs" / f"inprocess-{r['clients']}" / "metrics.jsonl")]
+        lines = jsonl(tmp_path / "runs" / f"inprocess-{r['clients']}" / "metrics.jsonl")
         assert [len([x for x in lines if x.get("round") == k and "event" not in x]) for k in (1, 2)] == [3, 3]
     assert "s/round" in capsys.readouterr().out

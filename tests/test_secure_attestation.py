@@ -2,12 +2,13 @@
 
 import os
 import time
+from functools import partial
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from helpers import tiny_config
 
 from trustformer.cli import main
-from trustformer.config import load_config
 from trustformer.secure.attestation import (
     AttestationError,
     Quote,
@@ -25,8 +26,7 @@ from trustformer.secure.tee import SoftwareTEE
 RUN, CLIENT = 42, 1
 
 
-def tiny(**overrides):
-    return load_config("tiny", None, {"federation.strategy": "trustformer", "secure.mode": "tee", **overrides})
+tiny = partial(tiny_config, defaults={"federation.strategy": "trustformer", "secure.mode": "tee"})
 
 
 @pytest.fixture(scope="module")

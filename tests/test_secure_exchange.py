@@ -1,34 +1,30 @@
 """End-to-end secure exchange on the tiny preset: tee, secagg, tee+secagg, attestation failures,
 tampering, replay and a client dropping out after the masking setup."""
 
-import json
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
 from trustformer.app import FederationError, client_app
 from trustformer.cli import main
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.secure.attestation import measurement, write_key_pair
 from trustformer.secure.sealing import REJECTED_TAG
 from trustformer.wire import from_array_record
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.strategy": "trustformer",
-        "eval.diagnostics": True,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.strategy": "trustformer",
+    "eval.diagnostics": True,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def read_metrics(cfg):
-    lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(f"{cfg.out}/metrics.jsonl")
     return [x for x in lines if "event" not in x], [x for x in lines if "event" in x]
 
 
@@ -43,7 +39,7 @@ class Intercept:
     def __call__(self, message, context):
         client = int(context.node_config["partition-id"])
         kind = message.metadata.message_type
-        config = message.content["config"] if "config" in message.content else {}
+        config = message.content.get("config", {})
         rnd = int(config["round"]) if "round" in config else None
         self.seen.append((client, kind, rnd))
         if kind == "train.apply" and "aggregate" in message.content:

@@ -1,26 +1,23 @@
 """Trust anchors belong to the client: the aggregator key it trusts and the measurement it requires come
 from its own node config, never from the run config the server submits."""
 
+from functools import partial
+
 import pytest
+from helpers import jsonl, tiny_config
 
 from trustformer.app import FederationError, client_app
-from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
 from trustformer.secure.attestation import measurement, write_key_pair
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.rounds": 1,
-        "secure.mode": "tee",
-        "eval.bleu_size": 2,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.rounds": 1,
+    "secure.mode": "tee",
+    "eval.bleu_size": 2,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def watch(log):
@@ -122,8 +119,7 @@ def test_the_metrics_of_a_sealed_exchange_travel_sealed(tmp_path):
     assert len(clear) == 6
     for metrics in clear:
         assert set(metrics) - {"secure_train_seal_s"} == {"client", "round", "num_examples"}
-    import json
 
-    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    rows = jsonl(f"{cfg.out}/metrics.jsonl")
     assert len(rows) == 6 and all("event" not in r for r in rows)
     assert all(r["train_loss"] > 0 and r["steps"] > 0 and "train_s" in r for r in rows)  # opened by the aggregator

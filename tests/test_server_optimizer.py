@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import Crash, crash_at, forget_process, tiny_config
 
-from trustformer.app import client_app
 from trustformer.config import ConfigError, load_config
 from trustformer.config.sections import SERVER_OPTIMIZER_DEFAULTS
 from trustformer.core import server_opt
@@ -27,8 +28,6 @@ from trustformer.protocols.interface.state import declared
 from trustformer.protocols.wrappers import server_optimizer as wrapper
 from trustformer.protocols.wrappers.server_optimizer import ServerOptimization, chain
 from trustformer.registry import PROTOCOLS, protocol_spec
-from trustformer.runtime import client as client_runtime
-from trustformer.runtime import node as node_runtime
 from trustformer.runtime.checkpoint import resume_config
 from trustformer.tasks import record_dp
 
@@ -42,8 +41,7 @@ QUIET = {
 }
 
 
-def tiny(out, **values):
-    return load_config("tiny", None, {**QUIET, "out": str(out), **values})
+tiny = partial(tiny_config, defaults=QUIET)
 
 
 def losses(cfg) -> list[float]:
@@ -99,7 +97,7 @@ def fit_results(models: list[list[np.ndarray]], sizes: list[int]):
 
     return [
         (None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(m), n, {}))  # the proxy is not read
-        for m, n in zip(models, sizes)
+        for m, n in zip(models, sizes, strict=True)
     ]
 
 
@@ -123,7 +121,7 @@ def test_each_optimizer_steps_as_flowers_strategy_over_three_rounds(tmp_path, na
         ours, _phases = protocol.aggregate([{n: torch.from_numpy(v) for n, v in m.items()} for m in models], sizes)
         theirs, _metrics = strategy.aggregate_fit(rnd, fit_results([list(m.values()) for m in models], sizes), [])
         assert theirs is not None
-        for (n, mine), flower in zip(ours.items(), parameters_to_ndarrays(theirs)):
+        for (n, mine), flower in zip(ours.items(), parameters_to_ndarrays(theirs), strict=True):
             np.testing.assert_allclose(mine.numpy(), flower, rtol=1e-12, atol=1e-14, err_msg=f"{name} round {rnd} {n}")
     assert protocol.steps == 3
 
@@ -154,23 +152,14 @@ RESUMABLE = {
 }
 
 
-class Crash(BaseException):
-    """Stops the whole in-process run, as a killed server would."""
-
-
-def crash_in_round_three(message, context):
-    """The client app, killing the run at round 3's first ``train`` (the checkpoint is round 2's)."""
-    if message.metadata.group_id == "3" and message.metadata.message_type == "train":
-        raise Crash()
-    return client_app(message, context)
+crash_in_round_three = crash_at("train", 3)  # round 3's first train: the checkpoint is round 2's
 
 
 def killed_after_round_two_and_resumed(out: Path) -> list[float]:
     stopped = load_config("tiny", None, {**RESUMABLE, "out": str(out)})
     with pytest.raises(Crash):
         run_in_process(stopped, client_app=crash_in_round_three)
-    client_runtime._node_protocols.clear()  # what a restarted process no longer holds
-    node_runtime._memory_stores.clear()
+    forget_process()  # what a restarted process no longer holds
     resumed = run_in_process(resume_config(stopped.out))
     assert resumed["resumed_after_rounds"] == [2]
     return losses(stopped)

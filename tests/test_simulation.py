@@ -1,27 +1,24 @@
 """The same apps on Flower's Simulation Engine (Ray): the tiny preset gives the in-process engine's numbers."""
 
 import json
+from functools import partial
 
 import pytest
+from helpers import jsonl, tiny_config
 
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.engine import run
 from trustformer.engine.simulation import backend_config
 
-
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
-        "runtime.progress": False,
-        "runtime.threads": 1,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "federation.strategy": "trustformer",
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "eval.diagnostics": True,  # fedavg_distance, unclipped norms, the measured secagg error
+    "runtime.threads": 1,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+    "federation.strategy": "trustformer",
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def lines(cfg):
@@ -83,7 +80,7 @@ def test_secure_aggregation_on_the_simulation_engine_gives_the_in_process_number
 
 @pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path):
-    from test_checkpoint import Crash, _crash_at  # the same crash as the checkpoint tests
+    from helpers import Crash, crash_at
 
     from trustformer.engine.inprocess import run_in_process
     from trustformer.runtime.checkpoint import read_checkpoint, resume_config
@@ -92,7 +89,7 @@ def test_a_run_interrupted_in_process_resumes_on_the_simulation_engine(tmp_path)
     full = run(tiny(tmp_path, "full", **values))
     stopped = tiny(tmp_path, "stopped", **values)
     with pytest.raises(Crash):
-        run_in_process(stopped, client_app=_crash_at("train.apply", 2, 1))
+        run_in_process(stopped, client_app=crash_at("train.apply", 2, 1))
     assert read_checkpoint(stopped.out).round == 1
     resumed = run(resume_config(stopped.out, {"runtime.engine": "simulation", "runtime.ray_cpus": 2}))
     assert resumed["test_loss"] == full["test_loss"] and resumed["resumed_after_rounds"] == [1]
@@ -107,5 +104,5 @@ def test_a_poisoning_client_on_the_simulation_engine_is_refused_as_in_process(tm
     sim = tiny(tmp_path, "simulation", **faults, **{"runtime.engine": "simulation", "runtime.ray_cpus": 2})
     a, b = run(inproc), run(sim)
     assert b["test_loss"] == a["test_loss"]
-    events = [json.loads(x) for x in open(f"{sim.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
+    events = [r for r in jsonl(f"{sim.out}/metrics.jsonl") if "event" in r]
     assert [(e["event"], e["round"], e["client"]) for e in events] == [("refused", r, 1) for r in (1, 2)]

@@ -6,9 +6,12 @@ publishes on the colluders' channel, where these tests read them back (the serve
 
 import json
 import math
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
+from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import attacks
@@ -144,18 +147,13 @@ class Sent(ProtocolObserver):
         return {n: self.sent[rnd, client][n] - start[n] for n in start}
 
 
-def tiny(tmp_path, name, faults, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.rounds": 2,
-        "eval.bleu_size": 4,
-        "eval.meteor": False,
-        "eval.bertscore": False,
-        "federation.faults": list(faults),
-        **overrides,
-    }
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.rounds": 2,
+    "eval.bleu_size": 4,
+    "eval.meteor": False,
+    "eval.bertscore": False,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def attacked(tmp_path, name, fault, **overrides):
@@ -167,7 +165,7 @@ def attacked(tmp_path, name, fault, **overrides):
         run_in_process(cfg)
     channels = sorted((tmp_path / name / "colluders").glob("run-*/round-*/client-1.pt"))
     seen = {int(p.parent.name.split("-")[1]): torch.load(p, weights_only=True) for p in channels}
-    events = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"event"' in x]
+    events = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" in r]
     return cfg, watch, seen, events
 
 
@@ -230,7 +228,7 @@ def test_the_norm_matched_backdoor_passes_the_servers_bound(runs):
         values = [{n: p[n] for n in p} for p in received]
         norms = deviation_norms(values, coordinate_median(values))
         assert max(norms) <= median_bound(norms, cfg.robust.bound_factor)  # the bound: nobody clipped
-    summary = json.loads(open(f"{cfg.out}/summary.json", encoding="utf-8").read())
+    summary = json.loads(Path(cfg.out, "summary.json").read_text(encoding="utf-8"))
     assert "backdoor_success" in summary and all(not math.isnan(x) for x in summary["backdoor_success"])
 
 

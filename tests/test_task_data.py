@@ -36,8 +36,8 @@ def fake_fashion_folder(tmp_path, n_train=12, n_test=5):
 
 def test_idx_offsets_and_fashion_loader(tmp_path):
     data = fake_fashion_folder(tmp_path)
-    labels_raw = gzip.open(tmp_path / "train-labels-idx1-ubyte.gz").read()
-    images_raw = gzip.open(tmp_path / "train-images-idx3-ubyte.gz").read()
+    labels_raw = gzip.decompress((tmp_path / "train-labels-idx1-ubyte.gz").read_bytes())
+    images_raw = gzip.decompress((tmp_path / "train-images-idx3-ubyte.gz").read_bytes())
     # the documented layout: labels at offset 8, images at offset 16
     assert labels_raw[8:] == data["train"][1].tobytes()
     assert images_raw[16:] == data["train"][0].tobytes()

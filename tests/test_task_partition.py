@@ -23,7 +23,7 @@ def test_iid_equal_disjoint_deterministic():
     assert_disjoint_cover(shards, 1000)
     assert sorted(len(s) for s in shards) == [333, 333, 334]
     again = P.partition("iid", 3, seed=5, labels=LABELS)
-    assert all(np.array_equal(a, b) for a, b in zip(shards, again))
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
     other = P.partition("iid", 3, seed=6, labels=LABELS)
     assert not np.array_equal(shards[0], other[0])
 
@@ -74,7 +74,7 @@ def test_dirichlet_uses_flwr_datasets_and_skews_labels():
     top2 = np.sort(counts, axis=1)[:, -2:].sum(1) / counts.sum(1)
     assert top2.mean() > 0.5
     again = P.partition("dirichlet", 5, seed=0, labels=LABELS, alpha=0.1)
-    assert all(np.array_equal(a, b) for a, b in zip(shards, again))
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
     # large alpha approaches the global mix
     wide = P.class_counts(LABELS, P.partition("dirichlet", 3, seed=0, labels=LABELS, alpha=1000.0), 10)
     frac = wide / wide.sum(1, keepdims=True)

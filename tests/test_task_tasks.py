@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from trustformer.config import ConfigError, SegmentationConfig, image_preset, seg_preset
 from trustformer.core.local_rules import sam_step
 from trustformer.tasks import seg_data
-from trustformer.config import ConfigError, SegmentationConfig, image_preset, seg_preset
 from trustformer.tasks.base import Task, TaskConfigError, derive_seed
 from trustformer.tasks.bench import fedavg_average, run
 from trustformer.tasks.image import ImageClassificationTask, augment_batch
@@ -62,7 +62,7 @@ def test_build_model_is_seeded_and_leaves_global_rng_alone(digits):
     torch.manual_seed(123)
     a, b = digits.build_model(7), digits.build_model(7)
     assert torch.equal(torch.rand(1), before)
-    assert all(torch.equal(x, y) for x, y in zip(weights(a).values(), weights(b).values()))
+    assert all(torch.equal(x, y) for x, y in zip(weights(a).values(), weights(b).values(), strict=True))
     c = digits.build_model(8)
     assert not torch.equal(a.stem.weight, c.stem.weight)
 
@@ -185,7 +185,7 @@ def test_segmentation_task_on_mri_slices():
     # seeded: the same training again gives the same weights
     again = task.build_model(0)
     task.train_local(again, task.build_optimizer(again), task.train, seed=3, epochs=2)
-    assert all(torch.equal(x, y) for x, y in zip(weights(model).values(), weights(again).values()))
+    assert all(torch.equal(x, y) for x, y in zip(weights(model).values(), weights(again).values(), strict=True))
 
 
 def test_segmentation_task_on_lgg_layout(tmp_path):

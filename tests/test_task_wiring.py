@@ -2,33 +2,31 @@
 tasks (tiny presets) under every protocol through the real Flower apps and the in-process runtime."""
 
 import dataclasses
-import json
 import math
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from helpers import jsonl, tiny_config
 
-from trustformer.runtime.rounds import ReplyError
-from trustformer.runtime.server import final_metrics as _final_metrics
 from trustformer.cli import build_parser, resolve_config
 from trustformer.config import TASK_PRESETS, ConfigError, image_preset, load_config, seg_preset
-from trustformer.protocols.interface.base import ClientSession
 from trustformer.engine.inprocess import run_in_process
+from trustformer.protocols.interface.base import ClientSession
+from trustformer.runtime.rounds import ReplyError
+from trustformer.runtime.server import final_metrics as _final_metrics
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
 
 
-def tiny(tmp_path, name, **overrides):
-    values = {"out": str(tmp_path / name), "runtime.progress": False, "runtime.threads": 1, "eval.diagnostics": True}
-    values.update(overrides)
-    return load_config("tiny", None, values)
+tiny = partial(tiny_config, defaults={"runtime.threads": 1, "eval.diagnostics": True})
 
 
 def read_rows(cfg):
-    lines = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    lines = jsonl(f"{cfg.out}/metrics.jsonl")
     return [x for x in lines if "event" not in x]
 
 
@@ -339,7 +337,7 @@ def test_classification_summary_has_per_class_accuracy_and_class_counts(image_ru
     cfg, summary = image_runs["image-classification", "fedavg"]
     per_class = summary["per_class_accuracy"]
     assert set(per_class) == {"0", "1", "2"}
-    for c, acc in zip(summary["client_ids"], summary["accuracy"]):
+    for c, acc in zip(summary["client_ids"], summary["accuracy"], strict=True):
         classes = summary["data"]["clients"][str(c)]["classes"]
         assert list(per_class[str(c)]) == classes and len(classes) == 10  # scikit-learn's digits
         counts = summary["data"]["clients"][str(c)]["class_counts"]
@@ -424,7 +422,9 @@ def test_report_of_image_runs_has_their_quality_columns_and_figures(tmp_path, im
     table = quality_table(runs)
     assert {"task", "accuracy", "Dice", "IoU", "pixel accuracy"} <= set(table.columns)
     assert "BLEU" not in table.columns and "METEOR" not in table.columns
-    fedavg = next(row for row, r in zip(table.rows, runs) if r.task == "segmentation" and r.strategy == "fedavg")
+    fedavg = next(
+        row for row, r in zip(table.rows, runs, strict=True) if r.task == "segmentation" and r.strategy == "fedavg"
+    )
     _, summary = image_runs["segmentation", "fedavg"]
     assert fedavg[table.columns.index("Dice")] == f"{summary['dice'][0]:.4f}"
     assert "dice" in quality_per_client_table(runs).columns

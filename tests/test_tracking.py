@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+from helpers import jsonl
 
 from trustformer.recording.tracking import TRACKERS, Tracker, final_scalars, flatten, mlflow_uri
 
@@ -153,7 +154,7 @@ def test_mlflow_metrics_params_and_events_read_back(tmp_path):
     assert len(params["long"]) == 500
 
     events = client.download_artifacts(run.info.run_id, "events.jsonl", str(tmp_path))
-    assert [json.loads(x) for x in open(events, encoding="utf-8")] == [EVENT]
+    assert jsonl(events) == [EVENT]
 
 
 def test_close_writes_the_means_of_open_rounds(tmp_path):

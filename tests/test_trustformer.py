@@ -1,31 +1,28 @@
 """The Trustformer protocol end to end on the tiny preset, through the protocol class and the real wire."""
 
-import json
+from functools import partial
 
 import pytest
 import torch
+from flwr.app import RecordDict
+from helpers import jsonl, tiny_config
 
 from trustformer.app import FederationError, client_app
-from trustformer.config import ConfigError, load_config
+from trustformer.config import ConfigError
 from trustformer.core.centroids import cluster_means, layer_matrix
+from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import trustformer as trustformer_module
 from trustformer.protocols.trustformer import PAYLOAD, Trustformer
-from trustformer.engine.inprocess import run_in_process
 from trustformer.wire import from_array_record, payload_bytes
-from flwr.app import RecordDict
 
 ALIGNED = ("shared", "tracked", "rotating", "focused")
 
 
-def tiny(tmp_path, name, **overrides):
-    values = {
-        "out": str(tmp_path / name),
-        "runtime.progress": False,
-        "federation.strategy": "trustformer",
-        "eval.diagnostics": True,
-    }
-    values.update(overrides)
-    return load_config("tiny", None, values)
+TINY = {  # this module's tiny run (helpers.tiny_config)
+    "federation.strategy": "trustformer",
+    "eval.diagnostics": True,
+}
+tiny = partial(tiny_config, defaults=TINY)
 
 
 def initial(cfg):
@@ -173,7 +170,7 @@ def test_a_client_refuses_to_send_centroids_below_the_floor(tmp_path, monkeypatc
     with pytest.raises(FederationError):
         run_in_process(cfg, client_app=_capture_replies(replies))
     assert replies == []  # no payload left any client
-    events = [json.loads(line) for line in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8")]
+    events = jsonl(f"{cfg.out}/metrics.jsonl")
     reasons = " ".join(e.get("reason", "") for e in events if e.get("event") == "dropped")
     assert "min_cluster_rows" in reasons
 
@@ -201,7 +198,7 @@ def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
         **{"trustformer.beta": 0.5, "trustformer.memberships": "local", "trustformer.weighting": "data_size"},
     )
     run_in_process(cfg)
-    rows = [json.loads(x) for x in open(f"{cfg.out}/metrics.jsonl", encoding="utf-8") if '"round"' in x]
+    rows = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "round" in r]
     rows = [r for r in rows if "cluster_s" in r]
     assert len(rows) == 6
     for row in rows:
@@ -209,5 +206,5 @@ def test_phases_and_kmeans_iterations_are_real_in_every_round(tmp_path):
         assert row["kmeans_iterations"] >= 1  # the paper's mode runs k-means on trained weights every exchange
     shared = tiny(tmp_path, "phases-shared", **{"trustformer.beta": 0.5, "trustformer.memberships": "shared"})
     run_in_process(shared)
-    rows = [json.loads(x) for x in open(f"{shared.out}/metrics.jsonl", encoding="utf-8") if '"cluster_s"' in x]
+    rows = [r for r in jsonl(f"{shared.out}/metrics.jsonl") if "cluster_s" in r]
     assert [r["kmeans_iterations"] >= 1 for r in rows] == [True] * 3 + [False] * 3  # k-means once, on round 1

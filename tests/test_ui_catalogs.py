@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trustformer.tasks import translation_workload as wl
 from trustformer.config import ConfigError, load_config
 from trustformer.data import ui_catalogs
 from trustformer.tasks import public as pub
+from trustformer.tasks import translation_workload as wl
 
 UI = "usr/lib/libreoffice/program/resource/ru/LC_MESSAGES"
 ENTRIES = {

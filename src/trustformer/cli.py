@@ -55,8 +55,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         refuse_existing_run(cfg.out)
 
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
-    from .tasks.checks import check_metrics
     from .engine import run
+    from .tasks.checks import check_metrics
 
     check_metrics(cfg)  # before any training, not after it
     try:
@@ -163,8 +163,8 @@ def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
         "FedAvg, Phong and FedPC for N workers on image classification and segmentation, class-stratified "
         "imbalanced and Dirichlet splits, FedPC's Tables 2–4 and Figure 6 (bytes per epoch against Eq. 8).",
     )
-    from .reproduce.grid import PAPERS
     from .reproduce.fedpc import FEDPC_PARTITIONS, FEDPC_TASKS
+    from .reproduce.grid import PAPERS
 
     p.add_argument(
         "--paper", choices=PAPERS, default="trustformer", help="which paper's grid and report (default: trustformer)"
@@ -304,8 +304,8 @@ def _reproduce_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _reproduce_fedpc(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .reproduce import grid as rep
     from .reproduce import fedpc
+    from .reproduce import grid as rep
 
     for option in ("betas", "agg_every", "agg_betas", "agg_strategies", "epochs"):
         if getattr(args, option) is not None:

@@ -10,8 +10,9 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 from .config import PRESETS, SECURE_MODES, STRATEGIES, TASKS, ConfigError, RunConfig, load_config, parse_override
 from .config.run import ConfigDeprecationWarning
@@ -173,7 +174,7 @@ def _setting_labels() -> dict[str, str]:
         if spec.section is not None:
             keys += [f"{spec.name}.{f.name}" for f in dataclasses.fields(spec.section)]
     leaves = [key.rsplit(".", 1)[-1] for key in keys]
-    return {key: leaf for key, leaf in zip(keys, leaves) if leaves.count(leaf) == 1}
+    return {key: leaf for key, leaf in zip(keys, leaves, strict=True) if leaves.count(leaf) == 1}
 
 
 def _value_label(value: Any) -> str:

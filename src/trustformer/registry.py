@@ -8,7 +8,7 @@ importing the protocols (which import the configuration).
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 PROTOCOLS: dict[str, str] = {  # federation.strategy -> module under trustformer.protocols
@@ -26,7 +26,7 @@ PROTOCOLS: dict[str, str] = {  # federation.strategy -> module under trustformer
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def protocol_spec(name: str) -> Any:
     """The ``ProtocolSpec`` of strategy ``name`` (KeyError naming the known ones)."""
     if name not in PROTOCOLS:

@@ -21,8 +21,8 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from .flower_internals import NODE_UNAVAILABLE, content_wire_bytes
 from .errors import TrustformerError
+from .flower_internals import NODE_UNAVAILABLE, content_wire_bytes
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +105,21 @@ def _dtype_name(dtype: str) -> str:
     return str(np.dtype(dtype)) if dtype else dtype
 
 
-def pack_flat(tensors: "list[torch.Tensor]") -> torch.Tensor:
+def pack_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Many tensors as one flat array (so a message carries one array header, not one per tensor)."""
     if not tensors:
         return torch.zeros(0)
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def unpack_flat(flat: torch.Tensor, shapes: "Mapping[str, tuple[int, ...]]") -> dict[str, torch.Tensor]:
+def unpack_flat(flat: torch.Tensor, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """Split a flat array back into named tensors of the given shapes, in order; the length must match
     exactly (:class:`PayloadError` otherwise)."""
     sizes = [int(np.prod(s)) for s in shapes.values()]
     if flat.dim() != 1 or flat.numel() != sum(sizes):
         raise PayloadError(f"packed array of shape {tuple(flat.shape)}: expected {sum(sizes)} values in one dimension")
     parts = torch.split(flat, sizes)
-    return {name: part.reshape(shape) for (name, shape), part in zip(shapes.items(), parts)}
+    return {name: part.reshape(shape) for (name, shape), part in zip(shapes.items(), parts, strict=True)}
 
 
 @dataclass
@@ -184,7 +184,7 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> dict
     if not messages:
         return {}
     ids = list(grid.push_messages(messages))
-    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
+    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages, strict=True) if mid}
     pending = set(node_of)
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: dict[int, Message] = {}

@@ -129,6 +129,9 @@ def epsilon_lower_bound(
 # ------------------------------------------------------------------------------ one training run
 
 
+EPSILON_RESOLUTION = 1e-6  # the one-run bound's bisection stops at this relative width (the bound: its lower end)
+
+
 def _one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     """P[≥ v correct of r guesses] allowed by (ε, δ)-DP (Steinke et al. 2023, Theorem 5.2 as computed in their
     Appendix algorithm): with q = e^ε / (1 + e^ε) and B ~ Bin(r, q),
@@ -159,7 +162,7 @@ def _one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float) -> floa
         lo, hi = hi, 2.0 * hi
         if hi > 1e3:
             return math.inf
-    for _ in range(40):  # 2⁻⁴⁰ of the bracket: far below any ε an audit can resolve
+    while hi - lo > EPSILON_RESOLUTION * max(1.0, lo):  # far below any ε an audit can resolve
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if _one_run_p_value(m, r, v, mid, delta) < alpha else (lo, mid)
     return lo

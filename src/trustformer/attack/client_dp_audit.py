@@ -102,7 +102,7 @@ class CanaryLayout:
         counts = spread(count, [like[n].numel() for n in names])
         generator = torch.Generator().manual_seed(seed)
         blocks, directions, tensor, slot = {}, {}, [], []
-        for name, n in zip(names, counts):
+        for name, n in zip(names, counts, strict=True):
             if not n:
                 continue
             size = like[name].numel() // n
@@ -128,7 +128,7 @@ class CanaryLayout:
         flat = {n: total[n].detach().double().reshape(-1) for n in self.names}
         norm = math.sqrt(sum(float(v.pow(2).sum()) for v in flat.values())) or 1.0
         per_tensor = {n: (flat[n][b] * self.directions[n]).sum(dim=1) for n, b in self.blocks.items()}
-        return np.asarray([float(per_tensor[n][j]) / norm for n, j in zip(self.tensor, self.slot)])
+        return np.asarray([float(per_tensor[n][j]) / norm for n, j in zip(self.tensor, self.slot, strict=True)])
 
     def groupings(self) -> list[list[str]]:
         """The canaries' groups the bound also guesses on alone, fixed before the run: top-level module (embedding,

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, load_config
-from ..tasks.record_dp import AUDITED_CLIENT
+from ..tasks.dp_canaries import AUDITED_CLIENT
 from ..tasks.run import load_task
 from .audit import clopper_pearson, one_run_epsilon_lower_bound
 from .harness import observed_run
@@ -54,7 +54,7 @@ def canary_scores(cfg: RunConfig, initial: dict, exchanges, protocol) -> tuple[n
         if AUDITED_CLIENT not in estimates:
             continue  # not sampled, or dropped, this round
         estimate = estimates[AUDITED_CLIENT]
-        for i, (name, flat) in enumerate(zip(canaries.names, canaries.coordinates)):
+        for i, (name, flat) in enumerate(zip(canaries.names, canaries.coordinates, strict=True)):
             sign = canaries.signs[i] if canaries.signs else 1.0
             scores[i] += sign * float(before[name].flatten()[flat] - estimate[name].flatten()[flat])
     return scores, np.asarray(canaries.included, dtype=bool), [canaries.groups, canaries.kinds]
@@ -138,7 +138,7 @@ def honest_benchmark(
         lbs = np.asarray([r["epsilon_lb"] for r in results])
         spent = np.asarray([r["epsilon"] for r in results])
         # the release view fails a run on its conformance too (attack/release_audit.py)
-        failures = sum(bool(lb > e) or r.get("verdict") == "fail" for lb, e, r in zip(lbs, spent, results))
+        failures = sum(bool(lb > e) or r.get("verdict") == "fail" for lb, e, r in zip(lbs, spent, results, strict=True))
         rows.append(
             {
                 "epsilon": eps,

@@ -26,9 +26,9 @@ def _initial(cfg: RunConfig) -> Tensors:
 
 def _final_models(cfg: RunConfig, names: Sequence[str]) -> Exchange:
     """A run without exchanges: every client's model after the last round, from its state on disk."""
+    from ..core.shared import ALL_SHARDS
     from ..runtime.checkpoint import run_key
     from ..runtime.store import ROUND_END, DiskStore
-    from ..core.shared import ALL_SHARDS
 
     store = DiskStore(Path(cfg.out) / "client-state" / run_key(cfg))
     pooled = protocol_spec(cfg.federation.strategy).pools_data

@@ -52,8 +52,8 @@ from ..config import RunConfig
 from ..core.shared import Tensors, assign_tensors, derive_seed
 from ..tasks.run import load_task
 from .audit import epsilon_lower_bound
-from .lira import REFERENCE_MODELS, offline_scores, reference_models, statistic
 from .harness import ObservedRun, observed_run
+from .lira import REFERENCE_MODELS, offline_scores, reference_models, statistic
 from .scoring import server_estimates
 
 CANDIDATES = 300  # members (and as many non-members) per client
@@ -240,8 +240,8 @@ def membership(
             per_view[view]["loss"][client] = ([-x for x in losses[0]], [-x for x in losses[1]])
             for score, (ref_m, ref_n) in reference.items():
                 per_view[view][score][client] = (
-                    [r - x for r, x in zip(ref_m, losses[0])],
-                    [r - x for r, x in zip(ref_n, losses[1])],
+                    [r - x for r, x in zip(ref_m, losses[0], strict=True)],
+                    [r - x for r, x in zip(ref_n, losses[1], strict=True)],
                 )
             if lira_reference is not None and view in LIRA_VIEWS:
                 # a 1-D array of statistics, which offline_scores reads with np.asarray like a sequence
@@ -350,8 +350,8 @@ def sweep(
     """Every planned run (``attack reconstruct``'s plan), attacked, one after the other."""
     import time
 
-    from .reconstruct import run_folder
     from ..config import load_config
+    from .reconstruct import run_folder
 
     results, started = [], time.perf_counter()
     for i, planned in enumerate(runs, start=1):

@@ -109,8 +109,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig, load_config
-from ..registry import protocol_spec
 from ..protocols.trustformer import MODES as MEMBERSHIP_MODES
+from ..registry import protocol_spec
 from .estimators import ESTIMATORS, centroid_estimate, nearest_centroid
 from .harness import run_attack
 from .run_observer import Exchange, RunRecorder

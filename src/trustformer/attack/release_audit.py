@@ -25,17 +25,13 @@ by which of Ĉ = m₂/m₁ and q̂ = m₁²/m₂ is further off; ``accountant`` 
 σ and q it charged, which the checks above hold against the release, over the steps released, above the reported ε
 fails). ``epsilon_measured``: the ε of the point estimates σ̂/Ĉ, q̂ and T, beside the reported one.
 
-Under distributed noise the release is the round's secure sum: every owner logs its own noisy sum at the canary
-coordinates (the others hold the canaries with every coin "out"), and the audit adds the logs up (:func:`secure_sum`).
-Banded noise is not read yet (a correlation to decode): ``--view server``.
+Reading the log, the secure sum of distributed noise's shares and the decoding of banded noise: ``release_view.py``.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,130 +39,27 @@ from scipy import stats
 
 from ..config import ConfigError, RunConfig
 from ..core.dpsgd import Canaries, epsilon_spent
-from ..core.release_log import load
 from .audit import one_run_epsilon_lower_bound
 from .client_dp_audit import epsilon_estimate, gaussian_epsilon
+from .release_view import Release, decode_banded, read_release, read_run, reading_variance
 
 CONFORMANCE_ALPHA = 0.01  # the conformance's false-alarm rate per audit, split evenly over its four families
 FRESH_BOUND = 0.5  # noise fingerprints of two steps correlated above this are one noise (honest: |r| ~ 1/√512)
 
 
-@dataclass
-class Release:
-    """The audited client's releases over the run, from its log: ``readings`` T × m (x_i,t, units of C),
-    ``noise_var`` T × K (the noise's variance per step and tensor, units of C²), ``prints`` T × P (the noise at
-    fixed coordinates, units of C), each canary's tensor, and the σ, C, q, B the accountant charged."""
-
-    readings: np.ndarray
-    noise_var: np.ndarray
-    counts: np.ndarray
-    free_var: np.ndarray  # T × K: the same away from the canary coordinates (what the scores may use)
-    prints: np.ndarray
-    tensor_names: list[str]
-    canary_tensor: np.ndarray
-    sigma: float
-    clip: float
-    rate: float
-    batch: float
-    step_index: np.ndarray | None = None  # T: each reading's DP-SGD step (the client's count)
-
-    @property
-    def steps(self) -> int:
-        return int(self.readings.shape[0])
-
-
-def read_release(folder: Path, canaries: Canaries) -> Release:
-    """The log of every DP-SGD call in ``folder``, joined in step order."""
-    calls = load(folder)
-    if not calls:
-        raise FileNotFoundError(f"no release log in {folder}: the run planted no canaries (privacy.audit_canaries)")
-    sigma, clip, rate, batch = (float(v) for v in calls[0]["accounted"])
-    names = [str(n) for n in calls[0]["tensor_names"]]
-    for c in calls[1:]:
-        if [str(n) for n in c["tensor_names"]] != names:
-            raise ValueError(f"the release log in {folder} changes its tensors between calls")
-    counts = calls[0]["counts"].astype(np.float64)
-    free = calls[0]["free_counts"].astype(np.float64)
-    free_var = np.concatenate([c["free_squares"] for c in calls]) / np.maximum(free, 1) / clip**2
-    readings = np.concatenate([c["readings"] for c in calls]).astype(np.float64)
-    slot = {n: t for t, n in enumerate(names)}
-    tensor = np.asarray([slot[n] for n in canaries.names])
-    for k in np.flatnonzero(free == 0):  # every coordinate a canary's: the mean square of its canaries' readings,
-        held = tensor == k  # the release alone (a drawn canary adds q·C² to σ²C²: a bias of q/σ² at most)
-        if held.any():
-            free_var[:, k] = (readings[:, held] ** 2).mean(axis=1)
-    return Release(
-        readings=readings,
-        noise_var=np.concatenate([c["noise_squares"] for c in calls]) / np.maximum(counts, 1) / clip**2,
-        counts=counts,
-        free_var=free_var,
-        prints=np.concatenate([c["prints"] for c in calls]).astype(np.float64),
-        tensor_names=names,
-        canary_tensor=tensor,
-        sigma=sigma,
-        clip=clip,
-        rate=rate,
-        batch=batch,
-        step_index=np.concatenate([int(c["first_step"]) + np.arange(len(c["readings"])) for c in calls]),
-    )
-
-
-def secure_sum(own: Release, others: list[Release]) -> Release:
-    """Distributed noise: the release is the secure sum of every owner's noisy sum (each with its share of the
-    noise; only the audited owner's holds canaries). Read at the canary coordinates, the owners' logs add up to it:
-    the canaries' contribution plus every share, whose variances add (σ² = Σ σ_k²)."""
-    for other in others:
-        if other.step_index is None or own.step_index is None or not np.array_equal(other.step_index, own.step_index):
-            raise ValueError(
-                "the release audit of distributed noise reads every owner's share of every round: an owner sat out "
-                "or dropped (set federation.clients_per_round = 0 and no faults for the audit)"
-            )
-    every = [own, *others]
-    return Release(
-        readings=np.sum([r.readings for r in every], axis=0),
-        noise_var=np.sum([r.noise_var for r in every], axis=0),
-        counts=own.counts,
-        free_var=np.sum([r.free_var for r in every], axis=0),
-        prints=np.sum([r.prints for r in every], axis=0),
-        tensor_names=own.tensor_names,
-        canary_tensor=own.canary_tensor,
-        sigma=math.sqrt(sum(r.sigma**2 for r in every)),
-        clip=own.clip,
-        rate=own.rate,
-        batch=own.batch,
-        step_index=own.step_index,
-    )
-
-
-def read_run(cfg: RunConfig, canaries: Canaries) -> Release:
-    """The release of an audit run (folder ``cfg.out``): the audited client's log, or under distributed noise the
-    secure sum of every owner's."""
-    from ..tasks.record_dp import AUDITED_CLIENT, release_folder
-
-    own = read_release(release_folder(cfg, AUDITED_CLIENT), canaries)
-    if cfg.privacy.noise != "distributed":
-        return own
-    clients = [c for c in range(cfg.federation.clients) if c != AUDITED_CLIENT]
-    return secure_sum(own, [read_release(release_folder(cfg, c), canaries) for c in clients])
-
-
-def _variance(rel: Release) -> np.ndarray:
-    """T × m: the measured noise variance (units of C²) at each canary's reading, from the noise of its tensor's
-    coordinates that hold no canary (of the step's whole release where every coordinate does): the release alone."""
-    return np.maximum(rel.free_var[:, rel.canary_tensor], 1e-24)
-
-
 def release_scores(rel: Release, rate: float) -> np.ndarray:
     """Each canary's log-likelihood ratio (see the module docstring): a function of the release alone."""
-    a = (rel.readings - 0.5) / _variance(rel)
+    a = (rel.readings - 0.5) / reading_variance(rel)
     if rate >= 1.0:
         return a.sum(axis=0)
     return np.logaddexp(math.log1p(-rate), math.log(rate) + a).sum(axis=0)
 
 
 def normalised_sums(rel: Release) -> np.ndarray:
-    """Σ_t x_i,t / √(Σ_t σ̂²): N(0, 1) for a canary that is out, N(μ, 1) in (full batches)."""
-    return rel.readings.sum(axis=0) / np.sqrt(_variance(rel).sum(axis=0))
+    """Σ_t (x_i,t / σ̂_t²) / √(Σ_t 1/σ̂_t²) (Σ_t x_i,t / √(T σ̂²) at a constant σ̂): N(0, 1) for a canary that is out,
+    N(μ, 1) in (full batches)."""
+    var = reading_variance(rel)
+    return (rel.readings / var).sum(axis=0) / np.sqrt((1.0 / var).sum(axis=0))
 
 
 def accountant_mu(sigma: float, rate: float, steps: int) -> float:
@@ -227,12 +120,13 @@ def _check(name: str, step: str, estimate: float, low: float, high: float, claim
 def _noise_checks(rel: Release, alpha: float) -> list[dict]:
     """σ̂/σ per tensor (pooled over the steps) and per step (pooled over the tensors), each a two-sided χ² interval,
     Bonferroni over the K + T of them: the worst of each is reported."""
-    tests = len(rel.counts) + rel.steps
+    steps = rel.noise_var.shape[0]
+    tests = len(rel.counts) + steps
     level = alpha / max(tests, 1)
     out = []
     sq = rel.noise_var * rel.counts  # Σ noise² per step and tensor, units of C²
     for axis, what in ((0, "tensor"), (1, "step")):
-        n = rel.counts.sum() if axis == 1 else rel.counts * rel.steps
+        n = rel.counts.sum() if axis == 1 else rel.counts * steps
         n = np.broadcast_to(n, sq.sum(axis=axis).shape).astype(np.float64)
         seen = n > 0  # a tensor whose every coordinate holds a canary has no noise of its own to measure
         n = np.maximum(n, 1.0)
@@ -291,7 +185,8 @@ def _moment_checks(rel: Release, included: np.ndarray, alpha: float) -> tuple[di
     estimate, Ĉ = m₂/m₁ (full batches: m₁) against 1 or q̂ = m₁²/m₂ (at most 1) against q, is further off (a log
     ratio); each estimate is reported with its delta-method interval."""
     x = rel.readings[:, included]
-    y = x * x - rel.noise_var[:, rel.canary_tensor][:, included]  # the exact noise of the canary's tensor
+    exact = rel.reading_var if rel.reading_var is not None else rel.noise_var[:, rel.canary_tensor]
+    y = x * x - exact[:, included]  # the exact noise of the canary's tensor
     a, b = x.mean(axis=0), y.mean(axis=0)
     n = max(len(a), 2)
     m1, m2 = float(a.mean()), float(b.mean())
@@ -301,13 +196,11 @@ def _moment_checks(rel: Release, included: np.ndarray, alpha: float) -> tuple[di
     # variance in proportion to the square of the tensor's share of the canaries (the whole of it in LoRA's small
     # adapters, where every coordinate holds a canary; next to nothing in a large matrix)
     tensors, share = np.unique(rel.canary_tensor[included], return_counts=True)
-    steps = max(rel.steps, 1)
-    shared = float(
-        sum(
-            (c / n) ** 2 * float((2 * rel.noise_var[:, k] ** 2 / max(rel.counts[k], 1)).sum()) / steps**2
-            for k, c in zip(tensors, share)
-        )
-    )
+    if rel.variance_error is not None:
+        error = rel.variance_error
+    else:
+        error = (2 * rel.noise_var**2 / np.maximum(rel.counts, 1)).sum(axis=0) / max(rel.steps, 1) ** 2
+    shared = float(sum((c / n) ** 2 * float(error[k]) for k, c in zip(tensors, share, strict=True)))
     var_first, var_second = float(a.var(ddof=1)) / n, float(b.var(ddof=1)) / n + shared
     off_first = abs(m1 - q) > z * math.sqrt(var_first)
     off_second = abs(m2 - q) > z * math.sqrt(var_second)
@@ -352,23 +245,37 @@ def _moment_checks(rel: Release, included: np.ndarray, alpha: float) -> tuple[di
     return clipping, sampling
 
 
+def _min_sep_check(rel: Release, included: np.ndarray, alpha: float) -> dict | None:
+    """Banded noise: b-min-sep sampling draws canary i at its group's steps only, so at every other step its release
+    is noise alone, in or out. The included canaries' mean there, less the excluded ones' (the same noise, no coin),
+    is held to 0 by a two-sample z-test at ``alpha``: a record drawn outside its group shows."""
+    if rel.off_group is None or included.all() or not included.any():
+        return None
+    inside, outside = rel.off_group[included], rel.off_group[~included]
+    diff = float(inside.mean() - outside.mean())
+    se = math.sqrt(float(inside.var(ddof=1)) / len(inside) + float(outside.var(ddof=1)) / len(outside))
+    half = float(stats.norm.isf(alpha / 2)) * se
+    return _check("min_sep", "sampling", diff, diff - half, diff + half, 0.0, unit="C, at other groups' steps")
+
+
 def conformance(
     rel: Release, included: np.ndarray, claimed: dict[str, Any], delta: float, alpha: float = CONFORMANCE_ALPHA
 ) -> dict[str, Any]:
     """The mechanism measured in the release against the one the accountant charged (``claimed``: the run summary's
     entry for the audited client: σ, q, steps, ε). ``alpha`` is split evenly over noise, freshness, the moments and
-    the steps' count (exact: no share needed, so a quarter is spare)."""
+    the steps' count (exact: no share needed, so its quarter goes to banded noise's ``min_sep``)."""
     share = alpha / 4
     noise = _noise_checks(rel, share)
     fresh = _fresh_check(rel, share)
     clipping, sampling = _moment_checks(rel, included, share)
     charged = int(claimed["steps"])
-    steps = _check("steps", "accountant", rel.steps, rel.steps, rel.steps, charged, unit="releases logged")
+    steps = _check("steps", "accountant", rel.releases, rel.releases, rel.releases, charged, unit="releases logged")
+    min_sep = _min_sep_check(rel, included, share)  # banded noise: the steps' count is exact, its share is spare
     # the accountant: the ε of the mechanism it charged for (its σ and q, which the checks above test against the
     # release) over the steps the release shows, against the ε it reported
     reported = float(claimed["epsilon"])
     sigma, rate = float(claimed["noise_multiplier"]), float(claimed["sample_rate"])
-    recomputed = epsilon_spent(sigma, rate, rel.steps, delta)
+    recomputed = epsilon_spent(sigma / rel.column, rate, rel.steps, delta)  # banded: σ/‖C‖_col over T/b steps
     accountant = {
         "check": "accountant",
         "step": "accountant",
@@ -382,12 +289,12 @@ def conformance(
     }
     # ε of the mechanism as measured (point estimates; the least noise any tensor or step got), for the report
     measured = epsilon_spent(
-        min(c["estimate"] for c in noise) * rel.sigma / max(clipping["estimate"], 1e-9),
+        min(c["estimate"] for c in noise) * rel.effective_sigma / max(clipping["estimate"], 1e-9),
         min(max(sampling["estimate"], 1e-9), 1.0),
         rel.steps,
         delta,
     )
-    checks = [steps, *noise, fresh, clipping, sampling, accountant]
+    checks = [steps, *noise, fresh, clipping, sampling, *([min_sep] if min_sep else []), accountant]
     failed = [c for c in checks if c["verdict"] == "fail"]
     return {
         "verdict": "fail" if failed else "pass",
@@ -406,18 +313,18 @@ def supported(cfg: RunConfig) -> None:
     p = cfg.privacy
     if p.unit != "record" or not p.audit_canaries:
         raise ConfigError("the audit needs privacy.unit = 'record' and privacy.audit_canaries > 0")
-    if p.noise_bands > 1:
+    if p.noise_bands > 1 and p.noise == "distributed" and cfg.federation.rounds % p.noise_bands:
         raise ConfigError(
-            "the release view reads fresh noise; banded noise (privacy.noise_bands > 1) is not read yet (its release "
-            "is a correlation to decode): use --view server"
+            f"the release view of banded noise reads whole windows of privacy.noise_bands = {p.noise_bands} steps "
+            f"(one a round): set federation.rounds = {cfg.federation.rounds} to a multiple of {p.noise_bands}"
         )
 
 
 def evaluate(cfg: RunConfig, canaries: Canaries, summary: dict[str, Any]) -> dict[str, Any]:
     """The bound, μ̂ and the conformance of a finished audit run (its folder ``cfg.out``)."""
-    from ..tasks.record_dp import AUDITED_CLIENT
+    from ..tasks.dp_canaries import AUDITED_CLIENT
 
-    rel = read_run(cfg, canaries)
+    rel = decode_banded(read_run(cfg, canaries))
     privacy = summary.get("privacy") or {}
     claimed = (privacy.get("clients") or {}).get(str(AUDITED_CLIENT))
     if claimed is None:
@@ -431,7 +338,7 @@ def evaluate(cfg: RunConfig, canaries: Canaries, summary: dict[str, Any]) -> dic
     sums = normalised_sums(rel)
     inside, outside = sums[included], sums[~included]
     mu_hat = float((inside.mean() - outside.mean()) / outside.std(ddof=1)) if len(outside) > 1 else 0.0
-    mu = accountant_mu(rel.sigma, rel.rate, rel.steps)
+    mu = accountant_mu(rel.effective_sigma, rel.rate, rel.steps)
     conf = conformance(rel, included, claimed, delta)
     broken = bound["epsilon_lb"] > reported
     return {
@@ -440,14 +347,15 @@ def evaluate(cfg: RunConfig, canaries: Canaries, summary: dict[str, Any]) -> dic
         "mechanism": claimed,
         "delta": delta,
         "epsilon_lb": bound["epsilon_lb"],
-        "ceiling": ceiling(rel.sigma, rel.rate, rel.steps, len(scores), delta, seed=cfg.seed),
+        "ceiling": ceiling(rel.effective_sigma, rel.rate, rel.steps, len(scores), delta, seed=cfg.seed),
         "mu_hat": mu_hat,
         "mu_accountant": mu,
         "epsilon_from_mu_hat": gaussian_epsilon(mu_hat, delta),
         "epsilon_estimate": epsilon_estimate(sums, included, delta),
         "canaries": len(scores),
         "included": int(included.sum()),
-        "steps_logged": rel.steps,
+        "steps_logged": rel.releases,
+        "bands": rel.bands,
         "guesses": bound.get("guesses"),
         "correct": bound.get("correct"),
         "k": bound.get("k"),
@@ -464,7 +372,7 @@ def audit(cfg: RunConfig) -> dict[str, Any]:
     import time
 
     from ..engine.inprocess import run_in_process
-    from ..tasks.record_dp import release_folder
+    from ..tasks.dp_canaries import release_folder
     from ..tasks.run import load_task
 
     supported(cfg)
@@ -486,10 +394,16 @@ def audit(cfg: RunConfig) -> dict[str, Any]:
     return result
 
 
+def _windows(result: dict[str, Any]) -> str:
+    b = int(result.get("bands", 1))
+    return f" (banded: decoded into {result['steps_logged'] // b} windows of {b})" if b > 1 else ""
+
+
 def format_result(result: dict[str, Any]) -> str:
     """The release audit's bound, μ and conformance as a markdown table."""
     lines = [
-        f"release view: {result['steps_logged']} DP-SGD steps read · ε_lb {result['epsilon_lb']:.3f} against the "
+        f"release view: {result['steps_logged']} DP-SGD steps read{_windows(result)} · "
+        f"ε_lb {result['epsilon_lb']:.3f} against the "
         f"ideal mechanism's {result['ceiling']:.3f} (the most one run shows at this σ, q, T and m) · "
         f"μ̂ {result['mu_hat']:.3f} (ε {result['epsilon_from_mu_hat']:.3f}) vs the accountant's μ "
         f"{result['mu_accountant']:.3f} · ε of the measured mechanism {result['conformance']['epsilon_measured']:.3f}",
@@ -513,6 +427,7 @@ __all__ = [
     "audit",
     "ceiling",
     "conformance",
+    "decode_banded",
     "evaluate",
     "read_release",
     "release_scores",

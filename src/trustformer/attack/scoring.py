@@ -57,7 +57,7 @@ def attack(cfg: RunConfig, initial: Tensors, exchanges: Sequence[Exchange], prot
     """The server's estimates of every exchange, scored against the clients' true trained models."""
     secagg = cfg.secure.mode in SECAGG_MODES
     rounds, estimator = [], None
-    for ex, estimates, _before, estimator in server_estimates(cfg, initial, exchanges, protocol):
+    for ex, estimates, _before, estimator in server_estimates(cfg, initial, exchanges, protocol):  # noqa: B007 (read after the loop: the last one)
         clients = sorted(ex.trained)
         errors, recovered, initial_errors = [], [], []
         for client in clients:

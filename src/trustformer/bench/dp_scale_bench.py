@@ -156,7 +156,7 @@ def learning_point(rows: list[dict[str, Any]], learned: float) -> float | None:
     """The σ/m at which the gain reaches ``learned``: log-linear interpolation between the DP rows just above and
     just below it (None when no row reaches it, or every row does)."""
     points = sorted((r["sigma_per_m"], r["gain"]) for r in rows if "sigma_per_m" in r and not math.isnan(r["gain"]))
-    for (z_lo, g_lo), (z_hi, g_hi) in zip(points, points[1:]):
+    for (z_lo, g_lo), (z_hi, g_hi) in zip(points, points[1:], strict=False):
         if g_lo >= learned > g_hi and z_hi > z_lo:
             t = (g_lo - learned) / (g_lo - g_hi)
             return math.exp(math.log(z_lo) + t * (math.log(z_hi) - math.log(z_lo)))

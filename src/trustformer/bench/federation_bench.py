@@ -42,9 +42,6 @@ smoke form; ``--data``, ``--clients``, ``--rounds`` and ``--set`` change the set
 
 from __future__ import annotations
 
-
-from __future__ import annotations
-
 import argparse
 import json
 import shlex
@@ -61,11 +58,11 @@ from .federation_figure import curves_figure, figure
 from .federation_plan import (
     BENCH_OPTIONS,
     DEFAULT_SETTING,
+    DOWN,
     PUBLIC_PREFIX,
     SCRATCH,
     TINY_SETTING,
     BenchRun,
-    DOWN,
     plan_download_runs,
     plan_extra_rows,
     plan_public_runs,
@@ -73,7 +70,7 @@ from .federation_plan import (
     plan_runs,
 )
 from .federation_run import finished, run_configs, run_one
-from .federation_table import mean_of, format_bytes_table, format_table, gain_retained, mark_pareto, table
+from .federation_table import format_bytes_table, format_table, gain_retained, mark_pareto, mean_of, table
 
 # ------------------------------------------------------------------------------ the command
 

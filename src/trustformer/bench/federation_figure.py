@@ -55,7 +55,7 @@ def figure(rows: list[dict[str, Any]], path: str | Path) -> Path:
             linewidths=1.8,
         )
         scatter = drawn if measured else scatter
-        for r, y in zip(points, clipped):
+        for r, y in zip(points, clipped, strict=True):
             finetuned, dp = r["run"].endswith(" + fine-tuning"), r["run"].startswith("dp-")
             if not r[flag] and (finetuned or dp):  # named: the front, and runs before fine-tuning but DP's
                 continue

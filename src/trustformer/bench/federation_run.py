@@ -50,9 +50,9 @@ def run_one(values: dict[str, Any], reuse: bool, kind: str = "run", attacks: boo
     """One benchmark run in this process (a worker's job): the federation under the attack harness, then what the
     server learns (``attacks``; without, the federation alone). Returns the run's measurements (and writes them to
     ``<out>/bench.json``), with its curve: (round, mean shared-test loss, cumulative bytes up + down)."""
+    from ..attack.harness import observed_run, run_attack
     from ..attack.lira import REFERENCE_MODELS
     from ..attack.membership import membership
-    from ..attack.harness import observed_run, run_attack
     from ..engine.inprocess import run_in_process
 
     cfg = _load(values)

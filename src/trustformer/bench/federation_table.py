@@ -35,7 +35,7 @@ def mean_of(values: Sequence[float | None]) -> float:
 def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per label (seeds averaged, their spread kept), plus a ``+ fine-tuning`` row per label."""
     by_label: dict[str, list[tuple[BenchRun, dict[str, Any]]]] = {}
-    for run, result in zip(runs, results):
+    for run, result in zip(runs, results, strict=True):
         by_label.setdefault(run.label, []).append((run, result))
     rows = []
     for label, group in by_label.items():
@@ -51,7 +51,9 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
         for name, _key, higher in METRICS:  # per seed against local and FedAvg of the same seed, then averaged
             row[f"gain_{name}_per_seed"] = [
                 gain_retained(v, lv, fv, higher_is_better=higher)
-                for v, lv, fv in zip(row[f"{name}_per_seed"], local[f"{name}_per_seed"], fedavg[f"{name}_per_seed"])
+                for v, lv, fv in zip(
+                    row[f"{name}_per_seed"], local[f"{name}_per_seed"], fedavg[f"{name}_per_seed"], strict=True
+                )
             ]
             spread = row[f"gain_{name}_per_seed"]
             row[f"gain_{name}"] = mean_of(spread)
@@ -66,7 +68,7 @@ def table(runs: list[BenchRun], results: list[dict[str, Any]]) -> list[dict[str,
                 per_seed = [
                     gain_retained(v, lv, fv, higher_is_better=higher)
                     for v, lv, fv in zip(
-                        row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"]
+                        row[f"{name}_per_seed"], p_local[f"{name}_per_seed"], p_fedavg[f"{name}_per_seed"], strict=True
                     )
                 ]
                 row[f"pgain_{name}_per_seed"] = per_seed
@@ -88,11 +90,11 @@ def _bytes_to_target(row: dict[str, Any], local: dict[str, Any], fedavg: dict[st
     where the run never gets there. ``bytes_to_target``: their mean when every seed got there, else NaN."""
     refs = {
         seed: (lv, fv)
-        for seed, lv, fv in zip(local["seeds"], local["loss_per_seed"], fedavg["loss_per_seed"])
+        for seed, lv, fv in zip(local["seeds"], local["loss_per_seed"], fedavg["loss_per_seed"], strict=True)
         if seed in fedavg["seeds"]
     }
     reached: list[float | None] = []
-    for seed, points in zip(row["seeds"], row["curves"]):
+    for seed, points in zip(row["seeds"], row["curves"], strict=True):
         if seed not in refs or not points:
             reached.append(None)
             continue

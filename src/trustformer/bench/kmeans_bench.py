@@ -47,7 +47,7 @@ from .kmeans_cases import (
     synthetic_cases,
     weights_case,
 )
-from .kmeans_methods import have, close_faiss_pool, matmul_gflops
+from .kmeans_methods import close_faiss_pool, have, matmul_gflops
 from .kmeans_report import per_iteration_summary, print_rows, print_summary, print_weights
 
 

@@ -9,7 +9,8 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -245,7 +246,7 @@ def weights_case(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]
         nontrivial = [n for n in names if 1 < inits[n].shape[0] < mats_b[n].shape[0]]
         lloyd = [n for n in nontrivial if mats_b[n].shape[1] > 1]
 
-        def mean_it(res: dict[str, KMeansResult]) -> float:
+        def mean_it(res: dict[str, KMeansResult], lloyd: list[str] = lloyd) -> float:
             return statistics.mean(res[n].iterations for n in lloyd) if lloyd else math.nan
 
         def total(res: dict[str, KMeansResult]) -> float:

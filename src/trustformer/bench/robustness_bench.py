@@ -216,9 +216,9 @@ def table(
 ) -> list[dict[str, Any]]:
     """One row per run, with the change from the same protocol's honest run without a defence, from the same
     defence's ``absent`` run (else the undefended one's) and, for the honest rows, the defence's cost."""
-    by = {(s, d, f): r for (s, d, f, _), r in zip(runs, results)}
+    by = {(s, d, f): r for (s, d, f, _), r in zip(runs, results, strict=True)}
     rows = []
-    for (strategy, defence, fault, values), result in zip(runs, results):
+    for (strategy, defence, fault, values), result in zip(runs, results, strict=True):
         reference = by.get((strategy, "none", "honest"))
         own_honest = by.get((strategy, defence, "honest"))
         absent = by.get((strategy, defence, "absent")) or by.get((strategy, "none", "absent"))

@@ -37,6 +37,7 @@ from .load import (
     seg_preset,
 )
 from .presets import PRESETS, TASK_PRESETS
+from .privacy_section import PRIVACY_UNITS, PrivacyConfig
 from .run import ADAPTERS_NOT_FOR_IMAGES, RunConfig
 from .sections import (
     ADAPTERS,
@@ -45,7 +46,6 @@ from .sections import (
     LORA_TARGETS,
     OPTIMIZERS,
     PARTITIONS,
-    PRIVACY_UNITS,
     ROBUST_AGGREGATORS,
     SCHEDULES,
     SECURE_MODES,
@@ -55,7 +55,6 @@ from .sections import (
     EvalConfig,
     FederationConfig,
     ModelConfig,
-    PrivacyConfig,
     RobustConfig,
     RuntimeConfig,
     SecureConfig,

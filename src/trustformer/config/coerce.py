@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, is_dataclass
-from typing import Any, Iterable, Mapping, get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from .checks import ConfigError
 
@@ -52,39 +53,53 @@ def unknown_key(prefix: str, name: str, known: Iterable[str], elsewhere: Iterabl
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    origin = get_origin(hint)
-    if origin is tuple and get_args(hint)[-1:] == (Ellipsis,):  # tuple[T, ...]: a list of any length
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} = {value!r} must be a list")
-        return tuple(_coerce(key, v, get_args(hint)[0]) for v in value)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} = {value!r} must be a list")
-        item_types = get_args(hint)
-        if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[T, ...]: any length
-            return tuple(_coerce(key, v, item_types[0]) for v in value)
-        if len(value) != len(item_types):
-            raise ConfigError(f"{key} = {list(value)!r} must have {len(item_types)} items")
-        return tuple(_coerce(key, v, t) for v, t in zip(value, item_types))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} = {value!r} must be true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} = {value!r} must be an integer")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} = {value!r} must be a number")
-        if not math.isfinite(value):
-            raise ConfigError(f"{key} = {value!r} must be finite")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r} must be a string")
-        return value
-    raise TypeError(f"unsupported config type {hint!r} for {key}")  # pragma: no cover
+    """``value`` as the field's type ``hint`` (a scalar, ``tuple[T, ...]`` or a fixed tuple), or a ConfigError
+    naming ``key``."""
+    if get_origin(hint) is tuple:
+        return _coerce_tuple(key, value, get_args(hint))
+    check = _SCALARS.get(hint)
+    if check is None:
+        raise TypeError(f"unsupported config type {hint!r} for {key}")  # pragma: no cover
+    return check(key, value)
+
+
+def _coerce_tuple(key: str, value: Any, item_types: tuple[Any, ...]) -> tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key} = {value!r} must be a list")
+    if item_types[-1:] == (Ellipsis,):  # tuple[T, ...]: a list of any length
+        return tuple(_coerce(key, v, item_types[0]) for v in value)
+    if len(value) != len(item_types):
+        raise ConfigError(f"{key} = {list(value)!r} must have {len(item_types)} items")
+    return tuple(_coerce(key, v, t) for v, t in zip(value, item_types, strict=True))
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} = {value!r} must be true or false")
+    return value
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} = {value!r} must be an integer")
+    return value
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} = {value!r} must be a number")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} = {value!r} must be finite")
+    return float(value)
+
+
+def _as_str(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} = {value!r} must be a string")
+    return value
+
+
+_SCALARS: dict[Any, Callable[[str, Any], Any]] = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str}
 
 
 def to_plain(value: Any) -> Any:

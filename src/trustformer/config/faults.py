@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .checks import ConfigError
-
 
 FAULT_KINDS = {
     "nan": "the payload holds a NaN",
@@ -90,7 +90,7 @@ class Fault:
         return self.round in (0, rnd)
 
     @classmethod
-    def parse(cls, text: str) -> "Fault":
+    def parse(cls, text: str) -> Fault:
         usage = (
             f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
             "(poisoning kinds: round=R or round=*; factor=K for scale, alie (z) and backdoor (a boost); share=S for "

@@ -4,10 +4,11 @@ resolved into a validated :class:`RunConfig`; and the configuration a Flower run
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection, Mapping
 from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any
 
 from .checks import ConfigError, check_choice
 from .coerce import build

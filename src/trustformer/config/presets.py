@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 # Presets change only what differs from the defaults above (the `small` demo).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {

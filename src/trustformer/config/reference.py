@@ -15,8 +15,8 @@ import tokenize
 import typing
 from typing import Any
 
-from . import PRESETS, TASK_PRESETS, RunConfig
 from ..registry import protocol_specs
+from . import PRESETS, TASK_PRESETS, RunConfig
 
 
 def _comments(cls: type) -> dict[str, str]:

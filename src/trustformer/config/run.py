@@ -8,10 +8,11 @@ import os
 import sys
 import typing
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from types import FrameType
-from typing import Any, Mapping
+from typing import Any
 
 from ..registry import PROTOCOLS, protocol_spec, protocol_specs
 from .checks import ConfigError, check_at_least, check_choice
@@ -19,6 +20,7 @@ from .coerce import build, did_you_mean, to_plain, unknown_key
 from .composition import check_composition
 from .faults import POISON_KINDS
 from .presets import PRESETS
+from .privacy_section import PrivacyConfig
 from .sections import (
     TASK_PARTITIONS,
     TASKS,
@@ -26,7 +28,6 @@ from .sections import (
     EvalConfig,
     FederationConfig,
     ModelConfig,
-    PrivacyConfig,
     RobustConfig,
     RuntimeConfig,
     SecureConfig,
@@ -73,7 +74,7 @@ class RunConfig:
             raise ConfigError(f"federation.strategy {name!r} declares no configuration section")
         return declared()
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         check_choice("preset", self.preset, tuple(PRESETS))
         check_choice("task", self.task, TASKS)
         check_at_least("seed", self.seed, 0)
@@ -195,7 +196,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         return build_run(json.loads(text)).validate()
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from .checks import ConfigError, check_at_least, check_choice, check_in_range, check_positive
 
-
 IMAGE_DATASETS = ("fashion-mnist", "digits", "cifar10")
 SEG_DATASETS = ("mri-brain", "lgg")
 

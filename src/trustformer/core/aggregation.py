@@ -28,7 +28,7 @@ def weighted_mean(tensors: Sequence[Mapping[str, torch.Tensor]], weights: Sequen
     for name in names:
         ref = tensors[0][name]
         acc = torch.zeros(ref.shape, dtype=torch.float64)
-        for item, w in zip(tensors, weights):
+        for item, w in zip(tensors, weights, strict=True):
             t = item[name]
             if t.shape != ref.shape:
                 raise ValueError(f"tensor {name!r}: shape {tuple(t.shape)} != {tuple(ref.shape)}")

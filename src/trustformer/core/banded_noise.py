@@ -75,7 +75,7 @@ class BandedNoise:
         """y_t for the fresh noise z_t of ``name``; remembers it."""
         past = self.history.get(name, [])
         out = fresh.clone()
-        for r, y in zip(self.coefficients[1:], past):
+        for r, y in zip(self.coefficients[1:], past, strict=False):
             out.sub_(y.to(out.device, out.dtype), alpha=r)
         out.div_(self.coefficients[0])
         self.history[name] = [out.detach().clone(), *past][: len(self.coefficients) - 1]

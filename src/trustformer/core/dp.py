@@ -210,7 +210,7 @@ def sparse_noised_mean(
         all_val.append(val.double() * factor)
     if noise_on == "dense":
         total = torch.zeros(dim, dtype=torch.float64)
-        for idx, val in zip(all_idx, all_val):
+        for idx, val in zip(all_idx, all_val, strict=True):
             total.index_add_(0, idx, val)
         if std > 0:
             total += gaussian_noise((dim,), std, generator)

@@ -43,7 +43,7 @@ from torch import nn
 from .banded_noise import BandedNoise
 
 if TYPE_CHECKING:
-    from .dp_checks import StepChecks
+    from .dp_watch import StepChecks
 
 # Opacus' full backward hooks fire on the embedding layers, whose inputs (token ids) need no gradient: added once,
 # for that message only
@@ -154,7 +154,7 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def _set_grad_sample(p: nn.Parameter, rows: torch.Tensor | None) -> None:
     """Set the per-record gradient rows Opacus reads (``p.grad_sample``, an attribute Opacus adds to parameters)."""
-    setattr(p, "grad_sample", rows)
+    setattr(p, "grad_sample", rows)  # noqa: B010 (an attribute Opacus adds: Parameter does not declare it)
 
 
 def _canary_rows(
@@ -180,18 +180,51 @@ def _canary_rows(
 
 
 def _clip_canaries(
-    dp_optimizer, where: dict[int, tuple[int, int]], canaries: Canaries, chosen: Sequence[int], piece: int
+    dp_optimizer,
+    where: dict[int, tuple[int, int]],
+    canaries: Canaries,
+    chosen: Sequence[int],
+    piece: int,
+    checks: StepChecks | None = None,
 ) -> None:
-    """The sampled canaries through Opacus' own per-record clipping and accumulation (``clip_and_accumulate``) into
-    ``p.summed_grad``, as records are: in physical batches of ``piece`` rows, each row the gradient of one canary
-    (:func:`_canary_rows`). Taken in the order of their tensors, so that a batch materialises rows for few tensors;
-    Opacus' norms copy every tensor's rows, so memory stays at ``piece`` rows of the model, whatever the number of
-    canaries (``dp_sgd`` sizes ``piece`` by :data:`CANARY_FLOATS`)."""
+    """The sampled canaries clipped by Opacus' own per-record clipping (``clip_and_accumulate``) into
+    ``p.summed_grad``, as records are. Opacus scales a row by C / max(‖row‖, C), its norm over every tensor, and every
+    canary's row is one coordinate of ``magnitude``: so one drawn canary of each tensor (its **probe**) goes through
+    ``clip_and_accumulate`` as a record's row (:func:`_canary_rows`, in pieces of ``piece`` rows), and each other
+    drawn canary of that tensor adds, at its own coordinate, what the probe added at the probe's (times the ratio
+    of their signs). A clipping that treats tensors differently still shows, in each tensor's probe; the rows
+    through Opacus are at most one per tensor, whatever the number of canaries (a dense row per canary costs
+    canaries × the model's size). ``checks`` is told of the rows added without Opacus (its clipping check)."""
     params = list(dp_optimizer.params)
-    ordered = sorted(chosen, key=lambda i: where[i])
-    for start in range(0, len(ordered), piece):
-        _canary_rows(params, where, canaries, ordered[start : start + piece])
+    by_tensor: dict[int, list[int]] = {}
+    for i in sorted(chosen, key=lambda i: where[i]):
+        by_tensor.setdefault(where[i][0], []).append(i)
+    probes = [rows[0] for rows in by_tensor.values()]
+
+    def value_at(i: int) -> float:
+        t, flat = where[i]
+        summed = getattr(params[t], "summed_grad", None)
+        return 0.0 if summed is None else float(summed.reshape(-1)[flat])
+
+    def sign(i: int) -> float:
+        return canaries.signs[i] if canaries.signs else 1.0
+
+    before = [value_at(i) for i in probes]
+    for start in range(0, len(probes), piece):
+        _canary_rows(params, where, canaries, probes[start : start + piece])
         dp_optimizer.clip_and_accumulate()
+    for probe, was in zip(probes, before, strict=True):
+        t, _flat = where[probe]
+        rest = by_tensor[t][1:]
+        if not rest:
+            continue
+        clipped = (value_at(probe) - was) * sign(probe)  # what Opacus' clipping left of a canary row of this tensor
+        summed = params[t].summed_grad.view(-1)
+        flats = torch.tensor([where[i][1] for i in rest], dtype=torch.long, device=summed.device)
+        values = torch.tensor([sign(i) * clipped for i in rest], dtype=summed.dtype, device=summed.device)
+        summed.index_add_(0, flats, values)
+        if checks is not None:
+            checks.single_coordinate_rows(t, flats, values, canaries.magnitude)
 
 
 def _ascend(params: dict[str, nn.Parameter], direction: dict[str, torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
@@ -221,6 +254,89 @@ def _add_banded_noise(dp_optimizer: Any, params: dict[str, nn.Parameter], banded
         )
         p.grad = (p.summed_grad + banded.correlate(names[id(p)], fresh)).view_as(p)
         _mark_as_processed(p.summed_grad)
+
+
+def _canary_plan(
+    canaries: Canaries | None, dp_optimizer: Any, params: dict[str, nn.Parameter], physical_batch: int
+) -> tuple[list[int], dict[int, tuple[int, int]], int]:
+    """The included canaries, each one's tensor (its position among the optimizer's parameters) and coordinate, and
+    how many canary rows Opacus' clipping takes at once (it reads every tensor's rows, dense: as many as
+    :data:`CANARY_FLOATS` holds)."""
+    if canaries is None:
+        return [], {}, physical_batch
+    planted = [c for c in range(len(canaries.included)) if canaries.included[c]]
+    position = {id(p): t for t, p in enumerate(dp_optimizer.params)}
+    where = {c: (position[id(params[canaries.names[c]])], canaries.coordinates[c]) for c in planted}
+    rows = max(physical_batch, CANARY_FLOATS // max(1, sum(p.numel() for p in params.values())))
+    return planted, where, rows
+
+
+def _draw(
+    n_records: int, planted: list[int], rate: float, sampler: torch.Generator, checks: StepChecks | None
+) -> tuple[torch.Tensor, list[int]]:
+    """One Poisson draw over the records and the included canaries, at the records' rate: (the records drawn, the
+    canaries drawn)."""
+    drawn = poisson_indices(n_records + len(planted), rate, sampler)
+    if checks is not None:
+        checks.drawn(n_records + len(planted), len(drawn), records=n_records)
+    if not planted:
+        return drawn, []
+    return drawn[drawn < n_records], [planted[int(k) - n_records] for k in drawn[drawn >= n_records]]
+
+
+def _clip_records(
+    model: nn.Module,
+    dp_optimizer: Any,
+    params: dict[str, nn.Parameter],
+    indices: torch.Tensor,
+    make_batch: Callable[[torch.Tensor], Batch],
+    example_losses: ExampleLosses,
+    physical_batch: int,
+) -> tuple[float, int]:
+    """The drawn records through Opacus' per-record clipping into ``p.summed_grad``, in physical batches (each record
+    clipped once): (the sum of their losses, how many)."""
+    loss_sum, seen = 0.0, 0
+    pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
+    for j, piece in enumerate(pieces):
+        if j:
+            for p in params.values():
+                _set_grad_sample(p, None)
+        losses = example_losses(model, *make_batch(piece))
+        losses.mean().backward()
+        dp_optimizer.clip_and_accumulate()
+        loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
+    return loss_sum, seen
+
+
+def _release(
+    dp_optimizer: Any,
+    params: dict[str, nn.Parameter],
+    banded: BandedNoise | None,
+    noise: torch.Generator,
+    checks: StepChecks | None,
+    release_log: ReleaseReader | None,
+) -> None:
+    """The step's release: N(0, σ²C²) (or its banded correlation) on the clipped sum, ÷ B, watched by the checks
+    (the noise as it was added) and logged (what the optimizer receives)."""
+    if banded is None:
+        dp_optimizer.add_noise()
+    else:
+        _add_banded_noise(dp_optimizer, params, banded, noise)
+    if checks is not None:
+        checks.released()
+    dp_optimizer.scale_grad()  # ÷ B, the expected batch
+    if release_log is not None:
+        release_log.released()
+
+
+def _add_penalty(
+    model: nn.Module, params: dict[str, nn.Parameter], penalty: Callable[[nn.Module], torch.Tensor]
+) -> None:
+    """A data-independent term's exact gradient, added after the noise (to ``p.grad``, set by the release)."""
+    extra = torch.autograd.grad(penalty(model), list(params.values()), allow_unused=True)
+    for p, g in zip(params.values(), extra, strict=True):
+        if g is not None:
+            cast(torch.Tensor, p.grad).add_(g)
 
 
 def dp_sgd(
@@ -266,12 +382,7 @@ def dp_sgd(
         loss_reduction="mean",
         generator=noise,
     )
-    planted: list[int] = [c for c in range(len(canaries.included)) if canaries.included[c]] if canaries else []
-    if canaries is not None:  # each canary's tensor (its position among the optimizer's parameters) and coordinate
-        position = {id(p): t for t, p in enumerate(dp_optimizer.params)}
-        where = {c: (position[id(params[canaries.names[c]])], canaries.coordinates[c]) for c in planted}
-        # Opacus' clipping reads every tensor's rows, dense: as many canary rows at once as CANARY_FLOATS holds
-        canary_rows = max(physical_batch, CANARY_FLOATS // max(1, sum(p.numel() for p in params.values())))
+    planted, where, canary_rows = _canary_plan(canaries, dp_optimizer, params, physical_batch)
     if checks is not None:
         checks.attach(dp_optimizer, optimizer, {id(p): n for n, p in params.items()})
     if release_log is not None:
@@ -283,56 +394,31 @@ def dp_sgd(
         for i in range(steps):
             if before_step is not None:
                 before_step(i)
-            if canaries is None:
-                indices, chosen = poisson_indices(n_records, dp.sample_rate, sampler), []
-                if checks is not None:
-                    checks.drawn(n_records, len(indices))
-            else:  # one draw over the records and the included canaries, at the records' rate
-                drawn = poisson_indices(n_records + len(planted), dp.sample_rate, sampler)
-                indices = drawn[drawn < n_records]
-                chosen = [planted[int(k) - n_records] for k in drawn[drawn >= n_records]]
-                if checks is not None:
-                    checks.drawn(n_records + len(planted), len(drawn))
+            indices, chosen = _draw(n_records, planted, dp.sample_rate, sampler, checks)
             offsets: dict[str, torch.Tensor] = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
-            pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
-            for j, piece in enumerate(pieces):  # physical batches: each record clipped once, into p.summed_grad
-                if j:
-                    for p in params.values():
-                        _set_grad_sample(p, None)
-                losses = example_losses(model, *make_batch(piece))
-                losses.mean().backward()
-                dp_optimizer.clip_and_accumulate()
-                loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
+            loss, count = _clip_records(
+                model, dp_optimizer, params, indices, make_batch, example_losses, physical_batch
+            )
+            loss_sum, seen = loss_sum + loss, seen + count
             if release_log is not None:  # the records' clipped sum, before any canary joins it
                 release_log.records()
             if chosen:  # the sampled canaries: clipped per record by the same code, into the same sum
                 assert canaries is not None  # only canaries are chosen
-                _clip_canaries(dp_optimizer, where, canaries, chosen, canary_rows)
+                _clip_canaries(dp_optimizer, where, canaries, chosen, canary_rows, checks)
                 drawn_canaries += len(chosen)
-            elif not pieces:  # an empty Poisson batch still releases noise: on a zero sum
+            elif not count:  # an empty Poisson batch still releases noise: on a zero sum
                 for p in params.values():
                     _set_grad_sample(p, torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))
                 dp_optimizer.clip_and_accumulate()
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)
-            if banded is None:
-                dp_optimizer.add_noise()  # N(0, σ²C²) on the sum of clipped record gradients
-            else:
-                _add_banded_noise(dp_optimizer, params, banded, noise)
-            if checks is not None:  # the release minus the clipped sum: the noise, as it was added
-                checks.released()
-            dp_optimizer.scale_grad()  # ÷ B, the expected batch
-            if release_log is not None:  # what the optimizer receives
-                release_log.released()
+            _release(dp_optimizer, params, banded, noise, checks, release_log)
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
-            if penalty is not None:  # a data-independent term: its exact gradient, after the noise
-                extra = torch.autograd.grad(penalty(model), list(params.values()), allow_unused=True)
-                for p, g in zip(params.values(), extra):
-                    if g is not None:
-                        cast(torch.Tensor, p.grad).add_(g)  # set by scale_grad above
+            if penalty is not None:
+                _add_penalty(model, params, penalty)
             optimizer.step()
     finally:
         if checks is not None:

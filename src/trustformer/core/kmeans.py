@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
@@ -48,14 +48,14 @@ from .kmeans_lloyd import (
     PARALLEL_MIN_FLOP,
     TILE,
     UNTILED_MAX_K,
-    lloyd_block_bytes,
-    default_workers,
-    inertia_of,
-    lloyd_iterations,
     SingleThreadedTorch,
     block_shape,
+    default_workers,
+    inertia_of,
     iteration_memory_bytes,
     lloyd_assign,
+    lloyd_block_bytes,
+    lloyd_iterations,
     lloyd_update,
     relocate_empty,
 )
@@ -277,12 +277,12 @@ def cluster_layers(
             init_labels=labels,
             **options,  # type: ignore[arg-type]
         )
-    for (r, k, _), names in groups.items():
+    for (_rows, _k, _), names in groups.items():
         t0 = time.perf_counter()
         xs = [as_matrix(layers[n])[:, 0] for n in names]
         c0s = [inits[n].reshape(-1) for n in names]
         solved = kmeans_1d_batch(xs, c0s)
         each = (time.perf_counter() - t0) / len(names)
-        for n, x, (cen, labels, m) in zip(names, xs, solved):
+        for n, x, (cen, labels, m) in zip(names, xs, solved, strict=True):
             out[n] = _result_1d(x.unsqueeze(1), cen, labels, m, each, x.dtype)
     return {name: out[name] for name in layers}

@@ -194,7 +194,7 @@ def kmeans_1d_batch(
     else:
         starts, method = np.stack([_merge1d_sorted(row, k) for row in s]), "merge1d"
     out = []
-    for b, (vals, init) in enumerate(zip(values, inits)):
+    for b, (vals, init) in enumerate(zip(values, inits, strict=True)):
         st = starts[b]
         ends = np.concatenate((st[1:], [r]))
         cen_sorted = np.add.reduceat(s[b], st) / (ends - st)  # per-cluster sums: no prefix-sum rounding

@@ -309,7 +309,7 @@ def lloyd_iterations(
     # the per-iteration dispatch overhead dominates there
     small = r * k * x.element_size() <= lloyd_block_bytes(x.device, block_bytes) and k <= UNTILED_MAX_K
     buf = torch.empty(r, k, dtype=x.dtype, device=x.device) if small else None
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the iterations taken: returned)
         if buf is not None:
             torch.addmm((c * c).sum(1), x, c.T, beta=1, alpha=-2, out=buf)
             partial, labels = buf.min(1)

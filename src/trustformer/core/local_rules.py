@@ -45,13 +45,13 @@ def sam_step(
     loss.backward()
     perturbation = sam_perturbation([p.grad for p in params], rho)
     with torch.no_grad():
-        for p, e in zip(params, perturbation):
+        for p, e in zip(params, perturbation, strict=True):
             if e is not None:
                 p.add_(e)
     optimizer.zero_grad(set_to_none=True)
     closure().backward()
     with torch.no_grad():
-        for p, e in zip(params, perturbation):
+        for p, e in zip(params, perturbation, strict=True):
             if e is not None:
                 p.sub_(e)
     optimizer.step()
@@ -68,7 +68,7 @@ def blur_penalty(
     """
     if len(params) != len(anchors):
         raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")
-    sq = cast(torch.Tensor, sum((p - a.to(p.dtype)).pow(2).sum() for p, a in zip(params, anchors)))
+    sq = cast(torch.Tensor, sum((p - a.to(p.dtype)).pow(2).sum() for p, a in zip(params, anchors, strict=True)))
     norm = torch.sqrt(torch.clamp_min(sq, 1e-30))
     excess = torch.relu(norm - bound)
     return 0.5 * lam * excess * excess

@@ -110,7 +110,7 @@ def coded_spec(prefix: str, shape: Sequence[int], bits: int, per_row: bool) -> d
     rows = num_rows(dims, per_row)
     sizes = (packed_nbytes(math.prod(dims), bits), rows, rows)
     dtypes = ("uint8", "float32", "float32")
-    return {name: ((n,), dt) for name, n, dt in zip(array_names(prefix), sizes, dtypes)}
+    return {name: ((n,), dt) for name, n, dt in zip(array_names(prefix), sizes, dtypes, strict=True)}
 
 
 # ------------------------------------------------------------------------------------- packing

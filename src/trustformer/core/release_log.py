@@ -13,6 +13,9 @@ et al. 2023, "Tight auditing of differentially private machine learning": Dirac 
 update). Beside it, per step and tensor, the noise's sum of squares away from every canary coordinate (the release
 minus the records' sum there: no canary's coin reaches it), and the noise at a fixed set of those coordinates (its
 fingerprint, for a noise that repeats). Only audit runs keep a log; it holds summaries, not the model.
+
+Under banded noise (``privacy.noise_bands``) the release holds the correlated noise C⁻¹z: the log reads it as it is,
+and the audit decodes it (``attack/release_view.py`` ``decode_banded``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from torch import nn
 
 from .dpsgd import Canaries, RecordDP
 
-PRINT_COORDINATES = 512  # noise fingerprint: this many fixed coordinates per step
+PRINT_COORDINATES = 512  # noise fingerprint: about this many fixed coordinates per step, spread by size
+PRINT_MIN = 16  # and at least this many in each tensor (or all of it): banded noise is checked per tensor on them
 
 
 class ReleaseLog:
@@ -58,7 +62,7 @@ class ReleaseLog:
         self.tensor_names = [names[id(p)] for p in order]
         slot = {n: t for t, n in enumerate(self.tensor_names)}
         rows: dict[int, list[tuple[int, int]]] = {}
-        for i, (name, flat) in enumerate(zip(self.canaries.names, self.canaries.coordinates)):
+        for i, (name, flat) in enumerate(zip(self.canaries.names, self.canaries.coordinates, strict=True)):
             if name not in slot:
                 raise ValueError(f"audit canary {i} sits on {name!r}, which this DP-SGD call does not train")
             rows.setdefault(slot[name], []).append((i, flat))
@@ -79,7 +83,7 @@ class ReleaseLog:
 
     def _gather(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
         out = torch.zeros(len(self.canaries.names), dtype=torch.float64)
-        for (rows, flat), value in zip(self._at, tensors):
+        for (rows, flat), value in zip(self._at, tensors, strict=True):
             if len(rows) and value is not None:
                 out[rows] = value.reshape(-1)[flat].double().cpu()
         return out
@@ -101,7 +105,7 @@ class ReleaseLog:
             self.readings.append(((signs * (at - records)) / self.dp.clip_norm).numpy().astype(np.float32))
             squares, free = np.zeros(len(self._params)), np.zeros(len(self._params))
             noises: list[torch.Tensor | None] = []
-            for t, (p, r) in enumerate(zip(self._params, release)):
+            for t, (p, r) in enumerate(zip(self._params, release, strict=True)):
                 if r is None:
                     noises.append(None)
                     continue
@@ -142,6 +146,10 @@ class ReleaseLog:
             "accounted": np.asarray(
                 [self.dp.noise_multiplier, self.dp.clip_norm, self.dp.sample_rate, self.dp.expected_batch]
             ),
+            "bands": np.asarray(self.dp.bands),  # > 1: the noise is banded, C⁻¹z (core/banded_noise.py)
+            "print_tensor": np.concatenate(
+                [np.full(len(flat), t, dtype=np.int64) for t, flat in self._spots] or [np.zeros(0, dtype=np.int64)]
+            ),
         }
 
     def save(self, path: Path) -> Path:
@@ -160,11 +168,14 @@ def _fingerprint(params: list[nn.Parameter]) -> list[tuple[int, torch.Tensor]]:
     sizes = np.asarray([p.numel() for p in params], dtype=np.float64)
     if not len(sizes) or sizes.sum() <= 0:
         return []
-    share = np.maximum(1, np.round(PRINT_COORDINATES * sizes / sizes.sum())).astype(int)
+    share = np.minimum(sizes, np.maximum(PRINT_MIN, np.round(PRINT_COORDINATES * sizes / sizes.sum()))).astype(int)
     g = torch.Generator().manual_seed(0xA0D1)
     out = []
     for t, p in enumerate(params):
-        picks = sorted(set(torch.randint(p.numel(), (int(share[t]),), generator=g).tolist()))
+        if share[t] >= p.numel():
+            picks = list(range(p.numel()))
+        else:
+            picks = sorted(set(torch.randint(p.numel(), (int(share[t]),), generator=g).tolist()))
         out.append((t, torch.tensor(picks, dtype=torch.long, device=p.device)))
     return out
 

@@ -116,7 +116,9 @@ def bounded(
     deviation norms, center)."""
     center = dict(center) if center is not None else coordinate_median(payloads)
     norms = deviation_norms(payloads, center)
-    out = [clip_to_bound(p, center, norm, bound) if norm > bound else p for p, norm in zip(payloads, norms)]
+    out = [
+        clip_to_bound(p, center, norm, bound) if norm > bound else p for p, norm in zip(payloads, norms, strict=True)
+    ]
     return out, norms, center
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from trustformer.data.tsv import Pair
 from trustformer.data.tokenizer import Tokenizer
+from trustformer.data.tsv import Pair
 
 __all__ = ["EncodedPair", "encode_pairs", "make_batches", "make_token_batches", "pad_sequences"]
 

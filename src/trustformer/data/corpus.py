@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 
 from .corpus_errors import CorpusUnavailableError
-from .help_pages import align_help_trees, extract_help_paragraphs, help_module
 from .debian_build import (
     CORPUS_NAME,
     LIBREOFFICE_PACKAGES,
@@ -26,6 +25,7 @@ from .debian_build import (
     build_libreoffice_corpus,
     find_cached_corpus,
 )
+from .help_pages import align_help_trees, extract_help_paragraphs, help_module
 from .tsv import Pair, load_tsv, load_tsv_domains, write_tsv
 from .wmt import load_wmt19
 

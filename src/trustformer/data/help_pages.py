@@ -14,11 +14,38 @@ HELP_ROOT = Path("usr/share/libreoffice/help")
 
 _CYRILLIC = re.compile(r"[\u0400-\u0481\u048A-\u052F]")
 _PARAGRAPH_ID = re.compile(r"^[A-Za-z]+_id\w*$")
-_VOID_TAGS = frozenset("area base br col embed hr img input link meta param source track wbr".split())
+_VOID_TAGS = frozenset(
+    ["area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"]
+)
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template"})
 _CLOSES_P = frozenset(
-    "address article aside blockquote div dl fieldset footer form h1 h2 h3 h4 h5 h6 header hr "
-    "menu nav ol p pre section table ul".split()
+    [
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "div",
+        "dl",
+        "fieldset",
+        "footer",
+        "form",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "header",
+        "hr",
+        "menu",
+        "nav",
+        "ol",
+        "p",
+        "pre",
+        "section",
+        "table",
+        "ul",
+    ]
 )
 
 

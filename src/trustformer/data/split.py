@@ -87,12 +87,11 @@ def split_corpus(
     _check_arguments(n_clients, client_size, test_size, public_size, max_words)
     if partition not in PARTITIONS:
         raise ValueError(f"partition {partition!r} is not one of {', '.join(PARTITIONS)}")
-    if client_sizes is not None:
-        if len(client_sizes) != n_clients or any(size < 1 for size in client_sizes):
-            raise ValueError(
-                f"client_sizes {list(client_sizes)} must give a size >= 1 for each of the "
-                f"{n_clients} clients (data.client_sizes)"
-            )
+    if client_sizes is not None and (len(client_sizes) != n_clients or any(size < 1 for size in client_sizes)):
+        raise ValueError(
+            f"client_sizes {list(client_sizes)} must give a size >= 1 for each of the "
+            f"{n_clients} clients (data.client_sizes)"
+        )
     if partition != "iid" and domains is None:
         raise ValueError(
             f"partition {partition!r} needs a domain for every pair: the corpus has none "
@@ -127,7 +126,10 @@ def split_corpus(
             )
         starts = [sum(sizes[:i]) + own_test_size * i for i in range(n_clients)]
         own_tests = [pool[start : start + own_test_size] for start in starts]
-        clients = [pool[start + own_test_size : start + own_test_size + size] for start, size in zip(starts, sizes)]
+        clients = [
+            pool[start + own_test_size : start + own_test_size + size]
+            for start, size in zip(starts, sizes, strict=True)
+        ]
     else:
         wanted = list(client_sizes) if client_sizes is not None else [client_size] * n_clients
         labels = [domain_of[source] for source, _ in pool]
@@ -235,7 +237,9 @@ def _usable_pairs(
     given = 0
     by_source: dict[str, str] = {}
     domain_of: dict[str, str] = {}
-    labelled = sorted(zip(pairs, domains)) if domains is not None else [(pair, "") for pair in sorted(pairs)]
+    labelled = (
+        sorted(zip(pairs, domains, strict=True)) if domains is not None else [(pair, "") for pair in sorted(pairs)]
+    )
     for (source, target), domain in labelled:
         given += 1
         if max_words is not None and (len(source.split()) > max_words or len(target.split()) > max_words):

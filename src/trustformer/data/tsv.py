@@ -75,7 +75,7 @@ def _parse_tsv_line(raw: bytes, path: Path, number: int, columns: int | None) ->
         }[columns]
         raise ValueError(f"{path}, line {number}: expected {expected}, found {tabs}")
     fields = tuple(side.strip() for side in line.split("\t"))
-    for name, text in zip(("source", "target", "domain"), fields):
+    for name, text in zip(("source", "target", "domain"), fields, strict=False):
         if not text:
             raise ValueError(
                 f"{path}, line {number}: empty {name} side"

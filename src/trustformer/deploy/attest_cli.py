@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-
 from pathlib import Path
 
 from ..cli_options import add_config_options, resolve_config

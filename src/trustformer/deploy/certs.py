@@ -69,7 +69,7 @@ class Credentials:
         """Every node public key of the folder, by name."""
         return sorted(self.nodes_dir.glob("*.pub")) if self.nodes_dir.is_dir() else []
 
-    def require_server(self) -> "Credentials":
+    def require_server(self) -> Credentials:
         """Raise CredentialsError unless the CA and the server certificate are there."""
         for path in (self.ca_cert, self.server_cert, self.server_key):
             if not path.is_file():

@@ -15,8 +15,7 @@ from pathlib import Path
 import tomli_w
 
 from .. import __version__
-from ..config import CONFIG_KEY
-from ..config import RunConfig
+from ..config import CONFIG_KEY, RunConfig
 
 APP_NAME = "trustformer-app"
 PUBLISHER = "trustformer"

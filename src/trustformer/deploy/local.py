@@ -127,13 +127,13 @@ class LocalFederation:
             self.start_client(partition)
 
     @classmethod
-    def for_run(cls, root: str | Path, cfg: RunConfig) -> "LocalFederation":
+    def for_run(cls, root: str | Path, cfg: RunConfig) -> LocalFederation:
         """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
         one holding every shard). Stops what it started if starting fails."""
+        from ..core.shared import ALL_SHARDS
         from ..runtime.server import expected_nodes
         from ..secure.attestation import load_signing_key
         from ..secure.provision import client_pins, uses_tee
-        from ..core.shared import ALL_SHARDS
 
         fed = cls(root, expected_nodes(cfg))
         if uses_tee(cfg.secure.mode):
@@ -167,7 +167,7 @@ class LocalFederation:
         if self.server is not None:
             self.server.stop()
 
-    def __enter__(self) -> "LocalFederation":
+    def __enter__(self) -> LocalFederation:
         return self
 
     def __exit__(self, *exc: object) -> None:

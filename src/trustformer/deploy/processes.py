@@ -9,6 +9,7 @@ Processes start in sessions of their own; stopping one stops its whole process t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -105,10 +106,8 @@ class Proc:
         """Send ``sig`` to the process and every descendant (collected first: children outlive parents)."""
         pids = process_tree(self.pid) if self.alive() else []
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         return pids
 
     def kill(self) -> None:
@@ -124,17 +123,13 @@ class Proc:
             self.popen.poll()
             time.sleep(0.1)
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._reap()
 
     def _reap(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL always ends it
             self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL always ends it
-            pass
 
 
 def _exists(pid: int) -> bool:

@@ -38,11 +38,6 @@ from flwr.serverapp import Grid, ServerApp
 from .. import app as apps
 from ..config import CONFIG_KEY, Fault, RunConfig
 from ..core.shared import ALL_SHARDS
-from ..registry import protocol_spec
-from ..runtime import diagnostics
-from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store
-from ..secure.provision import provisioned
-from ..tasks.run import load_task
 from ..flower_internals import (
     NODE_UNAVAILABLE,
     SUPERLINK_NODE_ID,
@@ -52,6 +47,11 @@ from ..flower_internals import (
     task_identity,
     wire_copy,
 )
+from ..registry import protocol_spec
+from ..runtime import diagnostics
+from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store
+from ..secure.provision import provisioned
+from ..tasks.run import load_task
 
 log = logging.getLogger(__name__)
 

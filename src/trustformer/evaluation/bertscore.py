@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import TrustformerError
 
@@ -167,7 +167,7 @@ def sentence_bertscores(
         return [], choice.label
     # bert-score's own handling of empty sentences breaks with transformers 5: score only the
     # non-empty pairs and give the others bert-score's convention, 0.
-    keep = [i for i, (h, r) in enumerate(zip(hypotheses, references)) if h.strip() and r.strip()]
+    keep = [i for i, (h, r) in enumerate(zip(hypotheses, references, strict=True)) if h.strip() and r.strip()]
     scores = [0.0] * len(hypotheses)
     if keep:
         with _lock:
@@ -175,7 +175,7 @@ def sentence_bertscores(
             _p, _r, f1 = scorer.score(
                 [hypotheses[i] for i in keep], [references[i] for i in keep], batch_size=batch_size
             )
-        for i, value in zip(keep, f1.tolist()):
+        for i, value in zip(keep, f1.tolist(), strict=True):
             scores[i] = float(value)
     return scores, choice.label
 

@@ -22,9 +22,9 @@ import os
 import shutil
 import threading
 import warnings
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import TrustformerError
 
@@ -47,14 +47,53 @@ REQUIRED_FILES = tuple(f"{kind}.{pos}" for kind in ("index", "data") for pos in 
 OPTIONAL_FILES = ("adj.exc", "adv.exc", "noun.exc", "verb.exc", "index.sense", "cntlist.rev")
 
 # lexnames(5WN): file number, lexicographer file name, syntactic category (1 noun, 2 verb, 3 adj, 4 adv)
-_LEXNAMES = (
-    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
-    "noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location "
-    "noun.motive noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process "
-    "noun.quantity noun.relation noun.shape noun.state noun.substance noun.time verb.body verb.change "
-    "verb.cognition verb.communication verb.competition verb.consumption verb.contact verb.creation "
-    "verb.emotion verb.motion verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
-).split()
+_LEXNAMES = [
+    "adj.all",
+    "adj.pert",
+    "adv.all",
+    "noun.Tops",
+    "noun.act",
+    "noun.animal",
+    "noun.artifact",
+    "noun.attribute",
+    "noun.body",
+    "noun.cognition",
+    "noun.communication",
+    "noun.event",
+    "noun.feeling",
+    "noun.food",
+    "noun.group",
+    "noun.location",
+    "noun.motive",
+    "noun.object",
+    "noun.person",
+    "noun.phenomenon",
+    "noun.plant",
+    "noun.possession",
+    "noun.process",
+    "noun.quantity",
+    "noun.relation",
+    "noun.shape",
+    "noun.state",
+    "noun.substance",
+    "noun.time",
+    "verb.body",
+    "verb.change",
+    "verb.cognition",
+    "verb.communication",
+    "verb.competition",
+    "verb.consumption",
+    "verb.contact",
+    "verb.creation",
+    "verb.emotion",
+    "verb.motion",
+    "verb.perception",
+    "verb.possession",
+    "verb.social",
+    "verb.stative",
+    "verb.weather",
+    "adj.ppl",
+]
 _CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 LEXNAMES = "".join(f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES))
 assert len(_LEXNAMES) == 45
@@ -213,5 +252,5 @@ def corpus_meteor(
     if not hypotheses:
         raise ValueError("corpus_meteor: no sentences to score")
     wn = wordnet if wordnet is not None else load_wordnet(cache_dir)
-    scores = [sentence_meteor(h, r, wordnet=wn) for h, r in zip(hypotheses, references)]
+    scores = [sentence_meteor(h, r, wordnet=wn) for h, r in zip(hypotheses, references, strict=True)]
     return sum(scores) / len(scores)

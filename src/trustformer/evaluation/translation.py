@@ -6,7 +6,8 @@ argmax predictions, which would let the model see the reference prefix.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import sacrebleu
 import torch
@@ -91,7 +92,7 @@ def translate(
                 hyps = model.greedy_decode(src, max_len=max_len)
             else:
                 hyps = model.beam_search(src, beam_size=beam_size, max_len=max_len)
-            for i, ids in zip(chunk, hyps):
+            for i, ids in zip(chunk, hyps, strict=True):
                 outputs[i] = tokenizer.decode(ids)
     return outputs
 

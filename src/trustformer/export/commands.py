@@ -186,7 +186,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             else iter(())
         )
         out = [_clean_line(next(done)) if text else "" for text in cleaned]
-        for number, (text, hypothesis) in enumerate(zip(cleaned, out), start=seen["lines"] + 1):
+        for number, (text, hypothesis) in enumerate(zip(cleaned, out, strict=True), start=seen["lines"] + 1):
             if text and not hypothesis:
                 seen["empty"] += 1
                 if seen["empty"] == 1:
@@ -281,7 +281,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 probs = torch.softmax(model(torch.cat(inputs).to(device)).float(), dim=1).cpu()
             best_p, best = probs.max(dim=1)
-            _emit(f"{path}\t{classes[int(k)]}\t{float(p):.4f}" for path, k, p in zip(chunk, best, best_p))
+            _emit(f"{path}\t{classes[int(k)]}\t{float(p):.4f}" for path, k, p in zip(chunk, best, best_p, strict=True))
         return 1 if failed else 0
     given = getattr(args, "threshold", None)
     threshold = spec["threshold"] if given is None else float(given)

@@ -194,7 +194,7 @@ class FixupResNet(nn.Module):
         self.bias_stem = _scalar(0)
         blocks: list[nn.Module] = []
         in_ch = stem_width
-        for stage, (n, width) in enumerate(zip(config.layers, config.widths)):
+        for stage, (n, width) in enumerate(zip(config.layers, config.widths, strict=True)):
             for i in range(n):
                 stride = 2 if stage > 0 and i == 0 else 1
                 blocks.append(block(in_ch, width, stride))

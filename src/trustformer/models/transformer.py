@@ -22,9 +22,10 @@ State-dict names are stable and readable, e.g. ``encoder.layers.0.self_attn.q_pr
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -493,11 +494,11 @@ class Seq2SeqTransformer(nn.Module):
                 new_scores = [[neg_inf] * k for _ in range(batch)]
                 new_origin = [[0] * k for _ in range(batch)]
                 new_tokens = [[eos] * k for _ in range(batch)]
-                for b, (row_scores, row_index) in enumerate(zip(top_scores.tolist(), top_index.tolist())):
+                for b, (row_scores, row_index) in enumerate(zip(top_scores.tolist(), top_index.tolist(), strict=True)):
                     if done[b]:
                         continue
                     n_active = 0
-                    for rank, (score, index) in enumerate(zip(row_scores, row_index)):
+                    for rank, (score, index) in enumerate(zip(row_scores, row_index, strict=True)):
                         if score == neg_inf or n_active == k:
                             break
                         origin, token = divmod(index, vocab)
@@ -522,7 +523,7 @@ class Seq2SeqTransformer(nn.Module):
                 state.reorder((origin + torch.arange(batch, device=device).unsqueeze(1) * k).view(-1))
             for b in range(batch):
                 if not done[b]:
-                    for score, hyp in zip(scores[b].tolist(), history[b].tolist()):
+                    for score, hyp in zip(scores[b].tolist(), history[b].tolist(), strict=False):
                         if score != neg_inf:
                             finished[b].append((score / max(len(hyp), 1) ** length_penalty, hyp))
         return [max(hyps, key=lambda item: item[0])[1] if hyps else [] for hyps in finished]

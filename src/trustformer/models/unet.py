@@ -86,7 +86,7 @@ class UNet(nn.Module):
         self.bottom = DoubleConv(widths[-2], widths[-1], c.norm, c.groups)
         self.up = nn.ModuleList()
         self.up_conv = nn.ModuleList()
-        for w_low, w in zip(widths[:0:-1], widths[-2::-1]):
+        for w_low, w in zip(widths[:0:-1], widths[-2::-1], strict=True):
             self.up.append(nn.ConvTranspose2d(w_low, w, 2, stride=2))
             self.up_conv.append(DoubleConv(2 * w, w, c.norm, c.groups))
         self.head = nn.Conv2d(widths[0], c.out_channels, 1)
@@ -103,7 +103,7 @@ class UNet(nn.Module):
             skips.append(x)
             x = F.max_pool2d(x, 2)
         x = self.bottom(x)
-        for up, conv, skip in zip(self.up, self.up_conv, reversed(skips)):
+        for up, conv, skip in zip(self.up, self.up_conv, reversed(skips), strict=False):
             x = conv(torch.cat([skip, up(x)], dim=1))
         return self.head(x)[..., :h, :w]
 

@@ -14,8 +14,8 @@ server's aggregation received and returned, and the aggregate each client applie
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 
 from ..config import ConfigError, RunConfig
 from ..registry import PROTOCOLS, protocol_spec
@@ -26,7 +26,7 @@ from .wrappers.robust import with_defences
 from .wrappers.server_optimizer import with_server_optimizer
 
 
-def make_protocol(cfg: RunConfig, observer: "ProtocolObserver | None" = None) -> FederatedProtocol:
+def make_protocol(cfg: RunConfig, observer: ProtocolObserver | None = None) -> FederatedProtocol:
     """The protocol object named by ``federation.strategy``, with the server's defences (``robust.*``) around it,
     the server optimizer (``federation.server_optimizer``) around those, payload coding around that when
     ``federation.payload_bits`` < 32, and download coding outermost when ``federation.download_bits`` < 32;

@@ -5,8 +5,8 @@ It runs the local protocol on a single node; the runtime gives that node every s
 
 from __future__ import annotations
 
-from .local import LocalOnly
 from .interface.spec import ProtocolSpec
+from .local import LocalOnly
 
 ONE_CLIENT = "one client holds all the data"
 

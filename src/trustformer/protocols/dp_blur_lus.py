@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import blur_penalty
+from .fedavg_topk import GLOBAL, FedAvgTopK
 from .interface.base import ClientSession, FederatedProtocol, LocalStep, held_global
 from .wrappers.dp import DifferentialPrivacy, dp_spec, record_level
-from .fedavg_topk import GLOBAL, FedAvgTopK
 
 
 def blur_local_step(bound: float, lam: float):

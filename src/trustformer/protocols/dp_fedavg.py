@@ -5,9 +5,9 @@ N(0, σ²C² I) to the sum and divides by qN, every client adds the result to th
 from __future__ import annotations
 
 from ..config import RunConfig
+from .fedavg_updates import FedAvgUpdates
 from .interface.base import FederatedProtocol
 from .wrappers.dp import DifferentialPrivacy, dp_spec, record_level
-from .fedavg_updates import FedAvgUpdates
 
 
 def dp_fedavg(cfg: RunConfig) -> FederatedProtocol:

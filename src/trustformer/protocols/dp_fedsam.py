@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..core.local_rules import sam_step
+from .fedavg_updates import FedAvgUpdates
 from .interface.base import ClientSession, FederatedProtocol, LocalStep
 from .wrappers.dp import DifferentialPrivacy, dp_spec, record_level
-from .fedavg_updates import FedAvgUpdates
 
 
 def sam_local_step(rho: float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+
 from ..core.aggregation import weighted_mean
 from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
 from .interface.parts import CatchUp, ServerHooks

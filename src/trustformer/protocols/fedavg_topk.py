@@ -22,8 +22,6 @@ from ..config import RunConfig
 from ..config.checks import check_in_range
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
-from .interface.parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks
-from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
     FederatedProtocol,
@@ -34,6 +32,8 @@ from .interface.base import (
     held_global,
     trainable_tensors,
 )
+from .interface.parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks
+from .interface.spec import ProtocolSpec
 
 INDICES, VALUES = "indices", "values"
 GLOBAL, RESIDUAL = "global/", "residual"
@@ -170,7 +170,10 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
             torch.cat([p[INDICES].to(torch.int64) for p in payloads]), sorted=True, return_inverse=True
         )
         weights = torch.cat(
-            [torch.full((p[VALUES].numel(),), n / total, dtype=torch.float64) for p, n in zip(payloads, num_examples)]
+            [
+                torch.full((p[VALUES].numel(),), n / total, dtype=torch.float64)
+                for p, n in zip(payloads, num_examples, strict=True)
+            ]
         )
         values = torch.zeros(union.numel(), dtype=torch.float64)
         values.index_add_(0, inverse, torch.cat([p[VALUES].double() for p in payloads]) * weights)

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
-from .interface.parts import LocalTraining
-from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
     FederatedProtocol,
@@ -24,6 +22,8 @@ from .interface.base import (
     held_global,
     trainable_tensors,
 )
+from .interface.parts import LocalTraining
+from .interface.spec import ProtocolSpec
 
 GLOBAL = "global/"  # protocol_state key prefix of the last global model
 

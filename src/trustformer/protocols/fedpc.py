@@ -52,8 +52,6 @@ from ..core import ternary
 from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
-from .interface.parts import LocalTraining, ServerHooks
-from .interface.spec import ProtocolSpec
 from .interface.base import (
     ClientSession,
     FederatedProtocol,
@@ -63,6 +61,8 @@ from .interface.base import (
     held_global,
     trainable_tensors,
 )
+from .interface.parts import LocalTraining, ServerHooks
+from .interface.spec import ProtocolSpec
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         reports = {n: (int(row["num_examples"]), float(row["train_loss"])) for n, row in io.replied().items()}
         scores = {n: self.goodness(io.client(n), size, cost) for n, (size, cost) in reports.items()}
         order = sorted(reports, key=lambda n: (scores[n] is None, -(scores[n] or 0.0), io.client(n)))
-        for n, (size, cost) in reports.items():
+        for n, (_size, cost) in reports.items():
             self.costs[io.client(n)] = cost
             io.note(n, goodness=scores[n])
         self.total_examples = sum(size for size, _cost in reports.values())
@@ -319,7 +319,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         base = flatten(pilot[0]).double() if pilot else flatten(self.last).double()
         total = float(self.total_examples or sum(num_examples))
         vote = torch.zeros_like(base)
-        for payload, size in zip(payloads, num_examples):
+        for payload, size in zip(payloads, num_examples, strict=True):
             if TERNARY in payload:
                 vote += (size / total) * ternary.unpack(payload[TERNARY], self.dim).double()
         if pilot:

@@ -20,8 +20,8 @@ import torch
 
 from ..config import ConfigError, RunConfig
 from ..core.shared import LocalStep
-from .interface.base import ClientSession
 from .fedavg import FedAvg
+from .interface.base import ClientSession
 from .interface.parts import LocalTraining
 from .interface.spec import ProtocolSpec
 
@@ -40,7 +40,7 @@ class FedProxConfig:
 def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], mu: float) -> torch.Tensor:
     """(μ/2)·Σ‖w − w^t‖² over the trainable tensors (Li et al. 2020, Eq. 2), differentiable in ``params``."""
     total = torch.zeros(())
-    for p, a in zip(params, anchors):
+    for p, a in zip(params, anchors, strict=True):
         total = total + (p - a.to(p.dtype)).pow(2).sum()
     return 0.5 * mu * total
 

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 from ..config import RunConfig
 from ..config.checks import check_choice
 from ..core.shared import derive_seed

@@ -56,8 +56,8 @@ What the server can learn is measured by ``trustformer attack reconstruct`` and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 

@@ -42,8 +42,9 @@ import re
 import statistics
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 TRACKERS = ("tensorboard", "mlflow")
 NOT_METRICS = frozenset({"round", "client", "node"})
@@ -158,7 +159,7 @@ class Tracker:
             self._mlflow.set_terminated(self._run_id, status=self._status)
         self._closed = True
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -208,7 +209,7 @@ def final_scalars(summary: dict) -> dict[str, float]:
         numbers = [float(v) for v in values if v is not None and not math.isnan(v)]
         if not numbers:
             continue
-        for c, v in zip(ids, values):
+        for c, v in zip(ids, values, strict=True):
             if v is not None:
                 out[f"final/client_{c}/{key}"] = float(v)
         out[f"final/mean/{key}"] = statistics.fmean(numbers)

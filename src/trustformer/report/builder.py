@@ -6,10 +6,11 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, cast
 
 from . import figures, paper, tables
 from .document import Document
@@ -505,7 +506,7 @@ def _convergence_note(runs: Sequence[RunResult], fedavg: RunResult | None, tf: S
         if (d := [x for x in (r.summary.get("fedavg_distance") or []) if x is not None])
     ]
     if len(dist) >= 2:
-        falling = all(b[1] < a[1] for a, b in zip(dist, dist[1:]))
+        falling = all(b[1] < a[1] for a, b in zip(dist, dist[1:], strict=False))
         parts.append(
             "Trustformer's mean distance to FedAvg after the last exchange is "
             + ", ".join(f"{d:.4f} at β={b:g}" for b, d in dist)

@@ -16,9 +16,10 @@ import json
 import logging
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from . import paper_fedpc as paper
 from .builder import ReportFiles, flatten, kv, nest, provenance
@@ -166,7 +167,7 @@ def accuracy_table(cells: Sequence[Cell], partition: str) -> Table:
         t.rows.append(row)
     t.formats = {c: _four for c in columns if c.endswith(" ours") and not c.startswith("FedPC /")}
     t.formats.update({"FedPC / centralized ours": pct, "FedPC / centralized paper": pct})
-    printed = sorted((paper.TABLE2 if partition == "stratified" else paper.TABLE4))
+    printed = sorted(paper.TABLE2 if partition == "stratified" else paper.TABLE4)
     t.notes = [
         _data_note(cells, task),
         "Ours: the fraction of the shared test set classified correctly, mean over the workers after the last "
@@ -328,7 +329,7 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
     rows = fig6_rows(cells)
     tasks = [t for t in paper.PAPER_SETUP if any(r["task"] == t for r in rows)]
     fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4.6 * (len(tasks) + 1), 4.0), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    for ax, task in zip(axes[0], tasks, strict=False):
         mine = [r for r in rows if r["task"] == task]
         ns = [r["n"] for r in mine]
         v = next((r["v"] for r in mine if r["v"]), None)
@@ -346,7 +347,7 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
         for m, marker, color in (("fedpc", "o", "#d62728"), ("fedavg", "s", "#1f77b4"), ("phong", "^", "#2ca02c")):
             pts = [(r["n"], r[m] / KIB) for r in mine if r[m] is not None]
             if pts:
-                xs, ys = zip(*pts)
+                xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker, color=color, ms=7, mfc="none", mew=1.5, label=f"{paper.NAMES[m]}, measured")
         ax.set_title(f"{dataset_name(cells, task)}" + (f" (V = {v / KIB:,.1f} KiB)" if v else ""))
         ax.set_xlabel("workers N")
@@ -369,10 +370,10 @@ def fig6_figure(cells: Sequence[Cell], path: Path) -> Path:
         ms=10,
         label="paper's text (31.25% / 42.20% saved)",
     )
-    for task, marker in zip(tasks, ("o", "D")):
+    for task, marker in zip(tasks, ("o", "D"), strict=False):
         pts = [(r["n"], r["fedpc"] / r["fedavg"]) for r in rows if r["task"] == task and r["fedpc"] and r["fedavg"]]
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=True)
             ax.plot(
                 xs, ys, marker, mfc="none", ms=8, mew=1.5, label=f"measured FedPC / FedAvg, {dataset_name(cells, task)}"
             )
@@ -475,7 +476,7 @@ def _setup(doc: Document, cells: Sequence[Cell], context: dict[str, Any]) -> Non
         )
         doc.code(json.dumps(nested, indent=2, sort_keys=True, ensure_ascii=False), "json")
         items = []
-        for c, flat in zip(mine, flats):
+        for c, flat in zip(mine, flats, strict=True):
             varying = ", ".join(f"{'.'.join(k)}={v}" for k, v in sorted(flat.items()) if k not in common)
             st = status.get(c.run.path.name)
             extra = ""

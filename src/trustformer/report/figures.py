@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, cast
+from typing import Any, cast
 
 from . import paper
 from .runs import RunResult
@@ -76,9 +77,9 @@ def loss_per_round(runs: Sequence[RunResult], path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows + 0.7), squeeze=False)
     for ax in axes.flat[len(runs) :]:
         ax.set_visible(False)
-    for ax, run in zip(axes.flat, runs):
+    for ax, run in zip(axes.flat, runs, strict=False):
         for client, curve in run.loss_curves().items():
-            xs, ys = zip(*curve)
+            xs, ys = zip(*curve, strict=True)
             ax.plot(
                 xs, ys, marker="o", ms=3, lw=1.4, color=_client_color(client), label=_client_name(client), alpha=0.85
             )
@@ -109,17 +110,27 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     )
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
     clients = sorted({c for r in sweep for c in r.client_ids})
-    for i, c in enumerate(clients):
+    _loss_against_beta(ax, runs, sweep, clients)
+    _distance_against_beta(ax2, sweep, clients)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _loss_against_beta(ax: Any, runs: Sequence[RunResult], sweep: list[RunResult], clients: list[int]) -> None:
+    """Each client's final test loss along the β sweep, the references (local, FedAvg, DP…) as lines."""
+    for c in clients:
         pts = [(r.beta, r.per_client("test_loss")[r.client_ids.index(c)]) for r in sweep if c in r.client_ids]
         pts = [(b, v) for b, v in pts if v is not None]
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, marker="o", lw=1.5, color=_client_color(c), label=f"Trustformer, {_client_name(c)}")
     refs: list[tuple[RunResult, list[tuple[int, float]]]] = []
     for r in runs:
         if r.strategy == "trustformer" or (r.exchanges and r.agg_every != 1):
             continue
-        pairs = [(c, v) for c, v in zip(r.client_ids, r.per_client("test_loss")) if v is not None]
+        pairs = [(c, v) for c, v in zip(r.client_ids, r.per_client("test_loss"), strict=True) if v is not None]
         if pairs:
             refs.append((r, pairs))
     # the y range shows the sweep and the plain references; far-off lines (e.g. DP runs whose noise
@@ -149,7 +160,10 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
     else:
         ax.text(0.5, 0.5, "no Trustformer β sweep in these runs", ha="center", va="center", transform=ax.transAxes)
     ax.legend(fontsize=7, loc="best")
-    # distance to FedAvg (Theorem 1)
+
+
+def _distance_against_beta(ax2: Any, sweep: list[RunResult], clients: list[int]) -> None:
+    """Each client's relative distance to FedAvg after the last exchange along the β sweep (Theorem 1)."""
     plotted = False
     for c in clients:
         pts = []
@@ -158,7 +172,7 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
             if d and c in r.client_ids and d[r.client_ids.index(c)] is not None:
                 pts.append((r.beta, float(d[r.client_ids.index(c)])))
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=True)
             ax2.plot(xs, ys, marker="o", lw=1.5, color=_client_color(c), label=_client_name(c))
             plotted = True
     ax2.set_xlabel("β (clusters per layer / rows of the layer)")
@@ -170,10 +184,6 @@ def final_loss_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
         ax2.legend(fontsize=7)
     else:
         ax2.text(0.5, 0.5, "no distance recorded", ha="center", va="center", transform=ax2.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
 
 
 def quality(runs: Sequence[RunResult], path: Path) -> Path:
@@ -198,7 +208,7 @@ def quality(runs: Sequence[RunResult], path: Path) -> Path:
     clients = sorted({c for r in runs for c in r.client_ids})
     n_c = max(len(clients), 1)
     bar = 0.8 / n_c
-    for ax, (key, title, top) in zip(axes, metrics):
+    for ax, (key, title, top) in zip(axes, metrics, strict=False):
         missing = True
         for j, c in enumerate(clients):
             xs, ys = [], []
@@ -254,7 +264,7 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
         if up is not None and model:
             pts.append((r.beta, 100 * up / model))
     if pts:
-        xs, ys = zip(*pts)
+        xs, ys = zip(*pts, strict=True)
         ax.plot(
             xs,
             ys,
@@ -273,7 +283,14 @@ def bytes_vs_beta(runs: Sequence[RunResult], path: Path) -> Path:
         if k.startswith("trustformer@")
     )
     ax.plot(
-        *zip(*pb), marker="s", ms=4, lw=1.0, ls="--", color="#ff7f0e", zorder=2, label="Trustformer, paper (Table III)"
+        *zip(*pb, strict=True),
+        marker="s",
+        ms=4,
+        lw=1.0,
+        ls="--",
+        color="#ff7f0e",
+        zorder=2,
+        label="Trustformer, paper (Table III)",
     )
     ax.axhline(100, color="black", lw=1.2, label="FedAvg: one whole model")
     for r in runs:
@@ -325,7 +342,7 @@ def data_per_client(runs: Sequence[RunResult], path: Path) -> Path | None:
             label=name,
             color=_CLIENT_COLORS[i % len(_CLIENT_COLORS)],
         )
-        bottom = [b + h for b, h in zip(bottom, heights)]
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_ylabel("pairs")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), title="domain")
     ax.set_title(f"Training pairs per client and domain — partition {data.get('partition', '?')}")

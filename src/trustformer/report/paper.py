@@ -40,7 +40,9 @@ TABLE3_KIB: dict[str, float] = {
     "dp-blur-lus": 515_952,
     **{
         f"trustformer@{b}": v
-        for b, v in zip(_BETAS, (78_019, 156_127, 234_140, 312_248, 390_368, 468_380, 546_488, 624_500, 702_608))
+        for b, v in zip(
+            _BETAS, (78_019, 156_127, 234_140, 312_248, 390_368, 468_380, 546_488, 624_500, 702_608), strict=True
+        )
     },
 }
 
@@ -65,6 +67,7 @@ TABLE4_S: dict[str, tuple[float, float, float, float]] = {
                 (472, 2_502, 17, 2_991),
                 (477, 1_156, 19, 1_652),
             ),
+            strict=True,
         )
     },
 }
@@ -90,6 +93,7 @@ TABLE5_H: dict[str, tuple[float, float, float, float]] = {
                 (8.64, 4.99, 2.77, 2.04),
                 (5.05, 3.19, 2.07, 1.69),
             ),
+            strict=True,
         )
     },
 }

@@ -31,7 +31,7 @@ TABLE1 = {"image-classification": (0.9172, 0.0008), "segmentation": (0.9959, 0.0
 
 # Table 2: CIFAR-10, class-stratified imbalanced split; N -> method -> (mean, std)
 TABLE2: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: dict(zip(METHODS, row))
+    n: dict(zip(METHODS, row, strict=False))
     for n, row in {
         3: ((0.9009, 0.0031), (0.9101, 0.0030), (0.9113, 0.0014)),
         4: ((0.8914, 0.0030), (0.9119, 0.0024), (0.9044, 0.0053)),
@@ -46,7 +46,7 @@ TABLE2: dict[int, dict[str, tuple[float, float | None]]] = {
 
 # Table 3: LGGS, imbalanced split; N -> method -> (mean, std)
 TABLE3: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: dict(zip(METHODS, row))
+    n: dict(zip(METHODS, row, strict=False))
     for n, row in {
         3: ((0.9952, 0.0001), (0.9966, 0.0001), (0.9959, 0.0001)),
         4: ((0.9951, 0.0003), (0.9913, 0.0044), (0.9955, 0.0005)),
@@ -61,7 +61,7 @@ TABLE3: dict[int, dict[str, tuple[float, float | None]]] = {
 
 # Table 4: CIFAR-10, Dirichlet split; N -> method -> (value, None)
 TABLE4: dict[int, dict[str, tuple[float, float | None]]] = {
-    n: {m: (v, None) for m, v in zip(METHODS, row)}
+    n: {m: (v, None) for m, v in zip(METHODS, row, strict=False)}
     for n, row in {
         3: (0.8927, 0.9051, 0.9016),
         5: (0.8564, 0.8955, 0.8879),

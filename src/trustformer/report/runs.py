@@ -6,9 +6,10 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import TrustformerError
 from .paper import NAMES, ORDER, paper_key

@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import html
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, cast
 
 from . import paper
 from .runs import RunResult
@@ -38,7 +39,7 @@ class Table:
         return str(value)
 
     def display_rows(self) -> list[list[str]]:
-        return [[self.cell(c, v) for c, v in zip(self.columns, row)] for row in self.rows]
+        return [[self.cell(c, v) for c, v in zip(self.columns, row, strict=False)] for row in self.rows]
 
     def to_csv(self) -> str:
         out = io.StringIO()

@@ -6,9 +6,10 @@ through the grid runner of :mod:`trustformer.reproduce.grid` (cached the same wa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .. import config as config_module
 from ..config import ConfigError, RunConfig, load_config

@@ -17,15 +17,17 @@ a new key, hence a new run; a run that crashed (no summary) is run again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import platform
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .. import config as config_module
 from ..config import ConfigError, RunConfig, load_config
@@ -247,10 +249,8 @@ def machine_info() -> dict[str, Any]:
         info["memory_gib"] = round(int(mem[1]) / 2**20, 1)
     except (OSError, IndexError, ValueError):
         pass
-    try:
+    with contextlib.suppress(OSError):
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover
-        pass
     return info
 
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig, build_config
+from ..errors import TrustformerError
 from ..protocols.interface.state import (
     UndeclaredStateError,
     fingerprint,
@@ -339,7 +339,7 @@ class Checkpointer:
         would not hold, so a resumed run would silently differ (``protocols/interface/state.py``)."""
         now = [fingerprint(p) for p in self._chain()]
         if self._fingerprints is not None:
-            for protocol, before in zip(self._chain(), self._fingerprints):
+            for protocol, before in zip(self._chain(), self._fingerprints, strict=False):
                 changed = undeclared_changes(before, protocol)
                 if changed:
                     raise UndeclaredStateError(

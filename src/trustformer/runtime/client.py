@@ -41,15 +41,14 @@ from . import diagnostics
 from .attacker import AttackerView, honest_samples, poisoned_update
 from .node import (
     DEPLOYED_PROCESSES,
-    process_setup,
     client_id,
     client_store,
     node_setting,
+    process_setup,
     release_memory_store,
 )
 from .root_training import root_training
 from .store import ROUND_END, TRAINED, ClientState, DiskStore, MemoryStore
-
 
 log = logging.getLogger(__name__)
 # FLTrust's server update (robust.aggregator = "fltrust"): the task's training on root data, handed to the defences

@@ -31,11 +31,11 @@ from typing import Any, cast
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from ..errors import TrustformerError
 from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, Tensors
-from ..recording.recorder import RunRecorder
+from ..errors import TrustformerError
 from ..protocols.interface.base import FederatedProtocol
+from ..recording.recorder import RunRecorder
 from ..wire import (
     APPLY,
     PAYLOAD,

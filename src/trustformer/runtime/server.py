@@ -22,8 +22,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import RunConfig
-from ..recording.recorder import RunRecorder
 from ..protocols import get_protocol
+from ..recording.recorder import RunRecorder
 from ..registry import protocol_spec
 from ..secure.channel import secure_link
 from ..tasks.results import FINAL_METRICS, task_summary, under
@@ -169,7 +169,7 @@ def bytes_summary(records: list[dict[str, Any]], finals: list[dict[str, Any]]) -
 
 
 def finish_run(
-    cfg: RunConfig, server: Server, nodes: "Nodes", checkpoints: Checkpointer, rounds_run: int
+    cfg: RunConfig, server: Server, nodes: Nodes, checkpoints: Checkpointer, rounds_run: int
 ) -> dict[str, Any]:
     """The final evaluation of every connected client (:func:`final_evaluation`), then ``summary.json``."""
     recorder, protocol = server.recorder, server.protocol
@@ -179,7 +179,7 @@ def finish_run(
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
     if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)
-        from ..tasks.record_dp import summary as record_privacy
+        from ..tasks.dp_summary import summary as record_privacy
 
         extra["privacy"] = record_privacy(cfg, recorder.records, per_client)
     if checkpoints.resumed:
@@ -220,7 +220,7 @@ def finish_run(
 
 
 def final_evaluation(
-    cfg: RunConfig, server: Server, nodes: "Nodes", rnd: int
+    cfg: RunConfig, server: Server, nodes: Nodes, rnd: int
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """Every client's final metrics and where its model was saved. First every client reports its test loss
     and its model's fingerprint; then one client per distinct model (``eval.decode_once``; otherwise every
@@ -300,9 +300,9 @@ def final_metrics(
         not isinstance(per_class, list) or not all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in per_class)
     ):
         raise ReplyError(f"metric 'per_class_accuracy' must be a list of accuracies in [0, 1], got {per_class!r}")
-    samples: Mapping[str, Any] | None = reply.content["samples"] if "samples" in reply.content else None
+    samples: Mapping[str, Any] | None = reply.content.get("samples", None)
     metrics["samples"] = (
-        [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"])]
+        [[str(x) for x in t] for t in zip(samples["source"], samples["reference"], samples["hypothesis"], strict=False)]
         if samples is not None
         else []
     )
@@ -320,7 +320,7 @@ def _data_record(record: Mapping[str, Any]) -> dict[str, Any]:
     for prefix in ("", "test_"):
         names, counts = data.pop(f"{prefix}domain_names", None), data.pop(f"{prefix}domain_counts", None)
         if names is not None and counts is not None:
-            data[f"{prefix}domains"] = {str(n): int(c) for n, c in zip(names, counts)}
+            data[f"{prefix}domains"] = {str(n): int(c) for n, c in zip(names, counts, strict=True)}
     return data
 
 

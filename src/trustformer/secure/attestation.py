@@ -29,8 +29,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..errors import TrustformerError
 from ..config import ConfigError, RunConfig
+from ..errors import TrustformerError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 MEASURED_FILES = (
@@ -120,7 +120,7 @@ class Quote:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, body: bytes) -> "Quote":
+    def from_bytes(cls, body: bytes) -> Quote:
         try:
             values = json.loads(bytes(body).decode("utf-8"))
             quote = cls(**values)

@@ -197,7 +197,7 @@ class SecureLink:
             assert reply is not None  # why is None only for a reply without an error
             extra[f"{budget}_bytes"] += got.up
             extra["bytes_up"] += got.up
-            metrics: Mapping[str, Any] = reply.content["metrics"] if "metrics" in reply.content else {}
+            metrics: Mapping[str, Any] = reply.content.get("metrics", {})
             for key in ("attest_s", "secagg_s", "seal_s", "open_s"):
                 if key in metrics:
                     extra[key] += float(metrics[key])  # type: ignore[assignment]  # float seconds, see costs_of

@@ -20,7 +20,6 @@ from .channel_errors import SecureChannelError
 from .masking import SecAggError, quantization_error_bound
 from .provision import plain_vectors
 from .records import SECURE
-
 from .secagg_server import SecAggServer
 
 

@@ -89,7 +89,7 @@ def decode_arrays(data: bytes, expected: TensorSpec | None = None, *, what: str 
         _check_expected(entries, expected, what)
     arrays: dict[str, np.ndarray] = {}
     offset = 0
-    for entry, size in zip(entries, sizes):
+    for entry, size in zip(entries, sizes, strict=True):
         dtype = np.dtype(entry["dtype"]).newbyteorder("<")
         array = np.frombuffer(body[offset : offset + size], dtype=dtype).astype(np.dtype(entry["dtype"]), copy=True)
         array = array.reshape(entry["shape"])

@@ -51,7 +51,6 @@ from .provision import (
 from .records import ATTEST, CLEAR_METRICS, MODEL_KIND, SEALED_METRICS, SECAGG, SECURE
 from .sealing import Channel, SealError, derive_session_keys
 from .secagg_client import SecAggClient
-
 from .tee import NONCE_BYTES
 
 log = logging.getLogger(__name__)

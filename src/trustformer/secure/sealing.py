@@ -234,7 +234,7 @@ class Channel:
         }
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], side: str, prefix: str = "") -> "Channel":
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], side: str, prefix: str = "") -> Channel:
         run_id, client, last_sent, last_accepted = (int(x) for x in tensors[prefix + "ids"].tolist())
         keys = SessionKeys(
             up=bytes(tensors[prefix + "key_up"].tolist()), down=bytes(tensors[prefix + "key_down"].tolist())

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .masking import KEY_BYTES, SecAggError, pair_mask, self_mask_context, dequantize, mask_stream
+from .masking import KEY_BYTES, SecAggError, dequantize, mask_stream, pair_mask, self_mask_context
 from .secagg_common import (
+    SEED_BYTES,
     TAG_MASK_KEY,
     TAG_SELF_SEED,
-    SEED_BYTES,
     SecAggParams,
     check_client_ids,
     check_public_keys,

@@ -17,8 +17,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import torch
 from torch import nn
 
-from ..errors import TrustformerError
 from ..core.shared import LocalStep, derive_seed
+from ..errors import TrustformerError
 
 PARTITIONS = ("iid", "stratified", "dirichlet")
 

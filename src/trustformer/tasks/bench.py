@@ -57,7 +57,7 @@ def fedavg_average(states: list[dict[str, torch.Tensor]], weights: list[int]) ->
     """Σ_k (n_k / n) · w_k (McMahan et al. 2017, Algorithm 1)."""
     total = float(sum(weights))
     return {  # a sum over at least one state: a tensor (sum's start 0 is only its type's other option)
-        name: cast(torch.Tensor, sum(s[name].double() * (w / total) for s, w in zip(states, weights))).to(
+        name: cast(torch.Tensor, sum(s[name].double() * (w / total) for s, w in zip(states, weights, strict=True))).to(
             states[0][name].dtype
         )
         for name in states[0]
@@ -72,10 +72,7 @@ def run(
     started = time.perf_counter()
     model = task.build_model(seed)
     rows: list[dict] = []
-    if clients == 1:
-        shards = [task.train]
-    else:
-        shards = task.client_shards(clients, partition, seed)
+    shards = [task.train] if clients == 1 else task.client_shards(clients, partition, seed)
     client_models = [task.build_model(seed) for _ in shards] if clients > 1 else [model]
     optimizers = [task.build_optimizer(m) for m in client_models]
     log(
@@ -87,7 +84,7 @@ def run(
         t0 = time.perf_counter()
         losses, sizes = [], []
         global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        for k, (m, opt, shard) in enumerate(zip(client_models, optimizers, shards)):
+        for k, (m, opt, shard) in enumerate(zip(client_models, optimizers, shards, strict=True)):
             if clients > 1:
                 m.load_state_dict(global_state)
             r = task.train_local(m, opt, shard, seed=seed * 1000 + epoch * 10 + k, epochs=local_epochs, batch_size=None)
@@ -101,7 +98,7 @@ def run(
         eval_s = time.perf_counter() - t1
         row = {
             "epoch": epoch,
-            "train_loss": sum(loss * n for loss, n in zip(losses, sizes)) / sum(sizes),
+            "train_loss": sum(loss * n for loss, n in zip(losses, sizes, strict=True)) / sum(sizes),
             **score_line(task, metrics),
             "train_s": train_s,
             "eval_s": eval_s,

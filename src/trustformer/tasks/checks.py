@@ -16,8 +16,8 @@ def check_metrics(cfg: RunConfig) -> None:
     if cfg.task != "translation":
         return
     if cfg.eval.meteor:
-        from .translation_workload import cache_dir
         from ..evaluation.meteor import wordnet_folder
+        from .translation_workload import cache_dir
 
         wordnet_folder(cache_dir(cfg))
     if cfg.eval.bertscore:

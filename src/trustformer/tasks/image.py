@@ -220,7 +220,7 @@ class ImageClassificationTask:
         rng = np.random.default_rng([seed, 17])
         test_labels = self.test.labels.numpy()
         picked = []
-        for label, count in zip(*np.unique(members.labels.numpy(), return_counts=True)):
+        for label, count in zip(*np.unique(members.labels.numpy(), return_counts=True), strict=True):
             pool = np.flatnonzero(test_labels == label)
             picked.extend(rng.choice(pool, size=min(count, len(pool)), replace=False).tolist())
         return self.test.subset(np.sort(np.array(picked, dtype=np.int64)))
@@ -236,7 +236,7 @@ class ImageClassificationTask:
         per_class = per_class_accuracy(preds, self.test.labels, self.test.num_classes)
         return {
             "accuracy": accuracy(preds, self.test.labels),
-            "per_class_accuracy": dict(zip(self.test.classes, per_class)),
+            "per_class_accuracy": dict(zip(self.test.classes, per_class, strict=True)),
             "test_loss": loss_sum / len(self.test),
         }
 

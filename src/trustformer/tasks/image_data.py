@@ -83,7 +83,7 @@ class ImageSet:
             raise ImageDataError(f"images must be uint8 N×C×H×W, got {self.images.dtype} {tuple(self.images.shape)}")
         if self.labels.shape != (self.images.shape[0],):
             raise ImageDataError(f"{self.images.shape[0]} images but labels of shape {tuple(self.labels.shape)}")
-        if len(self.labels) and not (0 <= int(self.labels.min()) and int(self.labels.max()) < len(self.classes)):
+        if len(self.labels) and not (int(self.labels.min()) >= 0 and int(self.labels.max()) < len(self.classes)):
             raise ImageDataError(f"labels outside 0..{len(self.classes) - 1}")
 
     def __len__(self) -> int:
@@ -99,11 +99,11 @@ class ImageSet:
         c, h, w = self.images.shape[1:]
         return int(c), int(h), int(w)
 
-    def subset(self, indices: np.ndarray | torch.Tensor | list[int]) -> "ImageSet":
+    def subset(self, indices: np.ndarray | torch.Tensor | list[int]) -> ImageSet:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return ImageSet(self.images[idx], self.labels[idx], self.classes)
 
-    def head(self, n: int) -> "ImageSet":
+    def head(self, n: int) -> ImageSet:
         """The first ``n`` examples (all of them when ``n`` is 0 or larger than the set)."""
         return self if n <= 0 or n >= len(self) else ImageSet(self.images[:n], self.labels[:n], self.classes)
 

@@ -41,7 +41,9 @@ def per_class_accuracy(predictions: torch.Tensor, labels: torch.Tensor, num_clas
         raise ValueError(f"predictions {tuple(predictions.shape)} and labels {tuple(labels.shape)} differ in shape")
     totals = torch.bincount(labels, minlength=num_classes)
     correct = torch.bincount(labels[predictions == labels], minlength=num_classes)
-    return [None if int(t) == 0 else float(c) / float(t) for c, t in zip(correct.tolist(), totals.tolist())]
+    return [
+        None if int(t) == 0 else float(c) / float(t) for c, t in zip(correct.tolist(), totals.tolist(), strict=True)
+    ]
 
 
 def confusion_matrix(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -115,7 +117,7 @@ class SegmentationScores:
         self.fp += int(fp.sum())
         self.fn += int(fn.sum())
         self.tn += int(tn.sum())
-        for a, b, c in zip(tp.tolist(), fp.tolist(), fn.tolist()):
+        for a, b, c in zip(tp.tolist(), fp.tolist(), fn.tolist(), strict=True):
             if a + b + c:
                 self._dice.append(dice_from_counts(a, b, c))
                 self._iou.append(iou_from_counts(a, b, c))

@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from . import translation_workload as wl
 from ..config import RunConfig, TrainConfig, load_config
 from ..core.shared import derive_seed
 from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
 from ..data.ui_catalogs import load_ui_corpus
+from . import translation_workload as wl
 
 log = logging.getLogger(__name__)
 

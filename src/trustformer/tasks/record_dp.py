@@ -10,31 +10,25 @@ records as without DP (``train.warmup_steps`` × ``train.batch_size`` / the expe
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
-import random
-import re
 import time
 from dataclasses import replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import RunConfig, parse_run_config
-from ..core.accounting import PrivacyBudgetError
-from ..core.dp import noise_generator, os_seed
-from ..core.banded_noise import BandedNoise, amplified_steps, column_norm, min_sep_groups, sqrt_coefficients
+from ..config import RunConfig
 from ..core import dp_checks
+from ..core.accounting import PrivacyBudgetError
+from ..core.banded_noise import BandedNoise, amplified_steps, column_norm, min_sep_groups, sqrt_coefficients
+from ..core.dp import noise_generator, os_seed
 from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, sample_rate
 from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
+from .dp_canaries import canaries_of_group, save_release
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
-
-AUDITED_CLIENT = 0  # privacy.audit_canaries: the client whose data holds the canaries
 
 
 def _register_tied_embedding() -> None:
@@ -104,27 +98,34 @@ def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=256)
-def _sigma(cfg_json: str, n_records: int) -> float:
+def _calibrated(epsilon: float, delta: float, rate: float, steps: int) -> float:
+    """σ for ``steps`` DP-SGD steps at rate q spending (ε, δ): :func:`calibrate`, cached by its four numbers (the
+    accountant's search is what costs)."""
+    return calibrate(epsilon, delta, rate, steps)
+
+
+def _sigma(cfg: RunConfig, n_records: int) -> float:
     """σ solved for (privacy.epsilon, privacy.delta) over the whole run of a client holding ``n_records``; with
     ``privacy.noise_bands`` = b, the σ of the fresh noise z that b-banded correlation over the run's T steps makes
     as private as DP-SGD's ⌈T/b⌉ steps at σ/‖C‖_col (``core/banded_noise.py``)."""
-    cfg = parse_run_config(cfg_json)
     p, b = cfg.privacy, bands(cfg)
     total = planned_steps(cfg, n_records)[1]
-    sigma = calibrate(p.epsilon, p.delta, step_rate(cfg, n_records), amplified_steps(total, b))
+    sigma = _calibrated(p.epsilon, p.delta, step_rate(cfg, n_records), amplified_steps(total, b))
     return sigma * column_norm(sqrt_coefficients(b), total)
 
 
-@lru_cache(maxsize=64)
-def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> RecordDP:
-    cfg = parse_run_config(cfg_json)
+def plan(cfg: RunConfig, n_records: int, federation_sizes: tuple[int, ...] = ()) -> RecordDP:
+    """The client's mechanism: σ solved for (privacy.epsilon, privacy.delta) over its whole run, or given. Under
+    distributed noise σ is the noise of the pooled sum, the largest any owner's records need (``federation_sizes``:
+    every owner's record count, which the run's partition fixes for all)."""
     p = cfg.privacy
     batch, rate, b = expected_batch(cfg, n_records), step_rate(cfg, n_records), bands(cfg)
     _per_round, total = planned_steps(cfg, n_records)
     if p.noise_multiplier >= 0:
         sigma = p.noise_multiplier
     else:  # distributed: every owner's share must add up to one σ that covers the owner whose records need most
-        sigma = max(_sigma(cfg_json, n) for n in {n_records, *federation_sizes})
+        others = set(federation_sizes) if distributed(cfg) else set()
+        sigma = max(_sigma(cfg, n) for n in {n_records, *others})
     mechanism = RecordDP(
         noise_multiplier=sigma,
         clip_norm=p.clip_norm,
@@ -134,8 +135,7 @@ def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> R
         bands=b,
         column_norm=column_norm(sqrt_coefficients(b), total),
     )
-    spent = mechanism.epsilon(total)
-    if p.noise_multiplier >= 0 and spent > p.epsilon and p.on_exceed == "refuse":
+    if p.noise_multiplier >= 0 and p.on_exceed == "refuse" and (spent := mechanism.epsilon(total)) > p.epsilon:
         raise PrivacyBudgetError(
             f"record-level DP: {total} DP-SGD steps at noise multiplier {sigma:g} and sampling rate {rate:.4g} "
             f"({n_records} records, expected batch {batch}) spend epsilon = {spent:.4g} at "
@@ -143,13 +143,6 @@ def _plan(cfg_json: str, n_records: int, federation_sizes: tuple[int, ...]) -> R
             "solve it, or lower federation.rounds / train.local_epochs"
         )
     return mechanism
-
-
-def plan(cfg: RunConfig, n_records: int, federation_sizes: tuple[int, ...] = ()) -> RecordDP:
-    """The client's mechanism: σ solved for (privacy.epsilon, privacy.delta) over its whole run, or given. Under
-    distributed noise σ is the noise of the pooled sum, the largest any owner's records need (``federation_sizes``:
-    every owner's record count, which the run's partition fixes for all)."""
-    return _plan(cfg.to_json(), n_records, tuple(sorted(federation_sizes)) if distributed(cfg) else ())
 
 
 def share(cfg: RunConfig, dp: RecordDP) -> RecordDP:
@@ -164,108 +157,6 @@ def generators(cfg: RunConfig, seed: int) -> tuple[torch.Generator, torch.Genera
     if cfg.privacy.noise_source == "seeded-not-private":
         return (noise_generator(derive_seed(seed, "dp-sampling")), noise_generator(derive_seed(seed, "dp-noise")))
     return noise_generator(os_seed()), noise_generator(os_seed())
-
-
-def parameter_group(name: str) -> str:
-    """The audit's parameter group of a tensor: its name with layer indices starred, so that one group holds the
-    same tensor of every layer (``decoder.layers.*.ffn.fc1.bias``)."""
-    return re.sub(r"\.\d+\.", ".*.", name)
-
-
-def _gradient_moments(
-    model: torch.nn.Module, reference: list, batch: int = 4
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(mean, mean square) per coordinate of each trainable tensor's gradient over batches of ``reference`` pairs
-    (public data, not any client's): which way real records push each coordinate, and how much they move it."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
-    squares = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
-    net: Any = model  # the translation model (config.pad_id, pair_losses)
-    pad_id = net.config.pad_id
-    was_training = model.training
-    model.eval()
-    batches = [reference[i : i + batch] for i in range(0, len(reference), batch)]
-    for chunk in batches:
-        src = pad_sequences([s for s, _ in chunk], pad_id)
-        tgt = pad_sequences([g for _, g in chunk], pad_id)
-        grads = torch.autograd.grad(net.pair_losses(src, tgt).mean(), list(params.values()), allow_unused=True)
-        for (n, _p), g in zip(params.items(), grads):
-            if g is not None:
-                sums[n] += g.double()
-                squares[n] += g.double() ** 2
-    model.train(was_training)
-    count = max(len(batches), 1)
-    return (
-        {n: (v / count).flatten() for n, v in sums.items()},
-        {n: (v / count).flatten() for n, v in squares.items()},
-    )
-
-
-def _allocate(total: int, capacity: dict[str, int]) -> dict[str, int]:
-    """``total`` canaries spread evenly over the groups, none holding more than its coordinates."""
-    counts = dict.fromkeys(capacity, 0)
-    left = total
-    while left > 0:
-        open_groups = [g for g in capacity if counts[g] < capacity[g]]
-        if not open_groups:
-            break
-        each = max(1, left // len(open_groups))
-        for g in open_groups:
-            take = min(each, capacity[g] - counts[g], left)
-            counts[g] += take
-            left -= take
-            if not left:
-                break
-    return counts
-
-
-def audit_canaries(cfg: RunConfig, model: torch.nn.Module, reference: list) -> Canaries | None:
-    """The gradient canaries of an audit run (``privacy.audit_canaries`` = m), where real records do not hide them:
-    spread evenly over every parameter group (:func:`parameter_group`), so noise missing from any one group shows,
-    and within a group on the coordinates the ``reference`` pairs (public data) move least (Dirac canaries at
-    low-variance coordinates, Nasr et al. 2023). Each canary pushes its coordinate **against** the way the
-    reference pairs push it, so that what real records do to it (which an adaptive optimizer such as Adam turns into
-    steps of the full learning rate) cannot pass for the canary. ``model`` is the run's initial model; the placement,
-    directions and a fair coin per canary derive from it and the run seed, so the auditor recomputes them."""
-    m = cfg.privacy.audit_canaries
-    if not m:
-        return None
-    means, moments = _gradient_moments(model, reference)
-    groups: dict[str, list[str]] = {}
-    for name in moments:
-        groups.setdefault(parameter_group(name), []).append(name)
-    rng = random.Random(derive_seed(cfg.seed, "audit-canaries"))
-    counts = _allocate(m, {g: sum(moments[n].numel() for n in names) for g, names in groups.items()})
-    located: list[tuple[str, int, str]] = []
-    for group, names in groups.items():
-        values = torch.cat([moments[n] for n in names])
-        starts = list(itertools.accumulate([0] + [moments[n].numel() for n in names]))
-        order = torch.randperm(len(values), generator=torch.Generator().manual_seed(rng.randrange(2**62)))
-        quiet = order[torch.sort(values[order], stable=True).indices[: counts[group]]]  # ties: seeded order
-        for f in quiet.tolist():
-            t = bisect.bisect_right(starts, f) - 1
-            located.append((names[t], f - starts[t], group))
-    included = tuple(rng.random() < 0.5 for _ in located)
-    # the gradient's sign is the direction of descent's opposite: a canary whose gradient has the data's mean
-    # gradient's opposite sign moves its coordinate against the data (a zero mean: pushed down)
-    return Canaries(
-        names=tuple(n for n, _, _ in located),
-        coordinates=tuple(c for _, c, _ in located),
-        included=included,
-        groups=tuple(g for _, _, g in located),
-        signs=tuple(-1.0 if float(means[n][c]) > 0 else 1.0 for n, c, _ in located),
-        kinds=tuple(parameter_kinds(model)[n] for n, _, _ in located),
-    )
-
-
-def parameter_kinds(model: torch.nn.Module) -> dict[str, str]:
-    """Each parameter's kind, its layer type and name (``LayerNorm.bias``): a second grouping for the audit, where
-    a bug in one layer type's per-record gradients would show across every tensor of that kind."""
-    return {
-        f"{module_name}.{name}" if module_name else name: f"{type(module).__name__}.{name}"
-        for module_name, module in model.named_modules()
-        for name, _ in module.named_parameters(recurse=False)
-    }
 
 
 def _dp_form(step: Any, strategy: str) -> dict[str, Any]:
@@ -374,13 +265,13 @@ def distributed_step(
     pooled = dp.expected_batch * (cfg.federation.clients_per_round or cfg.federation.clients)
     before_step = _schedule(cfg, sgd, cfg.privacy.distributed_lr, done, total, pooled)
     mine = share(cfg, dp)
-    banded = None
+    banded, owned = None, len(pairs)
     if dp.bands > 1:
         groups = min_sep_groups(len(pairs), dp.bands, noise_generator(derive_seed(cfg.seed, "dp-min-sep-groups")))
         pairs = [pairs[int(i)] for i in groups[done % dp.bands]]
         banded = BandedNoise(sqrt_coefficients(dp.bands), group.setdefault(NOISE_HISTORY, {}))
         canaries = canaries_of_group(canaries, done % dp.bands, dp.bands)
-    watched = watch(cfg, dp, shares=share_count(cfg), first_step=done)
+    watched = watch(cfg, dp, shares=share_count(cfg), first_step=done, records=owned)
     log = ReleaseLog(canaries, mine, first_step=done) if canaries is not None else None
     out = run_steps(
         cfg, model, sgd, pairs, mine, 1, seed, before_step, {}, canaries, banded, checks=watched, release_log=log
@@ -393,10 +284,13 @@ def distributed_step(
     return out
 
 
-def watch(cfg: RunConfig, dp: RecordDP, *, shares: int = 1, first_step: int = 0) -> dp_checks.StepChecks | None:
+def watch(
+    cfg: RunConfig, dp: RecordDP, *, shares: int = 1, first_step: int = 0, records: int = 0
+) -> dp_checks.StepChecks | None:
     """The checks' watcher of one DP-SGD call (``privacy.checks``), expecting what the accountant charges for:
     clipping at C, noise σ·C (each of the ``shares`` owners σ·C/√shares; banded: the recurrence's std at each of
-    the owner's steps from ``first_step``) and draws at rate q."""
+    the owner's steps from ``first_step``, and draws from at most ⌈n/b⌉ of the owner's n = ``records``) and draws
+    at rate q."""
     if not cfg.privacy.checks:
         return None
     return dp_checks.StepChecks(
@@ -406,6 +300,7 @@ def watch(cfg: RunConfig, dp: RecordDP, *, shares: int = 1, first_step: int = 0)
             sample_rate=dp.sample_rate,
             coefficients=sqrt_coefficients(dp.bands) if dp.bands > 1 else (1.0,),
             first_step=first_step,
+            pool=-(-records // dp.bands) if dp.bands > 1 and records else 0,
         )
     )
 
@@ -443,27 +338,6 @@ def check_run(
     out.update(dp_checks.metrics(results))
     out["dpcheck_s"] = watched.seconds + time.perf_counter() - started
     dp_checks.raise_failures(results, client=client, step=reported.steps)
-
-
-def canaries_of_client(cfg: RunConfig, canaries: Canaries | None, client: int | None) -> Canaries | None:
-    """The audit's canaries as ``client`` trains with them: all of them in the audited client. Under distributed noise
-    every other owner holds them too, every coin "out" (it draws and adds nothing, and steps as without them), so
-    that its DP-SGD logs its share of the release at their coordinates: the release the audit reads is the secure
-    sum of every owner's share (``attack/release_audit.py``)."""
-    if canaries is None or client == AUDITED_CLIENT:
-        return canaries
-    if distributed(cfg):
-        return replace(canaries, included=(False,) * len(canaries.included))
-    return None
-
-
-def canaries_of_group(canaries: Canaries | None, group: int, bands: int) -> Canaries | None:
-    """The audit's canaries take every step a record takes: under b-min-sep sampling canary c belongs to group
-    c mod b, and a round of another group cannot draw it."""
-    if canaries is None:
-        return None
-    included = tuple(inc and c % bands == group for c, inc in enumerate(canaries.included))
-    return replace(canaries, included=included)
 
 
 def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, done: int, total: int, batch: int):
@@ -545,22 +419,6 @@ def run_steps(
     )
 
 
-RELEASE_FOLDER = "audit-release"  # an audit run's release log (core/release_log.py), in the run's folder
-
-
-def release_folder(cfg: RunConfig, client: int | None = None) -> Path:
-    """Where a client's DP-SGD calls log their releases (``attack/release_audit.py`` reads them); without
-    ``client``, the folder of every client's."""
-    root = Path(cfg.out) / RELEASE_FOLDER
-    return root if client is None else root / f"client-{client}"
-
-
-def save_release(cfg: RunConfig, log: ReleaseLog | None, client: int | None) -> None:
-    """Write one DP-SGD call's release log, named by its first step (a resumed round rewrites its own file)."""
-    if log is not None:
-        log.save(release_folder(cfg, AUDITED_CLIENT if client is None else client) / f"steps-{log.first_step:06d}.npz")
-
-
 def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:
     out.update(
         record_epsilon=dp.epsilon(spent),
@@ -574,145 +432,11 @@ def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer)
     return out
 
 
-def _mechanism(reported: dict[str, Any], delta: float) -> RecordDP:
-    """The mechanism a client's summary entry describes (for its ε under other threats)."""
-    return RecordDP(
-        noise_multiplier=reported["noise_multiplier"],
-        clip_norm=1.0,
-        expected_batch=1,
-        sample_rate=reported["sample_rate"],
-        delta=delta,
-        bands=reported.get("bands", 1),
-        column_norm=reported.get("column_norm", 1.0),
-    )
-
-
-def distributed_summary(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """What distributed noise guarantees, per threat (docs/privacy.md "Distributed noise"): against the server (and
-    any owner, who sees only the released models) each owner's ε; against the server colluding with one owner,
-    who removes its own share, the ε of the noise left, σ·√((k − 1)/k) for the k shares the clients insist on."""
-    k, p = share_count(cfg), cfg.privacy
-    colluding = {  # None: with one share, the owner who added it removes all the noise
-        str(c): _mechanism(v, p.delta).epsilon(v["steps"], noise_scale=math.sqrt((k - 1) / k)) if k > 1 else None
-        for c, v in sorted(per.items())
-    }
-    worst = [e for e in colluding.values() if e is not None]
-    return {
-        "shares": k,
-        "dropout_tolerance": cfg.privacy.dropout_tolerance,
-        "steps_per_round": 1,
-        "noise_bands": p.noise_bands,
-        **(
-            {
-                "banded_accounting": "b-min-sep sampling: DP-SGD at sigma / column_norm for ceil(steps / noise_bands) "
-                "steps (Choquette-Choo et al. 2023, Thm. 4); the banded square root of the prefix sum (Kalinin & "
-                "Lampert 2024)"
-            }
-            if p.noise_bands > 1
-            else {}
-        ),
-        "epsilon_server_and_one_owner": max(worst) if worst else None,
-        "epsilon_server_and_one_owner_by_client": colluding,
-        "encoding": "continuous Gaussian shares, then secure aggregation's fixed point (secure.secagg_scale_bits)",
-    }
-
-
-def summary(cfg: RunConfig, records: list[dict[str, Any]], final: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """``summary.json["privacy"]`` of a record-level run: per client the ε its DP-SGD steps spent (fine-tuning
-    included under ``privacy.finetune = "dp"``), σ, q and steps, from what each client reported; ``epsilon`` is the
-    largest. ``finetune`` says what the guarantee covers of the owners' fine-tuning. ``checks``: each client's
-    ``privacy.checks`` after its last round (``core/dp_checks.py``)."""
-    per: dict[int, dict[str, Any]] = {}
-    for r in records:
-        if "record_epsilon" in r and "client" in r:
-            per[int(r["client"])] = {
-                "epsilon": r["record_epsilon"],
-                "noise_multiplier": r["dp_sigma"],
-                "sample_rate": r["dp_sample_rate"],
-                "steps": r["dp_steps"],
-                "bands": r.get("dp_bands", 1),
-                "column_norm": r.get("dp_column_norm", 1.0),
-                **({"checks": dp_checks.from_metrics(r)} if "dpcheck_failed" in r else {}),
-            }
-    for client, metrics in final.items():
-        tuned = metrics.get("finetune_record_epsilon")
-        if tuned is not None and client in per:
-            per[client]["epsilon"] = max(per[client]["epsilon"], tuned)
-    p = cfg.privacy
-    return {
-        "unit": "record",
-        "noise": p.noise,
-        **(distributed_summary(cfg, per) if distributed(cfg) else {}),
-        "epsilon": max((v["epsilon"] for v in per.values()), default=None),
-        "target_epsilon": p.epsilon,
-        "delta": p.delta,
-        "clip_norm": p.clip_norm,
-        "expected_batch": cfg.privacy.batch_size or cfg.train.batch_size,  # configured; each client at most its records
-        "accountant": "opacus RDP (Mironov et al. 2019)",
-        "clients": {str(c): per[c] for c in sorted(per)},
-        "noise_source": p.noise_source,
-        "private": p.noise_source == "os" and not p.audit_canaries,
-        "audit_canaries": p.audit_canaries,
-        "finetune": _finetune_statement(cfg),
-        "checks": _checks_statement(cfg, per),
-    }
-
-
-def _checks_statement(cfg: RunConfig, per: dict[int, dict[str, Any]]) -> dict[str, Any] | str:
-    """What ``privacy.checks`` checked, at what false-alarm rate, and whether every client passed."""
-    if not cfg.privacy.checks:
-        return "off (privacy.checks = false)"
-    verdicts = [c["verdict"] for v in per.values() for c in v.get("checks", [])]
-    return {
-        "passed": bool(verdicts) and "fail" not in verdicts,
-        "false_alarm_rate": dp_checks.RUN_ALPHA,
-        "statistics": dict(dp_checks.WHAT),
-        "alpha": "the statistical checks (sampling_rate, sampling_dispersion, noise) share the run's false-alarm "
-        "rate, Bonferroni over clients x 3 checks x rounds (each round tests the run so far) x tensors (noise); "
-        "steps, clipping, noise_fresh and accountant are exact up to rounding three orders below their thresholds",
-        "not_seen": dp_checks.NOT_SEEN,
-        "skipped_under_this_config": _skipped(cfg),
-    }
-
-
-def _skipped(cfg: RunConfig) -> list[str]:
-    out = []
-    if finetune_under_dp(cfg):
-        out.append("DP fine-tuning is checked by the owner (a failure stops it) but not reported here")
-    if bands(cfg) > 1:
-        out.append(
-            "noise_bands: the noise check tests each release's marginal std (the banded recurrence's); the "
-            "correlation across rounds and the b-min-sep grouping are taken as built, and the accountant check "
-            "recomputes the amplified mechanism (sigma / column norm, ceil(T / b) steps) as the RDP side does"
-        )
-    if distributed(cfg):
-        out.append(
-            "distributed noise: each owner checks its own share (std sigma C / sqrt(shares)); that the shares of "
-            "the round add up to sigma C in the unmasked sum is secure aggregation's, not checked here"
-        )
-    return out
-
-
-def _finetune_statement(cfg: RunConfig) -> str:
-    if not cfg.federation.finetune_epochs:
-        return "none"
-    if finetune_under_dp(cfg):
-        return "DP-SGD, charged to epsilon (privacy.finetune = 'dp'): the fine-tuned model may be published"
-    return (
-        "free (privacy.finetune = 'free'): plain training after the last exchange, charged nothing; epsilon covers "
-        "everything that left each owner's machine, and the fine-tuned model must not leave it (its ft_* scores "
-        "here are measured for the report)"
-    )
-
-
 __all__ = [
-    "AUDITED_CLIENT",
-    "audit_canaries",
     "expected_batch",
     "finetune_under_dp",
     "generators",
     "plan",
     "planned_steps",
-    "summary",
     "train",
 ]

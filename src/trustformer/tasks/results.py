@@ -65,7 +65,9 @@ def task_summary(task: str, out: str, per_client: dict[int, dict[str, Any]], ord
         fields[key] = [per_client[c][key] for c in order]
     if task == "image-classification":
         fields["per_class_accuracy"] = {
-            str(c): dict(zip(per_client[c]["data"].get("classes", []), per_client[c].get("per_class_accuracy", [])))
+            str(c): dict(
+                zip(per_client[c]["data"].get("classes", []), per_client[c].get("per_class_accuracy", []), strict=False)
+            )
             for c in order
         }
     else:

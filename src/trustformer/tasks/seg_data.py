@@ -69,7 +69,7 @@ class SegSet:
     def channels(self) -> int:
         return int(self.images.shape[1])
 
-    def subset(self, indices) -> "SegSet":
+    def subset(self, indices) -> SegSet:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return SegSet(self.images[idx], self.masks[idx], self.units[idx], self.unit_names)
 
@@ -77,7 +77,7 @@ class SegSet:
         """The distinct units present, sorted."""
         return np.unique(self.units.numpy())
 
-    def select_units(self, units) -> "SegSet":
+    def select_units(self, units) -> SegSet:
         """The images of the given units."""
         keep = np.isin(self.units.numpy(), np.asarray(units))
         return self.subset(np.flatnonzero(keep))
@@ -170,6 +170,40 @@ def _lgg_root(root: Path) -> Path:
     return root
 
 
+def _patient_files(patient: Path) -> tuple[dict[int, Path], dict[int, Path]]:
+    """A patient folder's slices and masks, each by its slice number."""
+    slices: dict[int, Path] = {}
+    masks: dict[int, Path] = {}
+    for f in patient.iterdir():
+        mm = _MASK.match(f.name)
+        if mm:
+            masks[int(mm["n"])] = f
+            continue
+        ms = _SLICE.match(f.name)
+        if ms:
+            slices[int(ms["n"])] = f
+    return slices, masks
+
+
+def _slice_pair(image_file: Path, mask_file: Path, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slice as (3 × size × size image in 0-1, 1 × size × size mask)."""
+    img = _read_tiff(image_file)
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.ndim != 3 or img.shape[2] not in (1, 3, 4):
+        raise SegDataError(f"{image_file}: expected H×W×3 image, got shape {img.shape}")
+    img = img[:, :, :3] if img.shape[2] >= 3 else np.repeat(img, 3, axis=2)
+    msk = _read_tiff(mask_file)
+    if msk.ndim == 3:
+        msk = msk[..., 0]
+    if msk.shape != img.shape[:2]:
+        raise SegDataError(f"{mask_file}: mask {msk.shape} does not match image {img.shape[:2]}")
+    x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
+    y = torch.from_numpy((msk > 0).astype(np.uint8))[None, None]
+    x, y = resize(x, y, size)
+    return x[0], y[0]
+
+
 def load_lgg(root: str | os.PathLike, *, size: int = 256) -> SegSet:
     """The LGG ``kaggle_3m`` folder (or its parent): every patient folder's slices and masks.
 
@@ -189,16 +223,7 @@ def load_lgg(root: str | os.PathLike, *, size: int = 256) -> SegSet:
     units: list[int] = []
     names: list[str] = []
     for patient in patients:
-        slices: dict[int, Path] = {}
-        mask_files: dict[int, Path] = {}
-        for f in patient.iterdir():
-            mm = _MASK.match(f.name)
-            if mm:
-                mask_files[int(mm["n"])] = f
-                continue
-            ms = _SLICE.match(f.name)
-            if ms:
-                slices[int(ms["n"])] = f
+        slices, mask_files = _patient_files(patient)
         if not slices:
             continue
         missing = sorted(set(slices) - set(mask_files))
@@ -207,22 +232,9 @@ def load_lgg(root: str | os.PathLike, *, size: int = 256) -> SegSet:
         unit = len(names)
         names.append(patient.name)
         for n in sorted(slices):
-            img = _read_tiff(slices[n])
-            if img.ndim == 2:
-                img = img[:, :, None]
-            if img.ndim != 3 or img.shape[2] not in (1, 3, 4):
-                raise SegDataError(f"{slices[n]}: expected H×W×3 image, got shape {img.shape}")
-            img = img[:, :, :3] if img.shape[2] >= 3 else np.repeat(img, 3, axis=2)
-            msk = _read_tiff(mask_files[n])
-            if msk.ndim == 3:
-                msk = msk[..., 0]
-            if msk.shape != img.shape[:2]:
-                raise SegDataError(f"{mask_files[n]}: mask {msk.shape} does not match image {img.shape[:2]}")
-            x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
-            y = torch.from_numpy((msk > 0).astype(np.uint8))[None, None]
-            x, y = resize(x, y, size)
-            images.append(x[0])
-            masks.append(y[0])
+            x, y = _slice_pair(slices[n], mask_files[n], size)
+            images.append(x)
+            masks.append(y)
             units.append(unit)
     if not images:
         raise SegDataError(f"no patient folder with <patient>_<n>.tif slices under {base}")

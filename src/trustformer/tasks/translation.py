@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from . import translation_workload as wl
 from ..config import RunConfig
 from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
 from ..evaluation.translation import translate
+from . import translation_workload as wl
 from .results import SAMPLE_TRANSLATIONS
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class TranslationTask:
         elif kind == "shuffled_targets":
             targets = [pairs[i][1] for i in chosen]
             rng.shuffle(targets)
-            for i, target in zip(chosen, targets):
+            for i, target in zip(chosen, targets, strict=True):
                 pairs[i] = (pairs[i][0], target)
         else:
             raise ValueError(f"unknown data poisoning kind {kind!r} (backdoor, shuffled_targets)")
@@ -181,7 +181,7 @@ class TranslationTask:
         client: int | None = None,
     ) -> dict[str, float]:
         if self.cfg.privacy.unit == "record":  # DP-SGD (tasks/record_dp.py)
-            from . import record_dp
+            from . import dp_canaries, record_dp
 
             return record_dp.train(
                 self.cfg,
@@ -190,7 +190,7 @@ class TranslationTask:
                 shard,
                 seed=seed,
                 step=step,
-                canaries=record_dp.canaries_of_client(self.cfg, self.audit_canaries(), client),
+                canaries=dp_canaries.canaries_of_client(self.cfg, self.audit_canaries(), client),
                 federation_sizes=self.shard_sizes(),
                 client=client,
             )
@@ -251,16 +251,16 @@ class TranslationTask:
         return tuple(len(self.workload.shard(c)) for c in range(self.cfg.federation.clients))
 
     def audit_canaries(self):
-        """The audit's gradient canaries (``privacy.audit_canaries``; ``tasks/record_dp.py``), placed by the initial
+        """The audit's gradient canaries (``privacy.audit_canaries``; ``tasks/dp_canaries.py``), placed by the initial
         model's gradients on the first 64 public pairs; computed once per task."""
         if not self.cfg.privacy.audit_canaries:
             return None
         if self._canaries is None:
-            from . import record_dp
+            from . import dp_canaries
             from .public import public_pairs
 
             reference = self._encode(public_pairs(self.cfg, self.workload)[0][:64])
-            self._canaries = record_dp.audit_canaries(self.cfg, self.initial_model(), reference)
+            self._canaries = dp_canaries.audit_canaries(self.cfg, self.initial_model(), reference)
         return self._canaries
 
     def personal_copy(self, model: torch.nn.Module) -> torch.nn.Module:

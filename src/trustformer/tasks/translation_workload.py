@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import TrustformerError
 from ..config import RunConfig, parse_run_config
 from ..core.shared import ALL_SHARDS, derive_seed, select_device
 from ..data.batching import encode_pairs, make_batches, make_token_batches
 from ..data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
 from ..data.split import Splits, split_corpus
 from ..data.tokenizer import Tokenizer, load_hf_tokenizer, train_sentencepiece
+from ..errors import TrustformerError
 from ..evaluation.translation import corpus_bleu, corpus_chrf, evaluate_loss, translate
 from ..models.transformer import Seq2SeqTransformer, TransformerConfig, eval_mode
 from .optim import build_optimizer, lr_at, optimizer_steps, set_lr
@@ -409,4 +409,4 @@ def translation_scores(
         scores["bertscore_f1"], scores["bertscore_model"] = f1, label
     scores["decode_s"] = decoded - started
     scores["score_s"] = time.perf_counter() - decoded
-    return scores, list(zip(sources, references, hypotheses))
+    return scores, list(zip(sources, references, hypotheses, strict=True))

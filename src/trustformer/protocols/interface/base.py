@@ -33,9 +33,9 @@ import torch
 from ...config import RunConfig
 from ...core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
 from ...wire import TensorSpec, spec_of
+from .parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, misplaced_part_methods
 from .session import ClientSession, Phases
 from .spec import ProtocolSpec
-from .parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, misplaced_part_methods
 from .state import check_declared
 
 P = TypeVar("P")

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ...config import ConfigError
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
-from ...config import ConfigError
 from ...wire import TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper

@@ -55,8 +55,8 @@ from ...core.dp import (
 from ...core.shared import derive_seed
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors
-from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from ..interface.spec import ProtocolSpec
+from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,7 +43,6 @@ import torch
 from ...config import UPDATE_RULES, ConfigError, RunConfig
 from ...core.attacks import flatten, stack, unflatten
 from ...core.defences import DefenceResult, clip_and_noise, flame, fltrust, median_of
-from ...core.shared import derive_seed
 from ...core.robust import (
     clip_to_bound,
     coordinate_median,
@@ -54,6 +52,7 @@ from ...core.robust import (
     multikrum_mean,
     trimmed_mean,
 )
+from ...core.shared import derive_seed
 from ..interface.base import FederatedProtocol, Phases, Tensors
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
@@ -172,7 +171,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             if self.settings.refuse_factor:
                 refuse = median_bound(norms, self.settings.refuse_factor)
         out, kept = [], []
-        for i, (payload, norm) in enumerate(zip(payloads, norms)):
+        for i, (payload, norm) in enumerate(zip(payloads, norms, strict=True)):
             if cosines is not None and cosines[i] < self.settings.min_cosine:
                 self._events.append(
                     {
@@ -338,7 +337,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         name = self.aggregator
         trust = result.info.get("trust")
         median_trust = median_of([t for t in trust if t > 0]) if isinstance(trust, list) and any(trust) else 0.0
-        for i, (weight, scale, kept) in enumerate(zip(result.weights, result.scales, result.kept)):
+        for i, (weight, scale, kept) in enumerate(zip(result.weights, result.scales, result.kept, strict=True)):
             event: dict[str, Any] = {"index": self._positions[i], "weight": weight, "scale": scale}
             if isinstance(trust, list):
                 event["trust"] = trust[i]
