@@ -354,3 +354,42 @@ def test_fine_tuning_trains_every_weight_by_default_and_only_the_adapters_when_a
             assert any("embedding" in n for n in changed)
         else:
             assert adapters and changed and changed <= adapters
+
+
+# ------------------------------------------------------------------------------ BitFit: the bias terms alone
+
+
+BITFIT = {**PUBLIC, "model.adapters": "bitfit"}
+
+
+def test_bitfit_trains_and_sends_the_bias_terms_alone_and_leaves_the_public_weights_as_they_were(tmp_path):
+    """``model.adapters = "bitfit"``: the trainable tensors are the public model's biases; every payload holds them
+    and nothing else, under record-level DP-SGD too; the weights stay the public model's. Fine-tuning with
+    ``federation.finetune_params = "all"`` trains every weight of the owner's copy."""
+    cfg = tiny(tmp_path / "bitfit", **BITFIT, **{"privacy.unit": "record", "privacy.epsilon": 8.0})
+    task = load_task(cfg)
+    model = task.initial_model()
+    public = task.public().state
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(".bias") for n in trainable)
+    assert trainable == {n for n, _ in model.named_parameters() if n.endswith(".bias")}
+    assert set(initial_tensors(cfg.to_json())) == trainable
+    replies = []
+
+    def recording(message, context):
+        reply = client_app(message, context)
+        if message.metadata.message_type == "train":
+            replies.append(reply.content["payload"])
+        return reply
+
+    summary = run_in_process(cfg, client_app=recording)
+    assert replies and all(set(p) == trainable for p in replies)
+    assert summary["privacy"]["clients"]["0"]["epsilon"] <= 8.0 + 1e-6
+    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
+    assert summary["bytes"]["fedavg_model_bytes"] < 0.1 * 4 * full  # the biases' payload, not the model's
+    _client, folder = select_model(Path(cfg.out))
+    final = load_translation_model(folder)[0].state_dict()  # the run's final model, as saved
+    frozen = {n for n, _ in model.named_parameters() if n not in trainable}
+    assert all(torch.equal(final[n], public[n]) for n in frozen)
+    assert not all(torch.equal(final[n], public[n]) for n in trainable)  # the biases trained
+    assert all(p.requires_grad for p in task.personal_copy(model).parameters())

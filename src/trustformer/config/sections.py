@@ -23,7 +23,7 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 INITS = ("scratch", "public")
-ADAPTERS = ("none", "lora")
+ADAPTERS = ("none", "lora", "bitfit")
 LORA_TARGETS = ("attention", "ffn", "embedding")
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
 ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "fltrust", "flame", "clip_noise")
@@ -93,7 +93,9 @@ class ModelConfig:
     max_len: int = 40  # longest sequence in tokens (longer pairs are cut; decoding stops there)
     dropout: float = 0.0  # small: 0 (why: docs/data.md "Training recipe"); paper: 0.1
     # low-rank adapters (LoRA, Hu et al. 2021, through peft): "lora" = the public model stays frozen and only the
-    # adapters train, travel, are coded and are counted (needs train.init = "public"); "none" = every weight trains
+    # adapters train, travel, are coded and are counted (needs train.init = "public"); "bitfit" = only the public
+    # model's bias terms train and travel (BitFit, Ben Zaken et al. 2022: few coordinates for DP's noise); "none" =
+    # every weight trains
     adapters: str = "none"
     lora_rank: int = 8  # LoRA rank r of every adapted layer
     lora_alpha: float = 16.0  # LoRA scaling: the update B·A is multiplied by lora_alpha / lora_rank

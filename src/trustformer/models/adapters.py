@@ -14,7 +14,7 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["LORA_MODULES", "add_lora", "adapter_names", "has_adapters", "merged"]
+__all__ = ["LORA_MODULES", "add_lora", "adapter_names", "bitfit", "has_adapters", "merged"]
 
 LORA_MODULES = {
     "attention": ("q_proj", "k_proj", "v_proj", "out_proj"),  # every self- and cross-attention projection
@@ -85,3 +85,15 @@ def merged(model: nn.Module) -> nn.Module:
     for param in plain.parameters():
         param.requires_grad_(True)
     return plain
+
+
+def bitfit(model: nn.Module) -> nn.Module:
+    """BitFit (Ben Zaken et al. 2022): freeze every parameter of ``model`` but its bias terms (in place; returned).
+    Its trainable tensors, what trains, travels and takes DP's noise, are then the biases alone."""
+    biases = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith(".bias") or name == "bias")
+        biases += int(p.requires_grad)
+    if not biases:
+        raise ValueError("model.adapters = 'bitfit': the model has no bias term to train")
+    return model

@@ -133,11 +133,16 @@ class TranslationTask:
     # model and training
     def initial_model(self) -> torch.nn.Module:
         """The run seed's random model, or the public model (``train.init = "public"``); with
-        ``model.adapters = "lora"``, LoRA adapters on it, only they trainable (seeded from the run seed)."""
+        ``model.adapters = "lora"``, LoRA adapters on it, only they trainable (seeded from the run seed); with
+        ``"bitfit"``, only its bias terms trainable."""
         cfg = self.cfg
         model: torch.nn.Module = wl.initial_model(cfg, self.workload)
         if cfg.train.init == "public":
             model.load_state_dict(self.public().state)
+        if cfg.model.adapters == "bitfit":
+            from ..models.adapters import bitfit
+
+            model = bitfit(model)
         if cfg.model.adapters == "lora":
             from ..models.adapters import add_lora
 
@@ -268,7 +273,10 @@ class TranslationTask:
 
         if self.cfg.federation.finetune_params == "all" and has_adapters(model):
             return merged(model)  # the plain model, adapters merged in, every weight trainable
-        return copy.deepcopy(model)
+        personal = copy.deepcopy(model)
+        if self.cfg.federation.finetune_params == "all":  # BitFit's frozen weights train too
+            personal.requires_grad_(True)
+        return personal
 
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
