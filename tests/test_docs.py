@@ -1338,7 +1338,7 @@ def test_the_release_audit_tables_of_privacy_md_are_their_json():
         assert script.render(row) in text, script.render(row)
     for row in honest:
         assert script.render_honest(row) in text, script.render_honest(row)
-    assert len(plants) == 50 and sum(r["seeds"] for r in honest) >= 4 * 40
+    assert len(plants) == 64 and sum(r["seeds"] for r in honest) >= 5 * 40
     assert (ROOT / "docs" / "bench" / "release-audit.png").is_file()
 
 

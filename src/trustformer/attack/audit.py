@@ -270,7 +270,8 @@ def one_run_epsilon_lower_bound(
         candidates = [
             c
             for c in candidates
-            if c[0] is None or _one_run_epsilon(len(c[1]), c[2] + c[3], c[2] + c[3], delta, floor) > target
+            # all r guesses right and still not significant at the target: ε_lb ≤ target (p grows with ε)
+            if c[0] is None or _one_run_p_value(len(c[1]), c[2] + c[3], c[2] + c[3], target, delta) < floor
         ]
     pool_labels = {c[0] for c in pooled}
     candidates += pooled
@@ -285,7 +286,10 @@ def one_run_epsilon_lower_bound(
         v = int(inc[order[:k_plus]].sum() + (~inc[order[n - k_minus :]]).sum())
         r = k_plus + k_minus
         # given the other canaries' coins, a group's n canaries are audited; a pool, chosen from the output, keeps m
-        eps = _one_run_epsilon(m if label in pool_labels else n, r, v, delta, alpha)
+        audited = m if label in pool_labels else n
+        if best is not None and _one_run_p_value(audited, r, v, best["epsilon_lb"], delta) >= alpha:
+            continue  # not significant at the best ε so far: its own bound is no higher (p grows with ε)
+        eps = _one_run_epsilon(audited, r, v, delta, alpha)
         if best is None or eps > best["epsilon_lb"]:
             best = {"epsilon_lb": eps, "k": (k_plus, k_minus), "correct": v, "guesses": r, "group": label}
             best["level_per_guess"] = alpha
