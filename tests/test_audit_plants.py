@@ -241,12 +241,11 @@ def test_a_run_whose_canaries_are_all_out_draws_and_steps_as_a_run_without_them(
     assert "dp_canaries" not in plain
 
 
-def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
-    """Memory: the canary rows held at once are ``physical_batch``, or as many more as ``CANARY_FLOATS`` floats of the
-    model's rows hold (Opacus' clipping reads every tensor's rows), and the pieces give the same step."""
+def _count_clipped_rows(monkeypatch) -> list[int]:
+    """The rows each call of Opacus' ``clip_and_accumulate`` clips, recorded in the list returned."""
     import opacus.optimizers
 
-    rows = []
+    rows: list[int] = []
     original = opacus.optimizers.DPOptimizer
 
     class Counting(original):
@@ -255,6 +254,13 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
             super().clip_and_accumulate()
 
     monkeypatch.setattr(opacus.optimizers, "DPOptimizer", Counting)
+    return rows
+
+
+def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
+    """Memory: the canary rows held at once are ``physical_batch``, or as many more as ``CANARY_FLOATS`` floats of the
+    model's rows hold (Opacus' clipping reads every tensor's rows), and the pieces give the same step."""
+    rows = _count_clipped_rows(monkeypatch)
     many = (True,) * 6
     monkeypatch.setattr(dpsgd, "CANARY_FLOATS", 1)  # no budget: canaries in pieces of physical_batch, as records
     whole, _ = _step(lambda model: _canaries(model, many), n_records=3, physical_batch=32)
@@ -299,17 +305,7 @@ def test_canaries_of_one_tensor_add_what_their_probe_row_adds_as_every_dense_row
     """Only one drawn canary per tensor goes through Opacus as a row; the others add what it added: the step is the
     one a dense row per canary gives, with records, noise and Poisson draws around them, and one row per tensor
     reaches Opacus' clipping."""
-    import opacus.optimizers
-
-    rows = []
-    original = opacus.optimizers.DPOptimizer
-
-    class Counting(original):
-        def clip_and_accumulate(self):
-            rows.append(len(self.grad_samples[0]))
-            super().clip_and_accumulate()
-
-    monkeypatch.setattr(opacus.optimizers, "DPOptimizer", Counting)
+    rows = _count_clipped_rows(monkeypatch)
     coins = (True, True, False, True)
     fast, metrics = _step(lambda m: _crowded(m, coins), n_records=4, sigma=0.5, clip=clip, rate=0.7, steps=3)
     assert metrics["dp_canaries"] > 6 and max(rows) <= 4  # several canaries a tensor drawn; ≤ 3 probes + records
