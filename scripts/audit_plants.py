@@ -14,11 +14,11 @@ from typing import Any
 
 import opacus.optimizers
 
-from trustformer.attack.dp_audit import audit
 from trustformer.config import load_config
 from trustformer.core import dpsgd
-from trustformer.tasks import dp_canaries, record_dp
+from trustformer.tasks import dp_canaries
 from trustformer.tasks.run import load_task
+from trustformer_lab.attack.dp_audit import audit
 
 VALUES: dict[str, Any] = {
     "privacy.unit": "record",

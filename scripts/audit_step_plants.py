@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_audit_plants import BASE, FULL_BATCH, PLANTS, SAMPLED, true_epsilon  # noqa: E402
 
-from trustformer.attack.dp_audit import audit  # noqa: E402
 from trustformer.config import load_config  # noqa: E402
 from trustformer.tasks import record_dp  # noqa: E402
+from trustformer_lab.attack.dp_audit import audit  # noqa: E402
 
 PRESET = {**BASE, "privacy.batch_size": 60}  # the preset's run: q = 1, one local epoch, two DP-SGD steps
 SETTINGS = {"q=1, 2 steps": PRESET, "q=1, 10 steps": FULL_BATCH, "q=0.2, 10 steps": SAMPLED}

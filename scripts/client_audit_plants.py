@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_client_dp_audit import LONG, PLANTS, PRESET, SAMPLED, true_epsilon  # noqa: E402
 
-from trustformer.attack.client_dp_audit import audit  # noqa: E402
 from trustformer.config import load_config  # noqa: E402
+from trustformer_lab.attack.client_dp_audit import audit  # noqa: E402
 
 INF = math.inf
 SETTINGS = {"q=1, 2 rounds": PRESET, "q=0.2, 10 rounds": SAMPLED, "q=1, 16 rounds": LONG}

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trustformer.attack.dp_audit import audit
-from trustformer.attack.membership import run_membership
 from trustformer.config import load_config
+from trustformer_lab.attack.dp_audit import audit
+from trustformer_lab.attack.membership import run_membership
 
 BASE: dict[str, Any] = {
     "privacy.unit": "record",

@@ -37,10 +37,10 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from trustformer.bench import finetune_bench
-from trustformer.bench.federation_plan import DEFAULT_SETTING, TINY_SETTING
 from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
+from trustformer_lab.bench import finetune_bench
+from trustformer_lab.bench.federation_plan import DEFAULT_SETTING, TINY_SETTING
 
 OPTIONS: dict[str, Any] = {
     "eval.meteor": False,

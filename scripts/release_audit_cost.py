@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from dp_plants import SETTINGS, fresh_plans  # noqa: E402
 
-from trustformer.attack.release_audit import audit  # noqa: E402
 from trustformer.config import load_config  # noqa: E402
 from trustformer.engine.inprocess import run_in_process  # noqa: E402
+from trustformer_lab.attack.release_audit import audit  # noqa: E402
 
 
 def _timed(run) -> float:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from dp_plants import BANDED_ONLY, PLANTS, SETTINGS, STEP, fresh_plans, true_epsilon  # noqa: E402
 
-from trustformer.attack.release_audit import audit  # noqa: E402
 from trustformer.config import load_config  # noqa: E402
+from trustformer_lab.attack.release_audit import audit  # noqa: E402
 
 FACTORS = (2.0, 4.0)
 
@@ -145,7 +145,7 @@ HONEST_HEADER = (
 
 def render_honest(row: dict) -> str:
     """One row of the honest-runs table: false alarms and tightness."""
-    from trustformer.attack.audit import clopper_pearson
+    from trustformer_lab.attack.audit import clopper_pearson
 
     lbs, mus = row["epsilon_lb"], row["mu_hat"]
     upper = clopper_pearson(row["failed"], row["seeds"], 0.95, "upper")

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trustformer.bench.federation_plan import DEFAULT_SETTING, TINY_SETTING
 from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
+from trustformer_lab.bench.federation_plan import DEFAULT_SETTING, TINY_SETTING
 
 OPTIONS = {"eval.meteor": False, "eval.bertscore": False, "runtime.progress": False, "federation.finetune_epochs": 0}
 

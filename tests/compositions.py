@@ -52,6 +52,8 @@ AXES: dict[str, dict[str, dict[str, Any]]] = {
         "median": {"robust.aggregator": "median"},
         "flame": {"robust.aggregator": "flame"},  # its noise's seed counts the aggregations: server state
         "fltrust": {"robust.aggregator": "fltrust"},  # the root training's optimizer: server state
+        # under secure aggregation each client keeps the model its next update's signs are measured from
+        "rlr": {"robust.aggregator": "rlr"},
         # the fine-tuning pass's optimizer (its schedule's step count): server state
         "root finetune": {"robust.root_finetune": 1, "robust.root_size": 60},
     },

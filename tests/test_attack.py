@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from trustformer.attack import reconstruct as rec
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
 from trustformer.protocols import ObservedProtocol, ProtocolObserver, get_protocol, observe
+from trustformer_lab.attack import reconstruct as rec
 
 TINY = {  # this module's tiny run (helpers.tiny_config)
     "eval.meteor": False,

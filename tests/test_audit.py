@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trustformer.attack.audit import clopper_pearson, epsilon_lower_bound, one_run_epsilon_lower_bound
+from trustformer_lab.attack.audit import clopper_pearson, epsilon_lower_bound, one_run_epsilon_lower_bound
 
 DELTA = 1e-5
 SIGMA_EPS1 = math.sqrt(2 * math.log(1.25 / DELTA))  # the classic Gaussian calibration for ε = 1 (conservative)

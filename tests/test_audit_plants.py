@@ -68,7 +68,7 @@ PLANTS = {
 
 
 def _audit(tmp_path, values: dict) -> dict:
-    from trustformer.attack.dp_audit import audit
+    from trustformer_lab.attack.dp_audit import audit
 
     return audit(load_config("tiny", None, {"out": str(tmp_path), **values}))
 
@@ -109,7 +109,7 @@ def test_under_distributed_noise_the_audit_fails_a_clip_above_c(tmp_path, monkey
 
 @pytest.mark.slow  # the default tier within 12 minutes; CI runs the slow tier too
 def test_the_honest_benchmark_counts_failures_and_times_the_plain_run(tmp_path):
-    from trustformer.attack.dp_audit import format_benchmark, honest_benchmark
+    from trustformer_lab.attack.dp_audit import format_benchmark, honest_benchmark
 
     cfg = load_config("tiny", None, {"out": str(tmp_path), **BASE})  # the preset's run: q = 1, two steps
     bench = honest_benchmark(cfg, 2, (1.0,))
@@ -125,7 +125,7 @@ def test_honest_runs_seldom_fail_the_audit(tmp_path):
     """The false alarms the bound's 95% confidence allows, over 20 honest runs of the plants' full-batch setting
     (their own seeds, noise and coins): at most 3, the count more than which has probability < 5% at a rate of 5%.
     About 110 s."""
-    from trustformer.attack.dp_audit import honest_benchmark
+    from trustformer_lab.attack.dp_audit import honest_benchmark
 
     cfg = load_config("tiny", None, {"out": str(tmp_path), **FULL_BATCH})
     (row,) = honest_benchmark(cfg, 20, plain=False)["rows"]

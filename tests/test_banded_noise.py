@@ -277,7 +277,7 @@ def test_a_banded_run_killed_after_round_two_resumes_exactly(tmp_path, monkeypat
 def test_the_bench_measures_the_noise_the_matrices_predict(capsys):
     """``trustformer bench dp-bands``: the owners' correlated shares, summed and prefix-summed by the runs' code, carry
     the noise A·C⁻¹ predicts (within 3% over 20k coordinates); b = 1 is its own reference."""
-    from trustformer.bench import dp_bands_bench
+    from trustformer_lab.bench import dp_bands_bench
 
     assert dp_bands_bench.main(["--epsilons", "8", "--rounds", "6", "--bands", "3", "--coordinates", "20000"]) == 0
     out = capsys.readouterr().out

@@ -228,9 +228,9 @@ def test_the_audit_runs_at_a_delta_that_gives_it_power_unless_one_is_set(tmp_pat
     Gaussian mechanism, shift 1: no audit run needed); a δ the user sets is kept, with the warning."""
     import numpy as np
 
-    from trustformer.attack.audit import one_run_epsilon_lower_bound
-    from trustformer.attack.cli import audit_config, power_warning
     from trustformer.cli import build_parser
+    from trustformer_lab.attack.audit import one_run_epsilon_lower_bound
+    from trustformer_lab.attack.cli import audit_config, power_warning
 
     def audit(*options):
         return audit_config(build_parser().parse_args(["attack", "audit", "--preset", "tiny", *options]))

@@ -10,7 +10,7 @@ were drawn apart, or added to the sum beside the clipping, the sampling and clip
 What an audit of this size resolves (``python scripts/client_audit_plants.py``): at ε = 1, δ = 1e-5 and 2,000
 canaries, every plant whose true ε is about 4× the reported one (σ/4 on the whole sum, clipping at 4C, sampling at
 5q, 16× fewer rounds counted) fails, and σ/4 on half the model's tensors with 5,000 (found by the scores' spread per
-tensor, :func:`~trustformer.attack.client_dp_audit.quiet_pool`); clipping at 2C or σ/2 (true ε 2.1) passes, as it
+tensor, :func:`~trustformer_lab.attack.client_dp_audit.quiet_pool`); clipping at 2C or σ/2 (true ε 2.1) passes, as it
 would pass any one-run bound with a few thousand canaries (Andrew et al.'s estimate ε̂ sees it: about 2). The default
 tier runs the plants whose true ε is infinite, with 500 canaries, and the path's unit tests; the 4× plants run in the
 slow tier.
@@ -142,7 +142,7 @@ PLANTS = {
 
 
 def _audit(tmp_path, values: dict, canaries: int) -> dict:
-    from trustformer.attack.client_dp_audit import audit
+    from trustformer_lab.attack.client_dp_audit import audit
 
     return audit(load_config("tiny", None, {"out": str(tmp_path), **values}), canaries)
 
@@ -202,8 +202,8 @@ def test_honest_runs_seldom_fail_the_audit(tmp_path):
     canary coins): at most 3, the count above which has probability < 5% at a rate of 5%. About 80 s."""
     import functools
 
-    from trustformer.attack.client_dp_audit import audit
-    from trustformer.attack.dp_audit import honest_benchmark
+    from trustformer_lab.attack.client_dp_audit import audit
+    from trustformer_lab.attack.dp_audit import honest_benchmark
 
     cfg = load_config("tiny", None, {"out": str(tmp_path), **PRESET})
     bench = honest_benchmark(cfg, 20, plain=False, auditor=functools.partial(audit, canaries=2000))
@@ -235,7 +235,7 @@ def _updates(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
 
 
 def _canaries(count: int, included: bool | None = True, norm: float = 5.0):
-    from trustformer.attack.client_dp_audit import ClientCanaries
+    from trustformer_lab.attack.client_dp_audit import ClientCanaries
 
     hook = ClientCanaries(count, 0, norm)
     if included is not None:
@@ -269,7 +269,7 @@ def test_canaries_are_drawn_by_the_wrappers_draw_at_its_rate(tmp_path, monkeypat
     for rnd in range(1, 41):
         assert set(dp.participants(rnd, [0, 1, 2], True)) <= {0, 1, 2}
         assert set(hook.drawn[rnd]) <= set(inside)
-    from trustformer.attack.client_dp_audit import FIRST_CANARY
+    from trustformer_lab.attack.client_dp_audit import FIRST_CANARY
 
     assert all(c == ([0, 1, 2, *(FIRST_CANARY + i for i in inside)], 0.5) for c in calls), calls[0]
     assert abs(hook.draw_rate() - 0.5) <= 4 * math.sqrt(0.25 / (40 * len(inside))), hook.draw_rate()
@@ -332,7 +332,7 @@ def test_canaries_are_summed_and_noised_as_clients(tmp_path):
 
 
 def test_canary_directions_are_orthonormal_and_spread_over_every_tensor():
-    from trustformer.attack.client_dp_audit import CanaryLayout, spread
+    from trustformer_lab.attack.client_dp_audit import CanaryLayout, spread
 
     assert spread(10, [2, 100, 100]) == [2, 4, 4] and sum(spread(203, [3, 100, 100])) == 203
     with pytest.raises(ValueError):
@@ -358,8 +358,8 @@ def test_the_quiet_pool_finds_tensors_with_less_noise_from_the_scores_alone():
     and the bound's split of the level among its guess sets does not depend on which canaries the pool holds."""
     import numpy as np
 
-    from trustformer.attack.audit import one_run_epsilon_lower_bound
-    from trustformer.attack.client_dp_audit import quiet_pool
+    from trustformer_lab.attack.audit import one_run_epsilon_lower_bound
+    from trustformer_lab.attack.client_dp_audit import quiet_pool
 
     rng = np.random.default_rng(0)
     tensors = [f"t{i // 50}" for i in range(2000)]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from trustformer.attack.harness import observed_run
 from trustformer.config import ConfigError, load_config
 from trustformer.secure.masking import SecAggError
 from trustformer.secure.secagg_bench import run_protocol
 from trustformer.secure.secagg_common import SecAggParams
 from trustformer.tasks import record_dp
+from trustformer_lab.attack.harness import observed_run
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trustformer.bench import federation_bench, scale_bench
 from trustformer.cli import build_parser
 from trustformer.config.reference import reference
+from trustformer_lab.bench import federation_bench, scale_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -434,7 +434,7 @@ def _block(text: str, first_line: str) -> str:
 
 def test_the_benchmarks_frontier_is_rendered_from_frontier_json():
     """docs/benchmarks.md prints the frontier as `bench federation` prints it: the same table, from the JSON."""
-    from trustformer.bench.federation_table import format_table
+    from trustformer_lab.bench.federation_table import format_table
 
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     rows = bench("frontier.json")["rows"]
@@ -606,7 +606,7 @@ def test_the_robustness_table_is_the_bench_json():
 
 
 def test_the_benchmarks_record_dp_fedprox_and_floor_tables_are_their_json():
-    from trustformer.bench.federation_table import format_table
+    from trustformer_lab.bench.federation_table import format_table
 
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     common = {"loss": "loss", "test loss": "loss", "BLEU": "bleu", "own loss": "own_loss", "gain": "gain_loss"}
@@ -1586,7 +1586,7 @@ def test_the_benchmarks_lira_table_is_lira_tiny_json():
 
 
 def test_the_benchmarks_scale_block_run_counts_and_wall_times_are_their_json():
-    from trustformer.bench.scale_bench import format_table
+    from trustformer_lab.bench.scale_bench import format_table
 
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     scale = bench("scale.json")["rows"]

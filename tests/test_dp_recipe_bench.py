@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from trustformer.bench.dp_recipe_bench import federation_argv, lever_options, parse_args
 from trustformer.cli import main
+from trustformer_lab.bench.dp_recipe_bench import federation_argv, lever_options, parse_args
 
 
 def test_each_lever_is_its_options_and_the_rows_share_the_baseline():
     assert lever_options(["lr×4"], lr=0.004, client_size=3000) == {"privacy.batch_size": 1024, "train.lr": 0.016}
     # the benchmark's record rows run the winner with the fine-tuning at the run's own rate
-    from trustformer.bench.federation_plan import RECORD_DP
+    from trustformer_lab.bench.federation_plan import RECORD_DP
 
     recipe = lever_options(["recipe"], lr=0.004, client_size=3000)
     assert recipe == {k: v for k, v in RECORD_DP.items() if k in recipe} and "train.lr" not in recipe

@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from trustformer.bench.federation_bench import gain_retained, mark_pareto, plan_runs
-from trustformer.bench.federation_plan import plan_download_runs, plan_extra_rows
-from trustformer.bench.federation_run import curve, finished
-from trustformer.bench.federation_table import _bytes_to_target
 from trustformer.cli import main
 from trustformer.config import ConfigError, load_config
+from trustformer_lab.bench.federation_bench import gain_retained, mark_pareto, plan_runs
+from trustformer_lab.bench.federation_plan import plan_download_runs, plan_extra_rows
+from trustformer_lab.bench.federation_run import curve, finished
+from trustformer_lab.bench.federation_table import _bytes_to_target
 
 
 def test_plan_has_the_byte_matched_baselines_and_seeds_the_deciding_runs():

@@ -9,9 +9,9 @@ from statistics import mean
 import pytest
 import torch
 
-from trustformer.bench.finetune_bench import main
 from trustformer.config import load_config
 from trustformer.engine.inprocess import run_in_process
+from trustformer_lab.bench.finetune_bench import main
 
 torch.set_num_threads(1)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trustformer.bench import kmeans_bench
+from trustformer_lab.bench import kmeans_bench
 
 
 def _state(seed: int, base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

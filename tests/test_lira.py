@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from trustformer.attack.lira import offline_scores, statistic
-from trustformer.attack.membership import auc, run_membership
 from trustformer.config import load_config
+from trustformer_lab.attack.lira import offline_scores, statistic
+from trustformer_lab.attack.membership import auc, run_membership
 
 
 def difficulty_case(seed: int = 0, n: int = 400, models: int = 8):

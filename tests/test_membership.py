@@ -9,8 +9,8 @@ from helpers import tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trustformer.attack.membership import auc, run_membership, summarize, tpr_at_fpr
 from trustformer.config import load_config
+from trustformer_lab.attack.membership import auc, run_membership, summarize, tpr_at_fpr
 
 
 @settings(max_examples=50, deadline=None)
@@ -132,7 +132,7 @@ def test_clients_that_send_identical_payloads_are_each_matched_to_what_the_serve
     so the attack scores every client, not the last one to send."""
     import torch
 
-    from trustformer.attack.run_observer import RunRecorder
+    from trustformer_lab.attack.run_observer import RunRecorder
 
     recorder = RunRecorder()
     same = {"w": torch.ones(2, 2)}

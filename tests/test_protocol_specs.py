@@ -15,10 +15,11 @@ from trustformer.protocols.wrappers.base import ProtocolWrapper
 from trustformer.registry import PROTOCOLS, protocol_spec, protocol_specs
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"
+LAB = SRC.parent / "trustformer_lab"  # the experiments
 ESTIMATORS = ("model", "update", "centroids", "none", None)
 # Layers that compose experiments out of named protocols (the papers' grids, their tables and figures): they may
 # name protocols. Everything else (config, attack, runtime, engine, deploy, secure, tasks, core, ...) may not.
-EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce/", "registry.py", "cli.py")
+EXPERIMENT_LAYERS = ("bench/", "report/", "reproduce/", "commands.py", "registry.py", "cli.py")
 
 
 def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
@@ -64,6 +65,46 @@ def test_the_wrapper_forwards_the_core_in_plain_code_and_reaches_the_inner_parts
     assert server_state(outer) == {"class": "Outer", "state": {}, "inner": {"class": "Inner", "state": {}}}
 
 
+def unforwarded(part, inner_base):
+    """The methods of ``part`` that a wrapper on ``inner_base`` does not hand to its inner protocol: each is called
+    on the wrapper with placeholder arguments, and the inner protocol records what reached it."""
+    import inspect
+
+    from trustformer.protocols.interface.parts import part_methods
+
+    reached = []
+
+    class Inner(FederatedProtocol, part):
+        spec = ProtocolSpec(name="inner", factory=lambda cfg: None, summary="x")
+
+    for name in part_methods(part):
+        setattr(Inner, name, lambda self, *args, _name=name: reached.append(_name))
+
+    class Outer(ProtocolWrapper, inner_base):
+        pass
+
+    class Cfg:
+        pass
+
+    outer = Outer(Inner(Cfg()))
+    for name in part_methods(part):
+        arguments = [None] * (len(inspect.signature(getattr(part, name)).parameters) - 1)
+        getattr(outer, name)(*arguments)
+    return sorted(set(part_methods(part)) - set(reached))
+
+
+@pytest.mark.parametrize("part", ["ServerHooks", "CatchUp"])
+def test_a_wrapper_base_forwards_every_method_of_its_part_and_a_forgotten_one_is_seen(monkeypatch, part):
+    from trustformer.protocols.interface import parts
+    from trustformer.protocols.wrappers import base
+
+    inner_base = getattr(base, f"Inner{part}")
+    assert unforwarded(getattr(parts, part), inner_base) == []
+    forgotten = sorted(n for n in vars(inner_base) if not n.startswith("_"))[0]
+    monkeypatch.delattr(inner_base, forgotten)  # the planted bug: one forward left out
+    assert unforwarded(getattr(parts, part), inner_base) == [forgotten]
+
+
 def test_a_part_method_on_a_class_without_the_part_is_refused_at_definition():
     """A method named like an optional part's, on a class that does not subclass that part, would never be called."""
     with pytest.raises(TypeError, match=r"Forgot defines catch_up \(a method of CatchUp\)"):
@@ -101,6 +142,37 @@ def test_undeclared_server_state_is_refused_at_definition():
         def aggregate(self, payloads, num_examples):
             self.total = len(payloads)
             return {}, {}
+
+
+def test_a_client_method_that_reads_server_state_is_refused_at_definition():
+    """The client half may not read what the server half sets: a deployed client would hold the initial value. The
+    planted bugs: a client method reading it directly, and through a helper it calls."""
+    from trustformer.protocols.fedavg import FedAvg
+    from trustformer.protocols.interface.state import ServerStateReadError
+
+    with pytest.raises(ServerStateReadError, match=r"Peeking.client_apply\(\) runs on a client and reads self.latest"):
+
+        class Peeking(FedAvg):
+            def client_apply(self, session, aggregate):
+                return {} if self.latest is None else {"behind": float(self.latest[0])}
+
+    with pytest.raises(ServerStateReadError, match=r"reads self.latest \(through self._behind\(\)\)"):
+
+        class PeekingThroughAHelper(FedAvg):
+            def _behind(self):
+                return self.latest
+
+            def client_payload(self, session):
+                self._behind()
+                return {}, {}
+
+    class Configured(FedAvg):  # what __init__ alone sets is configuration, equal on both halves: accepted
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.scale = 2.0
+
+        def client_payload(self, session):
+            return {}, {"scale": self.scale}
 
 
 def test_undeclared_state_changed_in_place_is_refused_at_the_next_checkpoint(tmp_path):
@@ -208,8 +280,8 @@ def test_no_protocol_is_named_outside_its_module_the_registry_and_the_experiment
     names = set(PROTOCOLS)
     own = {f"protocols/{module}.py": name for name, module in PROTOCOLS.items()}
     strays = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
+    for path in sorted([*SRC.rglob("*.py"), *LAB.rglob("*.py")]):
+        rel = path.relative_to(SRC if path.is_relative_to(SRC) else LAB).as_posix()
         if rel.startswith(EXPERIMENT_LAYERS):
             continue
         for line, value in _named_protocols(path, names):

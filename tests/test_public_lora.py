@@ -107,9 +107,9 @@ def test_public_model_is_trained_once_cached_and_every_client_starts_from_it(tmp
     assert all(torch.equal(again.state[n], first.state[n]) for n in first.state)
     assert {"test_loss", "bleu", "pairs", "train_s"} <= set(again.report)
     # every client, every protocol and training alone start from it; from scratch is another model
-    start = initial_tensors(cfg.to_json())
+    start = initial_tensors(cfg)
     assert all(torch.equal(start[n].cpu(), first.state[n]) for n in start)
-    scratch = initial_tensors(tiny(tmp_path / "run").to_json())
+    scratch = initial_tensors(tiny(tmp_path / "run"))
     assert not torch.equal(scratch["embedding.weight"].cpu(), first.state["embedding.weight"])
     # the key follows its data and its own recipe: another public recipe or other pairs are another model; the
     # federated run's recipe (train.*) is not its recipe, so a sweep of it keeps the same start
@@ -187,7 +187,7 @@ def lora_run(tmp_path_factory):
 
 def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_run):
     cfg, summary, replies = lora_run
-    adapters = initial_tensors(cfg.to_json())
+    adapters = initial_tensors(cfg)
     assert all(".lora_A." in n or ".lora_B." in n for n in adapters)
     assert sum(t.numel() for t in adapters.values()) == _expected_adapter_numel(cfg)
     modules = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters}
@@ -205,7 +205,7 @@ def test_lora_run_exchanges_only_the_adapters_with_bytes_counted_exactly(lora_ru
         ]
         assert line["bytes_up"] == sum(sent)
     model_bytes = summary["bytes"]["fedavg_model_bytes"]
-    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
+    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out)).values())
     assert model_bytes < 0.5 * 4 * full  # the adapters' payload, not the model's
     assert summary["bytes"]["up_per_client_per_round"] < 1.1 * model_bytes
 
@@ -249,7 +249,7 @@ def test_lora_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path):
 def test_every_protocol_moves_only_the_adapters(tmp_path, extra):
     cfg = tiny(tmp_path / "run", **{**LORA, "federation.rounds": 1, **extra})
     summary = run_in_process(cfg)
-    adapters = initial_tensors(cfg.to_json())
+    adapters = initial_tensors(cfg)
     assert all(".lora_" in n for n in adapters)
     adapter_bytes = 4 * sum(t.numel() for t in adapters.values())
     assert 0 < summary["bytes"]["up_per_client_per_round"] < 2.5 * adapter_bytes + 4096
@@ -259,7 +259,7 @@ def test_every_protocol_moves_only_the_adapters(tmp_path, extra):
 
 
 def test_bench_plans_the_public_rows_and_gains_against_both_references():
-    from trustformer.bench.federation_bench import BenchRun, plan_public_runs, table
+    from trustformer_lab.bench.federation_bench import BenchRun, plan_public_runs, table
 
     runs = plan_public_runs([0], [4, 16], [4], [0.5])
     labels = [r.label for r in runs]
@@ -307,7 +307,7 @@ def test_ffa_lora_trains_and_sends_only_b_with_a_frozen_at_the_same_start(tmp_pa
     """model.lora_train = "b" (FFA-LoRA): only the lora_B tensors train and travel, half the adapters' bytes, every
     client keeps the same seeded lora_A, and the run still learns from the public start."""
     cfg = tiny(tmp_path / "ffa", **{**LORA, "model.lora_train": "b", "runtime.store": "disk"})
-    start = initial_tensors(cfg.to_json())
+    start = initial_tensors(cfg)
     assert start and all(".lora_B." in n for n in start)
     model = load_task(cfg).initial_model()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_A." in n}
@@ -373,7 +373,7 @@ def test_bitfit_trains_and_sends_the_bias_terms_alone_and_leaves_the_public_weig
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.endswith(".bias") for n in trainable)
     assert trainable == {n for n, _ in model.named_parameters() if n.endswith(".bias")}
-    assert set(initial_tensors(cfg.to_json())) == trainable
+    assert set(initial_tensors(cfg)) == trainable
     replies = []
 
     def recording(message, context):
@@ -385,7 +385,7 @@ def test_bitfit_trains_and_sends_the_bias_terms_alone_and_leaves_the_public_weig
     summary = run_in_process(cfg, client_app=recording)
     assert replies and all(set(p) == trainable for p in replies)
     assert summary["privacy"]["clients"]["0"]["epsilon"] <= 8.0 + 1e-6
-    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out).to_json()).values())
+    full = sum(t.numel() for t in initial_tensors(tiny(cfg.out)).values())
     assert summary["bytes"]["fedavg_model_bytes"] < 0.1 * 4 * full  # the biases' payload, not the model's
     _client, folder = select_model(Path(cfg.out))
     final = load_translation_model(folder)[0].state_dict()  # the run's final model, as saved

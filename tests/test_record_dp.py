@@ -239,7 +239,7 @@ PLANTS = {
 def test_one_run_audit_keeps_epsilon_and_catches_each_planted_noise_bug(tmp_path, monkeypatch):
     """ε_lb ≤ ε on `tiny` at ε = 1 (5000 gradient canaries over every parameter group, the server's view of client
     0's updates); each planted bug, even noise missing from one parameter group only, must show ε_lb > ε."""
-    from trustformer.attack.dp_audit import audit
+    from trustformer_lab.attack.dp_audit import audit
 
     honest = audit(tiny(tmp_path / "honest", **AUDIT))
     assert honest["epsilon"] <= 1.0 + 1e-6
@@ -256,7 +256,7 @@ def test_one_run_audit_keeps_epsilon_and_catches_each_planted_noise_bug(tmp_path
 
 def test_the_audit_of_distributed_noise_reads_the_unmasked_sum_and_catches_a_planted_bug(tmp_path, monkeypatch):
     """Under distributed noise the server sees only the unmasked mean; the audit scores the canaries there."""
-    from trustformer.attack.dp_audit import audit
+    from trustformer_lab.attack.dp_audit import audit
 
     values = {**AUDIT, "privacy.noise": "distributed", "secure.mode": "secagg"}
     honest = audit(tiny(tmp_path / "honest", **values))
@@ -291,7 +291,7 @@ def test_physical_pieces_of_a_poisson_batch_give_the_same_step():
 
 def test_the_membership_attack_audits_a_dp_run_with_lira_among_its_scores(tmp_path):
     """Every DP run's attack reports ε_lb from its ROC beside the ε the run spent."""
-    from trustformer.attack.membership import run_membership
+    from trustformer_lab.attack.membership import run_membership
 
     cfg = tiny(tmp_path, **{"privacy.epsilon": 1.0, "data.own_test_size": 20})
     result = run_membership(cfg, candidates=20, reference_models=2)
@@ -303,8 +303,8 @@ def test_the_membership_attack_audits_a_dp_run_with_lira_among_its_scores(tmp_pa
 
 
 def test_the_report_says_which_reading_of_the_papers_dp_rows_the_runs_fit(tmp_path):
-    from trustformer.report.builder import _dp_reading_verdict
-    from trustformer.report.runs import RunResult
+    from trustformer_lab.report.builder import _dp_reading_verdict
+    from trustformer_lab.report.runs import RunResult
 
     def run(unit, loss):
         return RunResult(
@@ -326,7 +326,7 @@ def test_the_report_says_which_reading_of_the_papers_dp_rows_the_runs_fit(tmp_pa
 
 
 def test_bench_plans_the_record_level_rows_public_first_and_the_papers_reading():
-    from trustformer.bench.federation_bench import plan_record_dp_runs
+    from trustformer_lab.bench.federation_bench import plan_record_dp_runs
 
     runs = plan_record_dp_runs([1.0, 8.0], [0, 1], public=True, lora_rank=16)
     labels = [r.label for r in runs]
@@ -357,8 +357,8 @@ def test_free_fine_tuning_spends_nothing_and_nothing_of_it_leaves_the_machine(tm
     (each round's payload, the final evaluation's scores) equal to that run's, bit for bit (noise seeded for the
     comparison). Fine-tuning the held model in place and keeping it, so that the fine-tuned weights reach the
     final scores the server asks for next, fails it."""
-    from trustformer.attack.harness import observed_run
     from trustformer.runtime import client as client_module
+    from trustformer_lab.attack.harness import observed_run
 
     def run(out, finetune_epochs, **extra):
         values = {

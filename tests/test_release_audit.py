@@ -18,10 +18,10 @@ import torch
 from dp_plants import PLANTS, SETTINGS, fresh_plans
 from test_record_dp import _model
 
-from trustformer.attack import release_audit as ra
 from trustformer.config import load_config
 from trustformer.core import dpsgd
 from trustformer.core.release_log import ReleaseLog, load
+from trustformer_lab.attack import release_audit as ra
 
 torch.set_num_threads(1)
 

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from trustformer.cli import main
-from trustformer.report import build_report, load_runs, paper
-from trustformer.report.tables import table5_total
+from trustformer_lab.report import build_report, load_runs, paper
+from trustformer_lab.report.tables import table5_total
 
 CLIENTS = (0, 1, 2)
 MODEL_BYTES = 100_000

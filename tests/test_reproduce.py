@@ -10,7 +10,7 @@ from trustformer import config as config_module
 from trustformer.cli import main
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
-from trustformer.reproduce import grid as rep
+from trustformer_lab.reproduce import grid as rep
 
 # the tiny preset, shrunk further: one round, 20 pairs per client, 4 sentences decoded, no METEOR/BERTScore,
 # one torch thread (two threads on a busy 2-core machine wait on each other)
@@ -62,7 +62,7 @@ def test_unknown_strategy_is_refused():
 @pytest.fixture
 def progress_log(caplog):
     """The grid's progress lines (the CLI's logging setup stops 'trustformer' records at its own handler)."""
-    logger = logging.getLogger("trustformer.reproduce.grid")
+    logger = logging.getLogger("trustformer_lab.reproduce.grid")
     logger.addHandler(caplog.handler)
     level = logger.level
     logger.setLevel(logging.INFO)

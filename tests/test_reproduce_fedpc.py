@@ -8,8 +8,8 @@ import pytest
 
 from trustformer.cli import main
 from trustformer.config import ConfigError
-from trustformer.report import paper_fedpc
-from trustformer.reproduce import fedpc as rep
+from trustformer_lab.report import paper_fedpc
+from trustformer_lab.reproduce import fedpc as rep
 
 
 def test_default_grids():
@@ -62,7 +62,7 @@ def test_plan_refuses_an_unknown_strategy():
 
 @pytest.fixture
 def progress_log(caplog):
-    logger = logging.getLogger("trustformer.reproduce.grid")
+    logger = logging.getLogger("trustformer_lab.reproduce.grid")
     logger.addHandler(caplog.handler)
     level = logger.level
     logger.setLevel(logging.INFO)

@@ -269,6 +269,7 @@ NEEDED_BY = {
     ("FedPC", "pilots"): "fedpc",
     ("Phong", "model"): "phong",
     ("Phong", "orders"): "phong",
+    ("Scaffold", "control"): "scaffold",
     ("CodedPayload", "reference"): "fedavg + 4-bit",
     ("CodedDownload", "delivered"): "fedavg + down 4-bit",
     ("CodedDownload", "delivered_round"): "fedavg + down 4-bit + 2 of 3",
@@ -357,6 +358,9 @@ CLIENT_PIECES: dict[str, tuple[str, KillPoint]] = {
     "global": ("trustformer + local", KillPoint(3, "train", 1)),
     "residual": ("fedavg-topk", KillPoint(2, "train", 1)),
     "previous": ("fedpc", KillPoint(3, "train", 1)),
+    "scaffold/c": ("scaffold", KillPoint(2, "train", 1)),  # c, sent with round 1's aggregate
+    "scaffold/c_i": ("scaffold", KillPoint(2, "train", 1)),  # c_i, from round 1's local training
+    "rlr/global": ("fedavg + secagg + rlr", KillPoint(2, "train", 1)),  # the start its next signs are measured from
     "older snapshots": ("fedavg + 2 of 3", KillPoint(3, "train.apply", 1)),
     # round scratch: written by a round's ``train`` and read only by that round's later messages. A resumed run
     # sends the killed round again from its start, so these never need to survive a kill: the plant must leave

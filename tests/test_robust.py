@@ -310,7 +310,7 @@ def test_the_bound_covers_coded_sparse_and_sealed_payloads(tmp_path, variant):
 
 @pytest.mark.slow  # the slow tier (CI runs it after the README's test command)
 def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
-    from trustformer.bench.robustness_bench import main, malicious_clients
+    from trustformer_lab.bench.robustness_bench import main, malicious_clients
 
     out = tmp_path / "bench.json"
     assert (
@@ -355,7 +355,7 @@ def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
 def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates():
     """The plan, without running: the crafting faults' entries (colluding when asked), a defence on updates left
     out with its reason where the protocol refuses it, and the settings' CxM entries."""
-    from trustformer.bench.robustness_bench import fault_entries, plan, settings_of
+    from trustformer_lab.bench.robustness_bench import fault_entries, plan, settings_of
 
     assert fault_entries("backdoor_scaled", [1, 5], 10, True) == [
         "client=1,round=*,kind=backdoor,factor=10,collude=yes",
@@ -386,7 +386,7 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
 def test_bench_robustness_reuses_a_run_whose_stored_configuration_predates_an_option(tmp_path):
     """--reuse: an option added after a run was stored is read at its default (what that run ran with), so the run
     is reused; a stored configuration that differs in a value is not."""
-    from trustformer.bench.robustness_bench import finished
+    from trustformer_lab.bench.robustness_bench import finished
 
     cfg = load_config("tiny", None, {"out": str(tmp_path)})
     stored = cfg.to_dict()

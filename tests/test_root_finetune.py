@@ -44,7 +44,7 @@ def reference():
     (the task's recipe for ``EPOCHS`` epochs on the root data), its optimizer state carried from round 1 to 2."""
     cfg = config()
     node_runtime.process_setup(cfg)  # runtime.threads, as the server's process has it
-    initial = initial_tensors(cfg.json)
+    initial = initial_tensors(cfg)
     train = root_training(replace(cfg, train=replace(cfg.train, local_epochs=EPOCHS)))
     rounds, state = [], None
     for rnd in (1, 2):
@@ -62,7 +62,7 @@ def server_rounds(cfg, initial, rounds):
     out = []
     for rnd, (payloads, _mean, _tuned) in enumerate(rounds, start=1):
         aggregate, phases = protocol.aggregate(payloads, EXAMPLES)
-        protocol.server().exchange_done(rnd)
+        protocol.server().exchange_done(rnd, aggregate)
         out.append((aggregate, phases, protocol.server().aggregate_events(), protocol.catching_up().catch_up()))
     return out
 

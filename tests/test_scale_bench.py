@@ -6,7 +6,7 @@ import os
 import pytest
 from helpers import jsonl
 
-from trustformer.bench.scale_bench import main, tree_rss_mb
+from trustformer_lab.bench.scale_bench import main, tree_rss_mb
 
 
 def test_tree_memory_counts_this_process():

@@ -399,7 +399,7 @@ def test_a_sparse_update_under_client_sampling_catches_up_to_the_optimizers_mode
         step, _phases = protocol.aggregate(payloads, [1, 1])
         assert set(step) == {"values"} and step["values"].numel() == 20  # Adam's step is dense
         client.client_apply(session, step)
-        protocol.server().exchange_done(rnd)
+        protocol.server().exchange_done(rnd, step)
     held = protocol.catching_up().catch_up()
     assert held is not None and held[0] == 2
     assert torch.equal(held[1]["w"], session.model.w.detach())

@@ -140,7 +140,7 @@ class Sent(ProtocolObserver):
 
     def update(self, cfg, rnd, client):
         start = (
-            {n: t.to(torch.float64) for n, t in initial_tensors(cfg.json).items()}
+            {n: t.to(torch.float64) for n, t in initial_tensors(cfg).items()}
             if rnd == 1
             else self.applied[rnd - 1, client]
         )

@@ -410,8 +410,8 @@ def test_image_runs_are_reproducible_and_disk_store_equals_memory(tmp_path, imag
 
 
 def test_report_of_image_runs_has_their_quality_columns_and_figures(tmp_path, image_runs):
-    from trustformer.report import build_report, load_runs
-    from trustformer.report.tables import quality_per_client_table, quality_table
+    from trustformer_lab.report import build_report, load_runs
+    from trustformer_lab.report.tables import quality_per_client_table, quality_table
 
     folders = [
         Path(cfg.out)

@@ -23,6 +23,7 @@ PROTOCOLS: dict[str, str] = {  # federation.strategy -> module under trustformer
     "fedpc": "fedpc",
     "phong": "phong",
     "fedprox": "fedprox",
+    "scaffold": "scaffold",
 }
 
 

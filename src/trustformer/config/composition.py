@@ -13,7 +13,7 @@ from .faults import MODEL_POISON_KINDS, PAYLOAD_FAULTS, Fault
 STRATEGIES: tuple[str, ...] = tuple(PROTOCOLS)  # every registered protocol (trustformer/registry.py)
 
 
-UPDATE_RULES = ("fltrust", "flame", "clip_noise")
+UPDATE_RULES = ("fltrust", "flame", "clip_noise", "rlr")
 """``robust.aggregator`` values that work on each client's whole-model update (payload minus the global model)."""
 
 
@@ -232,6 +232,12 @@ def _check_distributed_noise(cfg: RunView) -> None:
             "payload is not linear in the owner's DP-SGD step, so the sum would release each owner's "
             f"under-noised step through the nonlinearity; use {' or '.join(takes)}, or privacy.noise = 'local'"
         )
+    if cfg.robust.aggregator == "rlr":
+        raise ConfigError(
+            "robust.aggregator = 'rlr' does not compose with privacy.noise = 'distributed': the clients' sign vectors "
+            "are summed beside the payloads without noise, so the sum would release the signs of each owner's "
+            "under-noised step; use privacy.noise = 'local', or another robust.aggregator"
+        )
     if fed.agg_every != 1:
         raise ConfigError(
             f"privacy.noise = 'distributed' needs federation.agg_every = 1 (got {fed.agg_every}): each round is "
@@ -267,12 +273,13 @@ def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:
         raise ConfigError(
             f"{explicit[0]} does not apply to federation.strategy = {fed.strategy!r}: {why}; leave it at its default"
         )
-    if secure_mode not in ("none", "tee"):
+    secure_rlr = robust.aggregator == "rlr" and robust.bound in ("auto", "none") and not robust.root_finetune
+    if secure_mode not in ("none", "tee") and not secure_rlr:
         raise ConfigError(
             f"{explicit[0]} cannot run under secure.mode = {secure_mode!r}: secure aggregation hides "
             "each update from the server, which sees only their sum, so it can neither bound nor "
             "rank them (only honest clients' own clipping holds); use secure.mode = 'tee' or "
-            "'none'"
+            "'none', or robust.aggregator = 'rlr' (its signs are summed securely too) with robust.bound = 'none'"
         )
     if robust.aggregator in UPDATE_RULES and protocol_spec(fed.strategy).estimator != "model":
         raise ConfigError(

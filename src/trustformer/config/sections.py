@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..registry import protocol_spec
@@ -26,7 +27,7 @@ INITS = ("scratch", "public")
 ADAPTERS = ("none", "lora", "bitfit")
 LORA_TARGETS = ("attention", "ffn", "embedding")
 SECURE_MODES = ("none", "tee", "secagg", "tee+secagg")
-ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "fltrust", "flame", "clip_noise")
+ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "fltrust", "flame", "clip_noise", "rlr")
 MAX_ROOT_FINETUNE = 100  # robust.root_finetune: epochs on the root data per round, at most
 # federation.server_optimizer (core/server_opt.py; Reddi et al. 2021) -> the hyperparameters it reads
 # (federation.server_<name>) and their defaults: Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad defaults, except
@@ -449,9 +450,11 @@ class RobustConfig:
     bound_norm: float = 0.0  # bound = "fixed": the L2 bound of each client's deviation (payload units)
     # the aggregation rule: mean (the protocol's own) | median | trimmed_mean | krum | multikrum (coordinate-wise
     # median, trimmed mean and (multi-)Krum as Flower's FedMedian, FedTrimmedAvg, Krum and MultiKrum) | fltrust |
-    # flame | clip_noise (whole-model payloads only, FedAvg and its coded or sampled forms: FLTrust's trust in each
-    # update by its cosine with the server's own update on root data; FLAME's HDBSCAN majority, median-norm clip
-    # and noise; norm clipping with weak DP noise, Sun et al. 2019)
+    # flame | clip_noise | rlr (whole-model payloads only, FedAvg and its coded or sampled forms: FLTrust's trust in
+    # each update by its cosine with the server's own update on root data; FLAME's HDBSCAN majority, median-norm clip
+    # and noise; norm clipping with weak DP noise, Sun et al. 2019; the robust learning rate, Ozdayi et al. 2021: the
+    # mean update reversed on every coordinate where fewer than rlr_threshold clients agree on its sign, which also
+    # runs under secure aggregation, from a second secure sum: the clients' sign vectors)
     aggregator: str = "mean"
     trim_fraction: float = 0.2  # trimmed_mean: the fraction cut from each end of every coordinate (Flower's beta)
     byzantine: int = 1  # krum / multikrum: f, the malicious clients tolerated
@@ -466,6 +469,9 @@ class RobustConfig:
     # (FLAME's lambda), seeded from the run seed: a defence's noise, not a privacy mechanism
     noise_factor: float = 0.001
     clip_norm: float = 0.0  # clip_noise: the L2 bound of each update; 0 = the round's median update norm
+    # rlr: θ, the clients that must agree on a coordinate's sign for the server to step along it (else it steps
+    # against it); 0 = ceil(0.4 x the clients of a round): 4 of 10
+    rlr_threshold: float = 0.0
 
     def validate(self) -> None:
         check_choice("robust.bound", self.bound, ("auto", "median", "fixed", "none"))
@@ -493,6 +499,11 @@ class RobustConfig:
             )
         check_at_least("robust.noise_factor", self.noise_factor, 0.0)
         check_at_least("robust.clip_norm", self.clip_norm, 0.0)
+        check_at_least("robust.rlr_threshold", self.rlr_threshold, 0.0)
+
+    def rlr_threshold_for(self, clients: int) -> float:
+        """θ of the robust learning rate for rounds of ``clients`` clients (``rlr_threshold``, or its default)."""
+        return self.rlr_threshold or float(math.ceil(0.4 * clients))
 
     def active(self, fed: FederationConfig, secure_mode: str) -> tuple[str, str]:
         """(bound, aggregator) in force: ``auto`` resolved; ("none", "mean") where no defence applies."""

@@ -8,7 +8,10 @@ model with what it did to each client, for the wrapper (``protocols/wrappers/rob
 - :func:`flame` — FLAME (Nguyen et al., USENIX Security 2022): HDBSCAN on cosine distances, median-norm clipping,
   Gaussian noise;
 - :func:`clip_and_noise` — norm clipping with weak differential-privacy noise (Sun et al. 2019, "Can you really
-  backdoor federated learning?").
+  backdoor federated learning?");
+- :func:`robust_learning_rate` — the robust learning rate (Ozdayi et al., AAAI 2021): the server's step reversed on
+  every coordinate where too few clients agree on its sign; :func:`rlr_step` is the same from the sums alone (the
+  mean update and the sum of signs, which secure aggregation can compute unseen).
 
 Random noise is drawn from a ``torch.Generator`` the caller seeds from the run's configuration, so a run
 reproduces; it is a defence's noise, not a privacy mechanism's (no accountant covers it).
@@ -164,6 +167,27 @@ def clip_and_noise(
     )
 
 
+def rlr_step(mean_update: torch.Tensor, sign_agreement: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The robust learning rate's step (Ozdayi et al. 2021, Eq. 4): η_θ ⊙ mean update, η_θ = +1 on a coordinate where
+    the clients' sign agreement |Σ_i sign(Δ_i)| is at least θ, −1 elsewhere (the server moves away from what only a
+    few clients push)."""
+    return torch.where(sign_agreement.abs() >= threshold, mean_update, -mean_update)
+
+
+def robust_learning_rate(updates: torch.Tensor, num_examples: Sequence[float], threshold: float) -> DefenceResult:
+    """RLR on the round's updates (the rows): the example-weighted mean update (FedAvg's), reversed on every coordinate
+    where fewer than ``threshold`` clients agree on its sign (:func:`rlr_step`); ``info`` has the reversed share."""
+    total = float(sum(num_examples))
+    weights = [float(w) / total for w in num_examples]
+    mean = (torch.tensor(weights, dtype=updates.dtype)[:, None] * updates).sum(0)
+    agreement = torch.sign(updates).sum(0)
+    reversed_share = float((agreement.abs() < threshold).double().mean()) if agreement.numel() else 0.0
+    n = len(weights)
+    return DefenceResult(
+        rlr_step(mean, agreement, threshold), weights, [1.0] * n, [True] * n, {"reversed_share": reversed_share}
+    )
+
+
 __all__ = [
     "DefenceResult",
     "clip_and_noise",
@@ -174,4 +198,6 @@ __all__ = [
     "gaussian",
     "majority_cluster",
     "median_of",
+    "rlr_step",
+    "robust_learning_rate",
 ]

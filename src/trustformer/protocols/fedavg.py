@@ -25,9 +25,7 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
         summary="clients send their model; the server returns the weighted mean",
     )
     state_attrs = ("latest",)  # server, client sampling: (round, the last global model)
-    scratch_attrs = ("_mean",)  # the round's mean, kept from aggregate to exchange_done
     latest: tuple[int, Tensors] | None = None
-    _mean: Tensors | None  # declared only: set by aggregate, read with getattr
 
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
@@ -35,18 +33,11 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
     def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
-        if self.cfg.federation.clients_per_round:
-            self._mean = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        if self.cfg.federation.clients_per_round:
-            self._mean = delivered  # what a client left out must catch up to: the state the others hold
-
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        mean, self._mean = getattr(self, "_mean", None), None
-        if self.cfg.federation.clients_per_round and mean is not None:  # None: a robust rule made the aggregate
-            self.latest = (rnd, mean)
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        if self.cfg.federation.clients_per_round and delivered is not None:
+            self.latest = (rnd, delivered)  # what a client left out must catch up to: the state the others hold
         return {}
 
     def catch_up(self) -> tuple[int, Tensors] | None:

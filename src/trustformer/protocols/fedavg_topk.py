@@ -184,7 +184,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
             self.global_model = unflatten(flat, self.global_model)
         return out, {"aggregate_s": time.perf_counter() - started}
 
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         self.latest_round = rnd
         return {}
 

@@ -167,7 +167,7 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
 
     # server, payload coding: the public reference model every party derives from the aggregates (advance_public)
     state_attrs = ("public",)
-    scratch_attrs = ("_initial", "_last")  # the initial model (expected_payload); the round's aggregate
+    scratch_attrs = ("_initial",)  # the initial model (expected_payload)
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -186,7 +186,6 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
         self.keeps_reference = coded and tf.memberships != "local"
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
         self._initial: Tensors = {}
-        self._last: Tensors | None = None
 
     def line_fields(self) -> dict[str, float]:
         return {"beta": self.beta}
@@ -402,21 +401,14 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
         started = time.perf_counter()
         weights = [float(n) for n in num_examples] if self.weighting == "data_size" else [1.0] * len(payloads)
         mean = weighted_mean(payloads, weights)
-        if self.keeps_reference:
-            self._last = mean
         return mean, {"aggregate_s": time.perf_counter() - started}
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        if self.keeps_reference:
-            self._last = delivered  # the public reference follows the centroids the clients received
-
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        """Payload coding: the server advances the public reference with the aggregate it sent, as every client
-        does in ``client_apply``."""
-        if self.keeps_reference and self._last is not None:
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        """Payload coding: the server advances the public reference with the centroids the clients received, as
+        every client does in ``client_apply``."""
+        if self.keeps_reference and delivered is not None:
             labels, _ = self.public_labels(self._initial, self.public, rnd)
-            self.advance_public(self._initial, self.public, labels, self.unpack_payload(self._last, self._initial))
-            self._last = None
+            self.advance_public(self._initial, self.public, labels, self.unpack_payload(delivered, self._initial))
         return {}
 
     # ------------------------------------------------------------------ payload coding (protocols/wrappers/coding.py)

@@ -80,12 +80,12 @@ def run_key(cfg: RunConfig) -> str:
     """Identifies a run across restarts: its configuration less the operational settings, and its
     output folder. A client keeps its state under ``<state-dir>/<run key>/``, so a SuperNode that
     serves several runs keeps them apart, and a resumed run finds its clients' state again."""
-    return _run_key(cfg.json, os.path.normpath(os.path.abspath(cfg.out or ".")))
+    return _run_key(cfg, os.path.normpath(os.path.abspath(cfg.out or ".")))
 
 
 @lru_cache(maxsize=16)
-def _run_key(cfg_json: str, out: str) -> str:
-    values = {k: v for k, v in _flat(json.loads(cfg_json)).items() if not _operational(k)}
+def _run_key(cfg: RunConfig, out: str) -> str:
+    values = {k: v for k, v in _flat(cfg.to_dict()).items() if not _operational(k)}
     values["out"] = out
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -90,10 +90,10 @@ class ClientEnv:
         return "all" if self.client == ALL_SHARDS else f"client-{self.client}"
 
     def initial(self):
-        return initial_tensors(self.cfg.json)
+        return initial_tensors(self.cfg)
 
 
-_node_protocols: dict[str, tuple[ProtocolObserver | None, FederatedProtocol]] = {}
+_node_protocols: dict[RunConfig, tuple[ProtocolObserver | None, FederatedProtocol]] = {}
 
 
 def node_protocol(cfg: RunConfig) -> FederatedProtocol:
@@ -101,11 +101,11 @@ def node_protocol(cfg: RunConfig) -> FederatedProtocol:
     Client hooks keep a client's state in its session (``protocol_state``), never on the object, so the clients
     one process hosts share it."""
     observer = active_observer()
-    held = _node_protocols.get(cfg.json)
+    held = _node_protocols.get(cfg)
     if held is None or held[0] is not observer:
         if len(_node_protocols) >= 8:  # a long-lived SuperNode process serving many runs
             _node_protocols.clear()
-        held = _node_protocols[cfg.json] = (observer, make_protocol(cfg, observer))
+        held = _node_protocols[cfg] = (observer, make_protocol(cfg, observer))
     return held[1]
 
 
@@ -118,7 +118,7 @@ def client_env(context: Context) -> ClientEnv:
     cfg = config_of(context)
     process_setup(cfg)
     client = client_id(context)
-    task, shard = _client_data(cfg.json, client, str(context.node_config.get("train-file", "")))
+    task, shard = _client_data(cfg, client, str(context.node_config.get("train-file", "")))
     return ClientEnv(
         cfg=cfg,
         client=client,
@@ -149,7 +149,7 @@ def secure_view(context: Context) -> SecureClient:
 
     def layout():
         protocol = node_protocol(cfg)
-        return protocol.expected_payload(initial_tensors(cfg.json)), protocol.spec.mean_weighting
+        return protocol.expected_payload(initial_tensors(cfg)), protocol.spec.mean_weighting
 
     return SecureClient(
         cfg=cfg,
@@ -187,11 +187,10 @@ def config_of(context: Context) -> RunConfig:
 
 
 @lru_cache(maxsize=16)
-def _client_data(cfg_json: str, client: int, train_file: str = ""):
+def _client_data(cfg: RunConfig, client: int, train_file: str = ""):
     """The run's task and the client's training shard (translation: its encoded pairs, or those of
     its own ``train_file``; see the task's ``shard``). A data-poisoning client (``federation.faults``:
     backdoor, shuffled_targets) poisons its own shard, seeded from the run seed."""
-    cfg = parse_run_config(cfg_json)
     task = load_task(cfg)
     fault = cfg.federation.poisoning(client)
     if fault is not None and fault.kind in DATA_POISON_KINDS:

@@ -74,7 +74,7 @@ def keeps_state_on_disk(cfg: RunConfig) -> bool:
         return cfg.runtime.engine == "simulation" or cfg.runtime.store == "disk"
     if cfg.runtime.checkpoint:
         return True
-    params = sum(t.numel() for t in initial_tensors(cfg.json).values())
+    params = sum(t.numel() for t in initial_tensors(cfg).values())
     return cfg.federation.clients * params * 4 * 3 * 2 > cfg.runtime.memory_budget_mb * 2**20
 
 

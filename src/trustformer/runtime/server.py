@@ -56,7 +56,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
     checkpoints = Checkpointer(cfg, recorder, protocol)  # resumes the checkpointed run when runtime.resume
-    payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg.json)))
+    payload_spec = lru_cache(maxsize=1)(lambda: protocol.expected_payload(initial_tensors(cfg)))
     link = secure_link(
         cfg,
         PlainLink(grid, nodes.timeout, cfg.federation.restart_wait_s),
@@ -75,7 +75,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
         clients=nodes.clients,
         min_valid=nodes.needed,
         payload_spec=payload_spec,
-        initial=lambda: initial_tensors(cfg.json),
+        initial=lambda: initial_tensors(cfg),
         server_phases=cast("dict[str, float]", checkpoints.server_phases),  # a Counter of seconds (typeshed: int)
         synced=checkpoints.synced,
     )
@@ -125,6 +125,7 @@ def run_round(server: Server, checkpoints: Checkpointer, rnd: int, nodes: list[i
         models = io.behind(participants, catching_up.catch_up(), catching_up.catch_up_from)
         payloads = io.train(participants, payload=io.exchange, models=models)
         io.require("train")
+        aggregate = None
         if io.exchange and not payloads:
             io.event(event="no_participants", reason="no client was sampled for this round")
         elif io.exchange:
@@ -132,7 +133,7 @@ def run_round(server: Server, checkpoints: Checkpointer, rnd: int, nodes: list[i
             receivers = list(io.replied()) + (io.left_out() if protocol.spec.informs_left_out else [])
             io.apply(receivers, aggregate, phases)  # 4. apply
         if io.exchange:
-            io.add_fields(hooks.exchange_done(rnd))
+            io.add_fields(hooks.exchange_done(rnd, aggregate))
     if io.stopped is not None:
         return False
     io.finish()  # 5. record

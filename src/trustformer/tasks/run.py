@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import torch
 
-from ..config import RunConfig, parse_run_config
+from ..config import RunConfig
 from ..core.shared import ALL_SHARDS, LocalStep, select_device, trainable_tensors
 from .results import FINAL_METRICS
 
@@ -132,20 +132,20 @@ class RunTask(Protocol):
 
 
 @lru_cache(maxsize=4)
-def initial_tensors(cfg_json: str) -> dict[str, torch.Tensor]:
-    """The identical initial model's trainable tensors of a configuration (what every payload's shapes follow)."""
-    return trainable_tensors(load_task(parse_run_config(cfg_json)).initial_model())
+def initial_tensors(cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """The identical initial model's trainable tensors of a configuration (what every payload's shapes follow),
+    cached per process and configuration (a frozen, hashable object: parsed once, never turned back into text)."""
+    return trainable_tensors(load_task(cfg).initial_model())
 
 
 def load_task(cfg: RunConfig) -> RunTask:
     """The run task of ``cfg.task`` (cached per process and configuration; the image data sets are
     cached by the task modules, the translation workload by ``translation_workload.py``)."""
-    return _load_task(cfg.to_json())
+    return _load_task(cfg)
 
 
 @lru_cache(maxsize=4)
-def _load_task(cfg_json: str):
-    cfg = parse_run_config(cfg_json)
+def _load_task(cfg: RunConfig):
     if cfg.task == "translation":
         from .translation import TranslationTask
 

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..config import RunConfig, parse_run_config
+from ..config import FederationConfig, RunConfig
 from ..core.shared import ALL_SHARDS, derive_seed, select_device
 from ..data.batching import encode_pairs, make_batches, make_token_batches
 from ..data.corpus import Pair, default_cache_dir, load_libreoffice_domains, load_tsv_domains, load_wmt19
@@ -112,8 +113,11 @@ def load_workload(cfg: RunConfig) -> Workload:
     return _load_workload_cached(_workload_key(cfg))
 
 
-def _workload_key(cfg: RunConfig) -> str:
-    d = cfg.data
+WorkloadKey = tuple[int, Any, Any, int]
+"""What a workload depends on: the seed, the data section, the model's sizes (not its adapters) and the clients."""
+
+
+def _workload_key(cfg: RunConfig) -> WorkloadKey:
     sizes = type(cfg.model)(
         **{
             f.name: getattr(cfg.model, f.name)
@@ -121,17 +125,13 @@ def _workload_key(cfg: RunConfig) -> str:
             if f.name != "adapters" and not f.name.startswith("lora_")
         }
     )  # no split, no size
-    return RunConfig(
-        seed=cfg.seed,
-        data=d,
-        model=sizes,
-        federation=type(cfg.federation)(clients=cfg.federation.clients),
-    ).to_json()
+    return (cfg.seed, cfg.data, sizes, cfg.federation.clients)
 
 
 @lru_cache(maxsize=4)
-def _load_workload_cached(key: str) -> Workload:
-    cfg = parse_run_config(key)
+def _load_workload_cached(key: WorkloadKey) -> Workload:
+    seed, data, sizes, clients = key
+    cfg = RunConfig(seed=seed, data=data, model=sizes, federation=FederationConfig(clients=clients))
     d = cfg.data
     started = time.perf_counter()
     try:

@@ -36,7 +36,7 @@ from ...wire import TensorSpec, spec_of
 from .parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, misplaced_part_methods
 from .session import ClientSession, Phases
 from .spec import ProtocolSpec
-from .state import check_declared
+from .state import check_client_half, check_declared
 
 P = TypeVar("P")
 
@@ -163,6 +163,7 @@ class FederatedProtocol:
         method of an optional part on a class that does not subclass that part (``parts.py``)."""
         super().__init_subclass__(**kwargs)
         check_declared(cls)
+        check_client_half(cls)
         misplaced = misplaced_part_methods(cls)
         if misplaced:
             raise TypeError(

@@ -90,11 +90,6 @@ class ServerHooks:
     def check_payload(self, payload: Tensors) -> None:
         """Raise ``wire.PayloadError`` to drop a payload the generic checks accept."""
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        """What the clients received instead of what ``aggregate`` returned, when a layer around the protocol
-        changed it (download coding sends a coded approximation): keep this, not the exact aggregate, where the
-        protocol keeps the aggregate for later rounds."""
-
     # -- round reports
     def aggregate_events(self) -> list[dict[str, Any]]:
         """What the last ``aggregate`` did to single payloads (robust aggregation: an update clipped or left out),
@@ -102,8 +97,13 @@ class ServerHooks:
         without ``index`` is about the aggregate itself (robust.root_finetune) and names no client."""
         return []
 
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        """After every exchange round: fields added to every client's line of the round (e.g. ε spent)."""
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        """After every exchange round: keep what later rounds need of it, and return fields added to every client's
+        line of the round (e.g. ε spent). ``delivered``: what the clients received, in this protocol's layout: the
+        aggregate it returned, or what a layer around it made of it (download coding's decoded approximation, the
+        server optimizer's x_{t+1}); None when the round sent no aggregate. A protocol that keeps the aggregate
+        for later rounds (a catch-up model, a coding reference) keeps this value, never a copy set aside in
+        ``aggregate``."""
         return {}
 
     def line_fields(self) -> dict[str, Any]:

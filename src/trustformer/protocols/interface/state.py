@@ -90,6 +90,95 @@ def check_declared(cls: type) -> None:
                     )
 
 
+CLIENT_METHODS = frozenset(
+    {
+        "client_payload",
+        "client_apply",
+        "payload_spec",
+        "client_optimizer",
+        "local_step",
+        "train_options",
+        "client_trained",
+        "client_start_from",
+        "catch_up_specs",
+        "payload_reference",
+    }
+)
+"""The methods that run on a client (``runtime/client.py``): the client half of a protocol."""
+
+
+class ServerStateReadError(TrustformerError, TypeError):
+    """A method of a protocol's client half reads what only its server half holds."""
+
+
+def _methods(cls: type) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The methods ``cls`` itself defines, parsed (none where it has no source)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return []
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    return [m for m in body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def server_written(cls: type) -> set[str]:
+    """The declared attributes (state or scratch) that a method of ``cls`` or a base other than ``__init__`` sets:
+    what the server half changes as the run goes. One set only in ``__init__`` is configuration, equal on both
+    halves."""
+    names = set(declared(cls, STATE)) | set(declared(cls, SCRATCH))
+    written: set[str] = set()
+    for klass in cls.__mro__:
+        for method in _methods(klass):
+            if method.name != "__init__":
+                written |= {t for node in ast.walk(method) for t in _self_targets(node)}
+    return written & names
+
+
+def _self_uses(method: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], set[str]]:
+    """(the attributes of ``self`` the method reads, the methods of ``self`` it calls)."""
+    reads, calls = set(), set()
+    for node in ast.walk(method):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Load)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
+            reads.add(node.attr)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func
+            if isinstance(target.value, ast.Name) and target.value.id == "self":
+                calls.add(target.attr)
+    return reads, calls
+
+
+def check_client_half(cls: type) -> None:
+    """Raise :class:`ServerStateReadError` when a client method of ``cls`` (:data:`CLIENT_METHODS`), or a method of
+    the class it calls, reads a declared attribute that a server method sets (:func:`server_written`): on a deployed
+    client that attribute holds its initial value, never the server's, so the method would compute something else
+    there than in process."""
+    server = server_written(cls)
+    uses: dict[str, tuple[set[str], set[str]]] = {}
+    for klass in cls.__mro__:  # the definition the class resolves to: the first in its method resolution order
+        for method in _methods(klass):
+            uses.setdefault(method.name, _self_uses(method))
+    for start in [m.name for m in _methods(cls) if m.name in CLIENT_METHODS]:
+        seen, todo = {start}, [start]
+        while todo:
+            name = todo.pop()
+            reads, calls = uses.get(name, (set(), set()))
+            bad = sorted(reads & server)
+            if bad:
+                via = "" if name == start else f" (through self.{name}())"
+                raise ServerStateReadError(
+                    f"{cls.__qualname__}.{start}() runs on a client and reads self.{bad[0]}{via}, which a server "
+                    f"method of {cls.__qualname__} sets: a deployed client never holds the server's value; send it "
+                    "with the aggregate, or keep the client's own copy in session.protocol_state"
+                )
+            todo += [c for c in calls - seen if c not in CLIENT_METHODS or c == name]
+            seen |= calls
+
+
 def own_state(protocol: Any) -> dict[str, Any]:
     """The declared ``state_attrs`` of ``protocol`` as checkpointable values."""
     out: dict[str, Any] = {}
@@ -183,7 +272,10 @@ def undeclared_changes(before: dict[str, str], protocol: Any) -> list[str]:
 
 
 __all__ = [
+    "CLIENT_METHODS",
     "SCRATCH",
+    "ServerStateReadError",
+    "check_client_half",
     "STATE",
     "UndeclaredStateError",
     "check_declared",

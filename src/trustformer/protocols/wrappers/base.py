@@ -84,14 +84,11 @@ class InnerServerHooks(ServerHooks):
     def check_payload(self, payload: Tensors) -> None:
         self.inner.server().check_payload(payload)
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        self.inner.server().aggregate_delivered(delivered)
-
     def aggregate_events(self) -> list[dict[str, Any]]:
         return self.inner.server().aggregate_events()
 
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
-        return self.inner.server().exchange_done(rnd)
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        return self.inner.server().exchange_done(rnd, delivered)
 
     def line_fields(self) -> dict[str, Any]:
         return self.inner.server().line_fields()

@@ -78,12 +78,15 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         view = self.inner.coding().coding_view(payload, initial)
         return view, {n: t for n, t in payload.items() if n not in self.inner.coding().coded_names(payload)}
 
-    def _default_reference(self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]]) -> Tensors:
-        """The last aggregate (or the initial model), viewed like the payload, when it has the payload's layout."""
+    def _default_reference(
+        self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]], initial: Tensors
+    ) -> Tensors:
+        """The last aggregate (or the initial model), viewed like the payload, when it has the payload's layout;
+        ``initial``: the identical initial model (each half passes its own: the session's, the server's)."""
         if held is None:
             return {}
         try:
-            view = self.inner.coding().coding_view(held, self.initial or held)
+            view = self.inner.coding().coding_view(held, initial)
         except (KeyError, ValueError, RuntimeError):
             return {}
         same = set(view) == set(view_shapes) and all(tuple(view[n].shape) == view_shapes[n] for n in view)
@@ -99,7 +102,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         reference = self.inner.coding().payload_reference(session)
         if reference is None:
             held = {n[len(REFERENCE) :]: t for n, t in session.protocol_state.items() if n.startswith(REFERENCE)}
-            reference = self._default_reference(held or initial, shapes)
+            reference = self._default_reference(held or initial, shapes, initial)
         state, feedback = session.protocol_state, self.inner.coding().stable_payload_layout()
         generator = None  # federation.payload_rounding = "nearest"
         if self.rounding == "stochastic":
@@ -157,7 +160,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         if getattr(self, "_reference_round", None) != self.round:
             reference = self.inner.coding().server_payload_reference(self.round)
             if reference is None:
-                reference = self._default_reference(self.reference or self.initial, self.view_spec)
+                reference = self._default_reference(self.reference or self.initial, self.view_spec, self.initial)
             self._reference_round, self._round_reference = self.round, reference
         return self._round_reference
 
@@ -171,16 +174,14 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     def check_payload(self, payload: Tensors) -> None:
         self.inner.server().check_payload(self.decode(payload))
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        self.reference = {n: t.detach().clone() for n, t in delivered.items()}  # what the clients hold
-        self._reference_round = -1
-        self.inner.server().aggregate_delivered(delivered)
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        if delivered is not None:  # what the clients hold: the next round's payloads are coded against it
+            self.reference = {n: t.detach().clone() for n, t in delivered.items()}
+            self._reference_round = -1
+        return self.inner.server().exchange_done(rnd, delivered)
 
     def aggregate(self, payloads, num_examples):
-        aggregate, phases = self.inner.aggregate([self.decode(p) for p in payloads], num_examples)
-        self.reference = {n: t.detach().clone() for n, t in aggregate.items()}
-        self._reference_round = -1  # the next round's reference follows this aggregate
-        return aggregate, phases
+        return self.inner.aggregate([self.decode(p) for p in payloads], num_examples)
 
 
 __all__ = ["CODES", "GRID", "CodedPayload"]

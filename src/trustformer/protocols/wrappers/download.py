@@ -22,7 +22,7 @@ Like the upload's, the feedback needs a coordinate to mean the same thing every 
 ``trustformer.memberships = "shared"``), no residual is kept and the rounding is stochastic and unbiased, seeded
 from the run seed and the round.
 
-Layers inside see the decoded state as the round's aggregate (``aggregate_delivered``): the upload coding's
+Layers inside are handed the decoded state as what the clients received (``exchange_done``): the upload coding's
 reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
 clients hold. A client that missed exchanges (client sampling, a dropout) is caught up with its next ``train``
 message, exactly and with its bytes counted: with the coded messages it missed, which it decodes in turn as every
@@ -121,6 +121,10 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.round = rnd
         return self.inner.server().participants(rnd, clients, exchange)
 
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        """The layers inside are handed what the clients decoded, not the coded message."""
+        return self.inner.server().exchange_done(rnd, self.delivered if delivered is not None else None)
+
     def server_reference(self, view: Tensors) -> Tensors:
         """What this round's coded difference is taken from (the error-feedback point: the delivered state)."""
         shapes = {n: tuple(t.shape) for n, t in view.items()}
@@ -154,7 +158,6 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._remember(message)
         self.delivered = self.inner.coding().coding_unview(decoded, rest, self.initial)
         self.delivered_round = self.round
-        self.inner.server().aggregate_delivered(self.delivered)
         return message, {**phases, "download_code_s": time.perf_counter() - started}
 
     def exact_model(self, view: Tensors) -> Tensors:

@@ -343,7 +343,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self.canaries.released(self._round, out)
         return out, {"aggregate_s": time.perf_counter() - started}
 
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """Compose this round's release; the ε spent so far goes on every line of the round."""
         assert self.ledger is not None
         eps = self.ledger.record_release()

@@ -42,7 +42,7 @@ import torch
 
 from ...config import UPDATE_RULES, ConfigError, RunConfig
 from ...core.attacks import flatten, stack, unflatten
-from ...core.defences import DefenceResult, clip_and_noise, flame, fltrust, median_of
+from ...core.defences import DefenceResult, clip_and_noise, flame, fltrust, median_of, rlr_step, robust_learning_rate
 from ...core.robust import (
     clip_to_bound,
     coordinate_median,
@@ -53,10 +53,12 @@ from ...core.robust import (
     trimmed_mean,
 )
 from ...core.shared import derive_seed
-from ..interface.base import FederatedProtocol, Phases, Tensors
+from ...wire import spec_of
+from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors, held_global
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
+SIGN, GLOBAL = "rlr/sign/", "rlr/global/"  # payload under secagg: the update's signs; client state: its start
 
 RootTraining = Callable[[Tensors, "dict[str, Any] | None", int], "tuple[Tensors, dict[str, Any]]"]
 """FLTrust's server update: (the global model, the root optimizer's state or None, a seed) -> (that model trained on
@@ -96,6 +98,10 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._finetune_training: RootTraining | None = None  # robust.root_finetune's, built at its first use
         self._finetune_optimizer: dict[str, Any] | None = None
         self.settings = inner.cfg.robust
+        cfg = inner.cfg
+        self.rlr_threshold = self.settings.rlr_threshold_for(cfg.federation.clients_per_round or cfg.federation.clients)
+        # rlr under secure aggregation: each client sends its update's signs beside its payload (summed unseen)
+        self.signs_sent = aggregator == "rlr" and cfg.secure.mode in ("secagg", "tee+secagg")
         self._events: list[dict[str, Any]] = []
         self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
         self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
@@ -119,20 +125,16 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             started_pass = time.perf_counter()
             aggregate = self._fine_tuned(aggregate)
             phases = {**phases, "root_finetune_s": time.perf_counter() - started_pass}
+        # whole models: exchange_done keeps what the clients received as the next round's start
         self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
-        if self._holds_last_aggregate:  # whole models: the next round's start
-            self._start = {n: t.detach().clone() for n, t in aggregate.items()}
         return aggregate, {**phases, "robust_s": time.perf_counter() - started}
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        if self._holds_last_aggregate:  # the clients start the next round from what they received
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        if self._holds_last_aggregate and delivered is not None:  # the next round starts from what they received
             self._start = {n: t.detach().clone() for n, t in delivered.items()}
-        self.inner.server().aggregate_delivered(delivered)
-
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
         if self._start is not None and self._holds_last_aggregate:
             self._start_round = rnd
-        return self.inner.server().exchange_done(rnd)
+        return self.inner.server().exchange_done(rnd, delivered)
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         """Client sampling under a robust rule: the protocol's own mean did not make the global model, this wrapper
@@ -230,11 +232,6 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             [{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start} for p in payloads]
         )
 
-    def expected_payload(self, initial: Tensors):
-        if self._start is None:  # the model every client starts round 1 from
-            self._start = {n: t.detach().clone() for n, t in initial.items()}
-        return self.inner.expected_payload(initial)
-
     def _robust_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> Tensors:
         if self.aggregator == "median":
             return coordinate_median(payloads)
@@ -259,6 +256,8 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         """FLTrust, FLAME or clip_noise on the updates (payload minus the round's starting model): the starting
         model plus the rule's aggregate update."""
         start = self._start
+        if self.signs_sent and start is not None and len(payloads) == 1:  # rlr under secure aggregation: the sums
+            return self._rlr_from_sums(payloads[0], start), {}
         if start is None or any(set(p) != set(start) for p in payloads):
             raise ConfigError(
                 f"robust.aggregator = {self.aggregator!r} needs whole-model payloads (the server forms each update "
@@ -271,6 +270,11 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             started = time.perf_counter()
             result = fltrust(updates, self._server_update(start))
             phases["root_train_s"] = time.perf_counter() - started
+        elif self.aggregator == "rlr":
+            result = robust_learning_rate(updates, [float(n) for n in num_examples], self.rlr_threshold)
+            share = result.info["reversed_share"]
+            assert isinstance(share, float)
+            self._events.append(self._rlr_event(share, "each update's signs"))
         else:
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "robust-noise", self._aggregations))
             settings = self.settings
@@ -284,6 +288,70 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._record_rule(result)
         delta = unflatten(result.update, {n: t.to(torch.float64) for n, t in start.items()})
         return {n: (start[n].to(torch.float64) + delta[n]).to(start[n].dtype) for n in start}, phases
+
+    def _rlr_from_sums(self, mean: Tensors, start: Tensors) -> Tensors:
+        """RLR from what secure aggregation gives: the mean payload (models) and beside it the mean of the clients'
+        sign vectors (``rlr/sign/``, weighted as the payloads are), whose agreement in clients is m × that mean."""
+        clients = self.cfg.federation.clients_per_round or self.cfg.federation.clients
+        out, reversed_count, total = {}, 0, 0
+        for name, x in start.items():
+            update = mean[name].double() - x.double()
+            agreement = clients * mean[SIGN + name].double()
+            step = rlr_step(update, agreement, self.rlr_threshold)
+            reversed_count += int((agreement.abs() < self.rlr_threshold).sum())
+            total += agreement.numel()
+            out[name] = (x.double() + step).to(x.dtype)
+        self._events.append(self._rlr_event(reversed_count / max(total, 1), "the securely summed signs"))
+        return out
+
+    def _rlr_event(self, share: float, source: str) -> dict[str, Any]:
+        """The round's event of the robust learning rate (about the aggregate: no client named)."""
+        reason = (
+            f"robust learning rate: {share:.1%} of the coordinates reversed, where fewer than "
+            f"{self.rlr_threshold:g} clients agree on the sign ({source})"
+        )
+        return {"event": "rlr_reversed", "reversed_share": share, "reason": reason}
+
+    # ------------------------------------------------------------------ rlr's signs, sent by each client (secagg)
+    def expected_payload(self, initial: Tensors):
+        if self._start is None:  # the model every client starts round 1 from
+            self._start = {n: t.detach().clone() for n, t in initial.items()}
+        spec = self.inner.expected_payload(initial)
+        if self.signs_sent:
+            spec = {**spec, **spec_of({SIGN + n: t.float() for n, t in initial.items() if t.is_floating_point()})}
+        return spec
+
+    def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
+        """Under secure aggregation with rlr: the payload and beside it sign(payload − the global model the client
+        started from), which the server sees only summed."""
+        payload, phases = self.inner.client_payload(session)
+        if self.signs_sent:
+            start = held_global(session, GLOBAL)
+            payload = {
+                **payload,
+                **{
+                    SIGN + n: torch.sign(payload[n].double() - start[n].double()).float()
+                    for n in start
+                    if payload[n].is_floating_point()
+                },
+            }
+        return payload, phases
+
+    def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
+        phases = self.inner.client_apply(session, aggregate)
+        self._hold_global(session)
+        return phases
+
+    def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
+        phases = self.inner.catching_up().client_start_from(session, model)
+        self._hold_global(session)
+        return phases
+
+    def _hold_global(self, session: ClientSession) -> None:
+        if self.signs_sent:  # the model this client's next update is measured from
+            for name, p in session.model.named_parameters():
+                if p.requires_grad:
+                    session.protocol_state[GLOBAL + name] = p.detach().clone()
 
     def _server_update(self, start: Tensors) -> torch.Tensor:
         """FLTrust's g_0: the global model trained on the root data, minus the global model (flattened)."""
@@ -329,8 +397,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
                 f"(robust.root_size = {self.settings.root_size} pairs): moved by {moved:.4g}",
             }
         )
-        self.inner.server().aggregate_delivered(tuned)
-        return tuned
+        return tuned  # the protocol inside learns that the clients hold it from exchange_done
 
     def _record_rule(self, result: DefenceResult) -> None:
         """An event for every client the rule refused, left out, down-weighted or clipped."""

@@ -6,7 +6,7 @@ What the aggregate is decides the rest (the protocol's ``ProtocolSpec.aggregate_
 
 - **the global model** (FedAvg, FedProx: the mean of the clients' models). The server holds x_t (before the first
   exchange: the identical initial model), takes Δ_t = mean − x_t and returns x_{t+1} = x_t + step, which every client
-  adopts. The protocol inside is told that the clients received x_{t+1}, not the mean (``aggregate_delivered``), so
+  adopts. The protocol inside is handed x_{t+1}, not the mean, as what the clients received (``exchange_done``), so
   its catch-up model under client sampling and the defences' last aggregate follow what the clients hold; download
   coding outside tells this layer in turn what the clients decoded, which becomes x_{t+1}.
 - **an update of it** (FedAvg of updates, top-k, the DP baselines: the mean update, which every client adds to the
@@ -97,14 +97,13 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return step
 
     def _model_step(self, mean: Tensors) -> Tensors:
-        """Δ_t = mean − x_t; x_{t+1} = x_t + step, in the aggregate's dtype; the protocol inside learns that the
-        clients hold x_{t+1}."""
+        """Δ_t = mean − x_t; x_{t+1} = x_t + step, in the aggregate's dtype (the protocol inside learns that the
+        clients hold it from ``exchange_done``)."""
         x = self.held()
         floats = [n for n, t in mean.items() if t.is_floating_point()]
         step = self._step({n: mean[n].double() - x[n].double() for n in floats})
         new = {**mean, **{n: (x[n].double() + step[n]).to(mean[n].dtype) for n in floats}}
         self.model = {n: t.detach().clone() for n, t in new.items()}
-        self.inner.server().aggregate_delivered(new)
         return new
 
     def _update_step(self, update: Tensors) -> Tensors:
@@ -122,15 +121,12 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # ------------------------------------------------------------------------------ the server around it
 
-    def aggregate_delivered(self, delivered: Tensors) -> None:
-        if self.kind == "model":  # download coding: the clients hold the decoded x_{t+1}
+    def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        if self.kind == "model" and delivered is not None:  # download coding: the clients hold the decoded x_{t+1}
             self.model = {n: t.detach().clone() for n, t in delivered.items()}
-        self.inner.server().aggregate_delivered(delivered)
-
-    def exchange_done(self, rnd: int) -> dict[str, float | None]:
         if self.holds_model and self.model is not None:
             self.model_round = rnd
-        return self.inner.server().exchange_done(rnd)
+        return self.inner.server().exchange_done(rnd, delivered)
 
     def catch_up(self) -> tuple[int, Tensors] | None:
         """Update aggregates under client sampling: a client left out catches up to x_t (the protocol's own catch-up
