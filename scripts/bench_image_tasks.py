@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Centralized (or FedAvg) timing runs of the image tasks; see ``trustformer.tasks.bench``.
+"""Centralized (or FedAvg) timing runs of the image tasks; see ``trustformer_lab.bench.image_tasks_bench``.
 
     python scripts/bench_image_tasks.py --task image --preset small --epochs 6 --threads 1
     python scripts/bench_image_tasks.py --task segmentation --preset small --epochs 30 --threads 1
@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if (SRC / "trustformer" / "tasks").is_dir():
     sys.path.insert(0, str(SRC))
 
-from trustformer.tasks.bench import main  # noqa: E402
+from trustformer_lab.bench.image_tasks_bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

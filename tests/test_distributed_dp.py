@@ -13,10 +13,10 @@ import torch
 
 from trustformer.config import ConfigError, load_config
 from trustformer.secure.masking import SecAggError
-from trustformer.secure.secagg_bench import run_protocol
 from trustformer.secure.secagg_common import SecAggParams
 from trustformer.tasks import record_dp
 from trustformer_lab.attack.harness import observed_run
+from trustformer_lab.bench.secagg_bench import run_protocol
 
 torch.set_num_threads(1)
 

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trustformer.secure.masking import _pair_seed, dequantize, mask_stream, quantization_error_bound, quantize
-from trustformer.secure.secagg import SecAggClient, SecAggError, SecAggParams, SecAggServer, benchmark
+from trustformer.secure.secagg import SecAggClient, SecAggError, SecAggParams, SecAggServer
 from trustformer.secure.shamir import FIELD_PRIME, _interpolate, parse_share, shamir_combine, shamir_split
+from trustformer_lab.bench.secagg_bench import benchmark
 
 SESSION = b"run-test/round-1"
 

@@ -10,9 +10,9 @@ from trustformer.config import ConfigError, SegmentationConfig, image_preset, se
 from trustformer.core.local_rules import sam_step
 from trustformer.tasks import seg_data
 from trustformer.tasks.base import Task, TaskConfigError, derive_seed
-from trustformer.tasks.bench import fedavg_average, run
 from trustformer.tasks.image import ImageClassificationTask, augment_batch
 from trustformer.tasks.segmentation import SegmentationTask
+from trustformer_lab.bench.image_tasks_bench import fedavg_average, run
 
 torch.set_num_threads(1)
 

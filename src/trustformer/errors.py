@@ -9,4 +9,10 @@ class TrustformerError(Exception):
     """A problem the user can act on; the message names it and, where there is one, the option that fixes it."""
 
 
-__all__ = ["TrustformerError"]
+class UncheckedConfigError(TrustformerError, RuntimeError):
+    """A run reached a composition the configuration refuses when it loads (``config/composition.py``): the
+    configuration was built without ``validate()``. Every rule is checked once, at load, where the user gets its
+    ``ConfigError``; this one only says which rule a caller skipped."""
+
+
+__all__ = ["TrustformerError", "UncheckedConfigError"]

@@ -27,9 +27,10 @@ from typing import Any, cast
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..config import CONFIG_KEY, DATA_POISON_KINDS, ConfigError, RunConfig, parse_run_config, run_config_of
+from ..config import CONFIG_KEY, DATA_POISON_KINDS, RunConfig, parse_run_config, run_config_of
 from ..core.poisoning import poisoned_model
 from ..core.shared import ALL_SHARDS, assign_tensors, derive_seed, trainable_tensors
+from ..errors import UncheckedConfigError
 from ..export import export_model, model_fingerprint
 from ..protocols import ProtocolObserver, active_observer, make_protocol
 from ..protocols.interface.base import ClientSession, FederatedProtocol
@@ -236,8 +237,8 @@ def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool, optimi
     if not exchange or fault is None or not fault.poisons_model or not fault.hits(session.round):
         return None
     refusal = env.protocol.spec.refuses.get("model_poisoning")
-    if refusal:
-        raise ConfigError(
+    if refusal:  # refused at load (config/composition.py)
+        raise UncheckedConfigError(
             f"federation.faults: {fault.text!r} poisons what a client sends, which federation.strategy = "
             f"{env.cfg.federation.strategy!r} cannot carry: {refusal}"
         )

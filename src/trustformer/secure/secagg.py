@@ -48,14 +48,13 @@ Fixed-point encoding, key derivation and the mask PRG are in ``masking.py``, Sha
 prime 2^521 - 1 in ``shamir.py``; the encrypted shares use AES-256-GCM (``cryptography`` package).
 
 The protocol's parts, one job each: ``secagg_common.py`` (parameters and shared checks), ``secagg_client.py``
-(:class:`SecAggClient`), ``secagg_server.py`` (:class:`SecAggServer`) and ``secagg_bench.py`` (:func:`benchmark`);
-this module names them together.
+(:class:`SecAggClient`) and ``secagg_server.py`` (:class:`SecAggServer`); this module names them together. Its
+benchmark lives with the experiments (``bench/secagg_bench.py``).
 """
 
 from __future__ import annotations
 
 from .masking import SecAggError, quantization_error_bound
-from .secagg_bench import benchmark
 from .secagg_client import SecAggClient
 from .secagg_common import SecAggParams
 from .secagg_server import SecAggServer
@@ -65,6 +64,5 @@ __all__ = [
     "SecAggError",
     "SecAggParams",
     "SecAggServer",
-    "benchmark",
     "quantization_error_bound",
 ]

@@ -7,7 +7,7 @@ itself (``per-owner``), or its share N(0, σ²C²/k) (``distributed``). Every ow
 run's initial model on its own shard, twice from the same seeded Poisson draw: with its noise and without. Its
 payload is the model after a plain SGD step at learning rate 1 (the distributed step's payload), so the noise it
 carries is the noise on its clipped sum ÷ B. The owners' noisy payloads go through the real secure aggregation
-(X25519 key agreement, Shamir shares, masking in Z_2^64, unmasking; ``secure/secagg_bench.py``); the noise-free
+(X25519 key agreement, Shamir shares, masking in Z_2^64, unmasking; ``bench/secagg_bench.py``); the noise-free
 ones are averaged in the clear. The standard deviation of the difference over every coordinate is the measured
 noise on the aggregate, beside the predicted σC/(B√m) (per-owner) and σC/(Bm) (distributed).
 
@@ -34,9 +34,10 @@ import torch
 from trustformer.config import RunConfig, load_config
 from trustformer.core.dpsgd import RecordDP
 from trustformer.secure.records import secagg_params
-from trustformer.secure.secagg_bench import run_protocol
 from trustformer.tasks import record_dp
 from trustformer.tasks.run import load_task
+
+from .secagg_bench import run_protocol
 
 SETTING: dict[str, Any] = {
     "privacy.unit": "record",

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...config import ConfigError
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
+from ...errors import UncheckedConfigError
 from ...wire import TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
@@ -57,8 +57,8 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
-        if rounding == "nearest" and not inner.coding().stable_payload_layout():
-            raise ConfigError(
+        if rounding == "nearest" and not inner.coding().stable_payload_layout():  # refused at load (the spec's check)
+            raise UncheckedConfigError(
                 "federation.payload_rounding = 'nearest' needs error feedback to make up for its bias, and this "
                 "protocol's payload coordinates change meaning every round (no feedback is kept): set "
                 "federation.payload_rounding = 'stochastic' (or, for Trustformer, trustformer.memberships = 'shared')"

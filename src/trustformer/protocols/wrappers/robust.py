@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ...config import UPDATE_RULES, ConfigError, RunConfig
+from ...config import UPDATE_RULES, RunConfig
 from ...core.attacks import flatten, stack, unflatten
 from ...core.defences import DefenceResult, clip_and_noise, flame, fltrust, median_of, rlr_step, robust_learning_rate
 from ...core.robust import (
@@ -53,6 +53,7 @@ from ...core.robust import (
     trimmed_mean,
 )
 from ...core.shared import derive_seed
+from ...errors import UncheckedConfigError
 from ...wire import spec_of
 from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors, held_global
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
@@ -258,8 +259,8 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         start = self._start
         if self.signs_sent and start is not None and len(payloads) == 1:  # rlr under secure aggregation: the sums
             return self._rlr_from_sums(payloads[0], start), {}
-        if start is None or any(set(p) != set(start) for p in payloads):
-            raise ConfigError(
+        if start is None or any(set(p) != set(start) for p in payloads):  # refused at load (composition.py)
+            raise UncheckedConfigError(
                 f"robust.aggregator = {self.aggregator!r} needs whole-model payloads (the server forms each update "
                 f"from the model the round started from); federation.strategy = {self.cfg.federation.strategy!r} "
                 "sends others"
@@ -357,7 +358,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         """FLTrust's g_0: the global model trained on the root data, minus the global model (flattened)."""
         if self._root_update is None:
             if not _root_training:
-                raise ConfigError(
+                raise RuntimeError(
                     "robust.aggregator = 'fltrust' needs the server's training on root data, which the runtime "
                     "provides (runtime/root_training.py); this process has none"
                 )
@@ -373,7 +374,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         epochs = self.settings.root_finetune
         if self._finetune_training is None:
             if not _root_training:
-                raise ConfigError(
+                raise RuntimeError(
                     f"robust.root_finetune = {epochs} needs the server's training on root data, which the runtime "
                     "provides (runtime/root_training.py); this process has none"
                 )
@@ -381,8 +382,8 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self._finetune_training = _root_training[0](replace(cfg, train=replace(cfg.train, local_epochs=epochs)))
         seed = derive_seed(self.cfg.seed, "root-finetune", self._aggregations)
         trained, self._finetune_optimizer = self._finetune_training(aggregate, self._finetune_optimizer, seed)
-        if set(trained) != set(aggregate):
-            raise ConfigError(
+        if set(trained) != set(aggregate):  # refused at load (composition.py, the protocol's check)
+            raise UncheckedConfigError(
                 f"robust.root_finetune = {epochs} needs an aggregate that is a whole model; "
                 f"federation.strategy = {self.cfg.federation.strategy!r} returns others"
             )
@@ -448,25 +449,13 @@ _in_force = lru_cache(maxsize=16)(lambda robust, fed, mode: robust.active(fed, m
 
 def with_defences(protocol: FederatedProtocol, root_training: RootTraining | None = None) -> FederatedProtocol:
     """``protocol`` wrapped in :class:`RobustAggregation` when ``robust.*`` puts a defence in force. ``root_training``:
-    FLTrust's server update (default: the one the runtime provided, :func:`provide_root_training`). A defence on
-    whole-model updates (FLTrust, FLAME, clip_noise) or the fine-tuning pass on root data (``robust.root_finetune``)
-    is refused where payloads are not whole models."""
+    FLTrust's server update (default: the one the runtime provided, :func:`provide_root_training`). What the defences
+    refuse (a rule on whole-model updates, or the fine-tuning pass, where payloads are not whole models) is refused
+    once, when the configuration loads (``config/composition.py``)."""
     cfg = protocol.cfg
     bound, aggregator = _in_force(cfg.robust, cfg.federation, cfg.secure.mode)
     if bound == "none" and aggregator == "mean" and not cfg.robust.root_finetune:
         return protocol
-    if aggregator in UPDATE_RULES and protocol.spec.estimator != "model":
-        raise ConfigError(
-            f"robust.aggregator = {aggregator!r} does not apply to federation.strategy = {protocol.spec.name!r}: "
-            "it works on each client's update (payload minus the global model), which the server can form only "
-            "where each payload is a whole model (FedAvg, coded or sampled)"
-        )
-    if cfg.robust.root_finetune and protocol.spec.estimator != "model":
-        raise ConfigError(
-            f"robust.root_finetune = {cfg.robust.root_finetune} does not apply to federation.strategy = "
-            f"{protocol.spec.name!r}: the server trains the round's aggregate as a model, which it is only where "
-            "each payload is a whole model (FedAvg, coded or sampled)"
-        )
     return RobustAggregation(protocol, bound, aggregator, root_training)
 
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from ...config import ConfigError
 from ...core.dp import flatten, unflatten
 from ...core.server_opt import Moments, ServerOptimizer, server_step
+from ...errors import UncheckedConfigError
 from ...wire import TensorSpec
 from ..interface.base import FederatedProtocol, Phases, Tensors
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
@@ -52,8 +52,8 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     def __init__(self, inner: FederatedProtocol, opt: ServerOptimizer) -> None:
         super().__init__(inner)
-        if inner.spec.aggregate_kind is None:
-            raise ConfigError(
+        if inner.spec.aggregate_kind is None:  # refused at load (config/sections.py)
+            raise UncheckedConfigError(
                 f"federation.server_optimizer = {opt.name!r} needs an aggregate that is the global model or an "
                 f"update of it; that of federation.strategy = {inner.spec.name!r} is neither"
             )

@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .masking import SecAggError, quantization_error_bound
-from .secagg_client import SecAggClient
-from .secagg_common import SecAggParams
-from .secagg_server import SecAggServer
+from trustformer.secure.masking import SecAggError, quantization_error_bound
+from trustformer.secure.secagg_client import SecAggClient
+from trustformer.secure.secagg_common import SecAggParams
+from trustformer.secure.secagg_server import SecAggServer
 
 
 def run_protocol(

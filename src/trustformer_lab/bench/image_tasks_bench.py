@@ -1,9 +1,9 @@
 """Timing runs of the image tasks: centralized training, or a plain FedAvg loop, with the test score
 after every epoch (round) and the wall time — what the ``small`` presets were chosen from.
 
-    python -m trustformer.tasks.bench --task image --preset small --epochs 6 --threads 1
-    python -m trustformer.tasks.bench --task segmentation --preset small --epochs 30 --threads 1
-    python -m trustformer.tasks.bench --task image --preset small --clients 3 --epochs 6   # FedAvg
+    python -m trustformer_lab.bench.image_tasks_bench --task image --preset small --epochs 6 --threads 1
+    python -m trustformer_lab.bench.image_tasks_bench --task segmentation --preset small --epochs 30 --threads 1
+    python -m trustformer_lab.bench.image_tasks_bench --task image --preset small --clients 3 --epochs 6   # FedAvg
 
 ``--clients 1`` (default) trains one model on the whole training set. ``--clients N`` runs FedAvg
 (McMahan et al. 2017, Algorithm 1, every client in every round): each round, every client starts from
@@ -35,13 +35,13 @@ def _parse_value(text: str) -> Any:
 
 def make_task(task: str, preset: str, overrides: dict[str, Any], seed: int):
     if task in ("image", "image-classification"):
-        from ..config import image_preset
-        from .image import ImageClassificationTask
+        from trustformer.config import image_preset
+        from trustformer.tasks.image import ImageClassificationTask
 
         return ImageClassificationTask(image_preset(preset, **overrides), seed=seed)
     if task == "segmentation":
-        from ..config import seg_preset
-        from .segmentation import SegmentationTask
+        from trustformer.config import seg_preset
+        from trustformer.tasks.segmentation import SegmentationTask
 
         return SegmentationTask(seg_preset(preset, **overrides), seed=seed)
     raise SystemExit(f"--task must be image or segmentation; got {task!r}")
@@ -113,7 +113,7 @@ def run(
             f"elapsed {row['elapsed_s']:.0f} s"
         )
     if figure:
-        from .figures import mask_figure, partition_figure
+        from trustformer.tasks.figures import mask_figure, partition_figure
 
         if task.name == "segmentation":
             mask_figure(
@@ -133,7 +133,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trustformer.tasks.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m trustformer_lab.bench.image_tasks_bench", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--task", default="image", help="image | segmentation")
     ap.add_argument("--preset", default="small", help="tiny | small | paper")
     ap.add_argument(
