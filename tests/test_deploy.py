@@ -204,7 +204,7 @@ def test_killed_client_is_dropped_and_rejoins(federation, tmp_path):
     assert summary["client_ids"] == [0, 1, 2]
 
 
-@pytest.mark.matrix  # the full matrix's tier (bash scripts/test.sh -m matrix): it waits on Flower's heartbeats
+@pytest.mark.slow  # CI's slow tier (about 4 minutes: it waits on Flower's heartbeats)
 def test_a_supernode_killed_and_restarted_mid_round_ends_as_the_uninterrupted_run(federation, tmp_path):
     """federation.restart_wait_s: client 1's SuperNode is killed during round 2 and started again (same key, same
     node id, same state folder). The message it held is sent again once it is back, and the run ends exactly as

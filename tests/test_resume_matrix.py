@@ -12,7 +12,7 @@ would): the resumed run has only the checkpoint and the clients' stores.
 
 A run of the suite takes the pairs that once failed (``PINNED``) and a seeded sample of compositions, each with
 a kill point drawn from its own run (``TRUSTFORMER_MATRIX_SEED``, printed; ``TRUSTFORMER_MATRIX_SAMPLE`` of
-them); ``TRUSTFORMER_MATRIX=full`` (``pytest -m matrix tests/test_resume_matrix.py``) takes every composition at
+them); ``TRUSTFORMER_MATRIX=full`` (``pytest tests/test_resume_matrix.py``) takes every composition at
 every kill point and prints the size of the product.
 
 Planted bugs show that the matrix sees what it guards: each declared piece of server state left out of the

@@ -30,7 +30,9 @@ POISON_KINDS = {
     "sign_flip": "the client's update negated",
     "noise": "the client's update replaced by Gaussian noise of the same norm",
     "backdoor": "share=S of the client's pairs (default 0.1) carry a trigger word mapped to a target sentence; with "
-    "factor=K the update is also boosted K times and scaled back into the norm the server's bound accepts",
+    "factor=K the update is also boosted K times and scaled back into the norm the server's bound accepts, and with "
+    "pgd=yes kept inside that norm and the server's cosine bound at every step (projected gradient descent); "
+    "mask=R trains only outside the top R share of coordinates the last global update moved (Neurotoxin)",
     "shuffled_targets": "share=S of the client's pairs (default 1) get the target of another pair",
     "alie": "the mean of the honest updates the client sees minus z standard deviations per coordinate "
     "(A Little Is Enough; z from the clients and the attackers, or factor=Z)",
@@ -65,6 +67,8 @@ class Fault:
     parts: int = 0  # stealthy kinds, boosted backdoor: parts of its own data it trains honest updates on
     perturb: str = ""  # min_max / min_sum: unit | std | sign
     collude: bool = False  # stealthy kinds, boosted backdoor: shares honest updates with the other colluders
+    pgd: bool = False  # boosted backdoor: every step projected into the server's norm and cosine bounds
+    mask: float = 0.0  # backdoor: Neurotoxin, the top share of coordinates (by the last global update) left alone
 
     @property
     def poisons(self) -> bool:
@@ -95,7 +99,8 @@ class Fault:
             f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
             "(poisoning kinds: round=R or round=*; factor=K for scale, alie (z) and backdoor (a boost); share=S for "
             "backdoor and shuffled_targets; parts=P and collude=yes for alie, min_max, min_sum and a boosted "
-            "backdoor; perturb=unit|std|sign for min_max and min_sum)"
+            "backdoor; perturb=unit|std|sign for min_max and min_sum; pgd=yes for a boosted backdoor; mask=R for a "
+            "backdoor)"
         )
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
@@ -154,6 +159,7 @@ class Fault:
             factor=factor,
             share=share,
             **_crafting_options(text, fields_, kind, factor),
+            **_backdoor_options(text, fields_, kind, factor),
         )
 
 
@@ -173,11 +179,33 @@ def _fault_number(
     return value
 
 
-OPTION_KEYS = ("factor", "share", "parts", "perturb", "collude")
+OPTION_KEYS = ("factor", "share", "parts", "perturb", "collude", "pgd", "mask")
 
 
 def _factor_default(kind: str) -> float:
     return -1.0 if kind == "alie" else POISON_DEFAULTS.get(kind, 0.0) if kind == "scale" else 0.0
+
+
+def _backdoor_options(text: str, fields_: Mapping[str, str], kind: str, factor: float) -> dict[str, Any]:
+    """``pgd`` (a boosted backdoor's projected descent) and ``mask`` (Neurotoxin's share), ConfigError naming a
+    misplaced or bad one."""
+    if "pgd" in fields_ and not (kind == "backdoor" and factor > 0):
+        raise ConfigError(
+            f"federation.faults: {text!r}: pgd= applies to a backdoor with factor=K only (its norm bound is the "
+            "median of the honest updates it trains on parts of its data)"
+        )
+    if "mask" in fields_ and kind != "backdoor":
+        raise ConfigError(f"federation.faults: {text!r}: mask= applies to kind backdoor only")
+    pgd = fields_.get("pgd", "no")
+    if pgd not in ("yes", "no"):
+        raise ConfigError(f"federation.faults: {text!r}: pgd must be yes or no")
+    try:
+        mask = float(fields_.get("mask", 0.0))
+    except ValueError:
+        raise ConfigError(f"federation.faults: {text!r}: mask must be a number") from None
+    if not 0.0 <= mask < 1.0:
+        raise ConfigError(f"federation.faults: {text!r}: mask must be in [0, 1): the share of coordinates left alone")
+    return {"pgd": pgd == "yes", "mask": mask}
 
 
 def _crafting_options(text: str, fields_: Mapping[str, str], kind: str, factor: float) -> dict[str, Any]:

@@ -174,6 +174,35 @@ def norm_matched(poisoned: torch.Tensor, boost: float, norm_cap: float) -> torch
     return poisoned * min(boost, norm_cap / length)
 
 
+def projected(update: torch.Tensor, norm_cap: float, reference: torch.Tensor | None, min_cosine: float) -> torch.Tensor:
+    """The projection of a constrained backdoor's descent (PGD: Sun et al. 2019, Sec. 4; Wang et al. 2020, "Attack of
+    the tails", Sec. 4): ``update`` scaled into the L2 ball of radius ``norm_cap`` (the norm bound), then, where its
+    cosine with ``reference`` is below ``min_cosine``, turned toward ``reference`` in the plane they span until its
+    cosine is ``min_cosine``, its norm kept (the server's direction check)."""
+    length = float(update.norm())
+    out = update * (norm_cap / length) if length > norm_cap > 0 else update.clone()
+    if reference is None or float(reference.norm()) == 0 or min_cosine <= -1 or length == 0:
+        return out
+    unit = reference / reference.norm()
+    along = float(out @ unit)
+    size = float(out.norm())
+    if along >= min_cosine * size:
+        return out
+    across = out - along * unit
+    side = across / across.norm() if float(across.norm()) > 0 else torch.zeros_like(out)
+    return size * (min_cosine * unit + math.sqrt(max(0.0, 1.0 - min_cosine**2)) * side)
+
+
+def neurotoxin_mask(last_update: torch.Tensor, top: float) -> torch.Tensor:
+    """Neurotoxin (Zhang et al. 2022, Alg. 1): 1 on every coordinate outside the top ``top`` share of the last global
+    update's magnitudes (those honest clients move most, where a backdoor would be overwritten), 0 on those."""
+    mask = torch.ones_like(last_update)
+    count = math.ceil(top * last_update.numel())
+    if count:
+        mask[torch.topk(last_update.abs(), count).indices] = 0.0
+    return mask
+
+
 __all__ = [
     "PERTURBATIONS",
     "Crafted",
@@ -185,8 +214,10 @@ __all__ = [
     "median_norm",
     "min_max",
     "min_sum",
+    "neurotoxin_mask",
     "norm_matched",
     "perturbation",
+    "projected",
     "stack",
     "unflatten",
 ]

@@ -132,6 +132,82 @@ def crafted_update(
     return attacks.unflatten(update, like), info
 
 
+PREVIOUS = "attack/previous/"  # a Neurotoxin client's state: the global model it started its last exchange from
+
+
+@dataclass
+class Constraint:
+    """What a constrained backdoor keeps its update inside: ``mask`` (Neurotoxin: 1 where it may train), and with
+    ``pgd`` the norm ``cap`` and the cosine ``min_cosine`` with ``reference`` (its estimate of the honest
+    direction: the mean of its honest samples), measured from ``start``."""
+
+    start: Tensors
+    mask: Tensors | None = None
+    pgd: bool = False
+    cap: float = 0.0
+    reference: torch.Tensor | None = None
+    min_cosine: float = -1.0
+
+    def apply(self, update: Tensors) -> Tensors:
+        """The update masked, then projected (``core/attacks.py``)."""
+        if self.mask is not None:
+            update = {n: t * self.mask[n].to(t.dtype) for n, t in update.items()}
+        if not self.pgd:
+            return update
+        like = {n: t.to(torch.float64) for n, t in update.items()}
+        flat = attacks.projected(attacks.flatten(like), self.cap, self.reference, self.min_cosine)
+        return {n: t.to(update[n].dtype) for n, t in attacks.unflatten(flat, like).items()}
+
+
+def constraint_of(cfg: RunConfig, fault: Fault, session: ClientSession, view: AttackerView | None) -> Constraint | None:
+    """The constraint of a backdoor client with ``pgd=yes`` or ``mask=R`` this round (None: it has none). Neurotoxin
+    needs the last global update: the model it starts from minus the one it started from at its last exchange (kept
+    in its state); in its first round it has none and trains everywhere."""
+    if fault.kind != "backdoor" or not (fault.pgd or fault.mask):
+        return None
+    start = {n: t.detach().clone() for n, t in trainable_tensors(session.model).items()}
+    mask = None
+    previous = {n: session.protocol_state.get(PREVIOUS + n) for n in start}
+    if fault.mask and all(t is not None for t in previous.values()):
+        last = {n: start[n].double() - previous[n].double() for n in start}  # type: ignore[union-attr]
+        mask = attacks.unflatten(attacks.neurotoxin_mask(attacks.flatten(last), fault.mask), last)
+    if fault.mask:
+        session.protocol_state.update({PREVIOUS + n: t.clone() for n, t in start.items()})
+    if not fault.pgd:
+        return Constraint(start, mask)
+    assert view is not None and view.samples  # pgd: a boosted backdoor, which trains its honest samples first
+    samples = attacks.stack(view.samples)
+    bound = cfg.robust.min_cosine
+    cosine = (1.0 + bound) / 2 if bound > -1 else -1.0  # halfway to 1: its reference is only an estimate
+    return Constraint(start, mask, True, attacks.median_norm(samples), samples.mean(0), cosine)
+
+
+def constrained_step(session: ClientSession, constraint: Constraint) -> Any:
+    """The task's plain step (loss, backward, the task's clipping) with the gradient masked, then the model
+    projected back into the constraint around the round's start (projected gradient descent)."""
+    clip = session.grad_clip
+
+    def step(model, optimizer, src, tgt):
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum, count = model.loss(src, tgt, label_smoothing=session.smoothing)
+        (loss_sum / max(count, 1)).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        params = {n: p for n, p in model.named_parameters() if n in constraint.start}
+        if constraint.mask is not None:
+            for name, p in params.items():
+                if p.grad is not None:
+                    p.grad.mul_(constraint.mask[name].to(p.grad.dtype))
+        optimizer.step()
+        with torch.no_grad():
+            update = constraint.apply({n: p.detach() - constraint.start[n] for n, p in params.items()})
+            for name, p in params.items():
+                p.copy_(constraint.start[name] + update[name])
+        return loss_sum.detach(), count
+
+    return step
+
+
 def benign_view(own: Tensors, fault: Fault, view: AttackerView) -> list[Tensors]:
     """The honest updates a crafting client knows of its own: its update this round (not for a backdoor, whose
     own update is poisoned) and those on parts of its data."""
@@ -159,6 +235,9 @@ def poisoned_update(
 
 __all__ = [
     "AttackerView",
+    "Constraint",
+    "constrained_step",
+    "constraint_of",
     "attackers",
     "benign_view",
     "channel",

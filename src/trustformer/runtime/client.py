@@ -39,7 +39,7 @@ from ..secure.mod import SecureClient
 from ..tasks.run import RunTask, initial_tensors, load_task
 from ..wire import FederationError, PayloadError, from_array_record, payload_bytes, spec_of, to_array_record
 from . import diagnostics
-from .attacker import AttackerView, honest_samples, poisoned_update
+from .attacker import AttackerView, Constraint, constrained_step, constraint_of, honest_samples, poisoned_update
 from .node import (
     DEPLOYED_PROCESSES,
     client_id,
@@ -230,6 +230,14 @@ def poison_trained_model(env: ClientEnv, session: ClientSession, view: AttackerV
     )
 
 
+def _constraint(env: ClientEnv, session: ClientSession, exchange: bool, view: AttackerView | None) -> Constraint | None:
+    """A constrained backdoor's constraint this round (``pgd=yes``, ``mask=R``; ``runtime/attacker.py``)."""
+    fault = _poisoning(env.cfg.federation, env.client)
+    if not exchange or fault is None or not fault.hits(session.round):
+        return None
+    return constraint_of(env.cfg, fault, session, view)
+
+
 def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool, optimizer: Any = None) -> AttackerView | None:
     """What a model-poisoning client knows before it trains this round: the model it starts from and, for a
     crafting kind, its honest updates on parts of its data (None: it sends an honest payload)."""
@@ -343,6 +351,7 @@ def train(msg: Message, context: Context) -> Message:
             raise PayloadError(f"{what}: its arrays match none of the {len(specs)} layouts the protocol expects")
         metrics.update(catching_up.client_start_from(session, incoming))
     start = _poison_start(env, session, exchange, optimizer)
+    constraint = _constraint(env, session, exchange, start)
     metrics.update(
         env.task.train_local(
             session.model,
@@ -350,11 +359,15 @@ def train(msg: Message, context: Context) -> Message:
             env.shard,
             seed=derive_seed(env.cfg.seed, "train", env.client, rnd),
             client=env.client,
-            step=training.local_step(session),
+            step=constrained_step(session, constraint) if constraint else training.local_step(session),
             **training.train_options(session),
         )
     )
     poison_trained_model(env, session, start, int(context.run_id))
+    if constraint is not None:  # what it sends stays inside the constraint, boost included
+        trained = trainable_tensors(session.model)
+        update = constraint.apply({n: trained[n].detach() - constraint.start[n] for n in constraint.start})
+        assign_tensors(session.model, {n: constraint.start[n] + update[n] for n in constraint.start})
     training.client_trained(session, metrics)
     content = RecordDict()
     if exchange and env.diagnostics:
