@@ -396,3 +396,14 @@ def test_bench_robustness_reuses_a_run_whose_stored_configuration_predates_an_op
     stored["robust"]["bound"] = "none"
     (tmp_path / "robustness.json").write_text(json.dumps({"config": stored, "result": {"test_loss": 1.0}}))
     assert finished(cfg) is None
+
+
+def test_a_direction_check_that_refuses_every_update_stops_the_run_naming_the_option(tmp_path):
+    """robust.min_cosine above what honest updates reach (0.85–0.91 on tiny) refuses all of them: the run stops with
+    an error that names the option and the cosines, not an aggregation of nothing."""
+    from trustformer.wire import FederationError
+
+    with pytest.raises(
+        FederationError, match=r"refused all 3 updates.*robust.min_cosine = 0.99.*lower robust.min_cosine"
+    ):
+        run_in_process(tiny(tmp_path, "strict", **{"robust.min_cosine": 0.99}))

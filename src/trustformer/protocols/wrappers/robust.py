@@ -54,7 +54,7 @@ from ...core.robust import (
 )
 from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
-from ...wire import spec_of
+from ...wire import FederationError, spec_of
 from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors, held_global
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
@@ -216,6 +216,14 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
                 }
             )
             out.append({**payload, **clip_to_bound(values[i], center, norm, limit)})
+        if not kept:  # nothing to aggregate: the settings refuse what an honest majority sends
+            raise FederationError(
+                f"the update bound refused all {len(payloads)} updates of the round (cosines with the median update "
+                f"{[round(c, 3) for c in cosines] if cosines is not None else 'not measured'}, robust.min_cosine = "
+                f"{self.settings.min_cosine}; norms / their median "
+                f"{[round(n / max(median_bound(norms, 1.0), 1e-30), 2) for n in norms]}, robust.refuse_factor = "
+                f"{self.settings.refuse_factor}): lower robust.min_cosine or raise robust.refuse_factor"
+            )
         return out, kept
 
     def _cosines(self, payloads: list[Tensors]) -> list[float] | None:
