@@ -393,3 +393,33 @@ def test_bitfit_trains_and_sends_the_bias_terms_alone_and_leaves_the_public_weig
     assert all(torch.equal(final[n], public[n]) for n in frozen)
     assert not all(torch.equal(final[n], public[n]) for n in trainable)  # the biases trained
     assert all(p.requires_grad for p in task.personal_copy(model).parameters())
+
+
+def test_adapters_on_the_last_layers_only():
+    """model.lora_layers = N: adapters in the last N layers of the encoder and of the decoder, and on the embedding
+    where it is a target; 0 adapts every layer. Too many layers is refused at load, naming the option."""
+    from trustformer.config import ConfigError, load_config
+    from trustformer.models.adapters import add_lora
+    from trustformer.tasks.run import load_task
+
+    cfg = load_config("tiny", None, {"model.n_encoder_layers": 3, "model.n_decoder_layers": 3})
+    adapted = {}
+    for last in (0, 1, 2):
+        model = add_lora(
+            load_task(cfg).initial_model(),
+            rank=2,
+            alpha=4.0,
+            dropout=0.0,
+            targets=("attention", "ffn", "embedding"),
+            seed=0,
+            last_layers=last,
+        )
+        adapted[last] = {n.split(".lora_")[0] for n, p in model.named_parameters() if p.requires_grad}
+    layers = lambda names: sorted({n.split(".")[0] + "." + n.split(".")[2] for n in names if ".layers." in n})  # noqa: E731
+    assert layers(adapted[0]) == ["decoder.0", "decoder.1", "decoder.2", "encoder.0", "encoder.1", "encoder.2"]
+    assert layers(adapted[1]) == ["decoder.2", "encoder.2"]
+    assert layers(adapted[2]) == ["decoder.1", "decoder.2", "encoder.1", "encoder.2"]
+    assert all("embedding" in names for names in adapted.values())
+    assert len(adapted[1]) < len(adapted[2]) < len(adapted[0])
+    with pytest.raises(ConfigError, match="model.lora_layers = 4 exceeds"):
+        load_config("tiny", None, {"model.n_encoder_layers": 3, "model.n_decoder_layers": 3, "model.lora_layers": 4})

@@ -108,6 +108,9 @@ class ModelConfig:
     # every client (FFA-LoRA, Sun et al. 2024: half the bytes and half the coordinates DP-SGD adds noise to, and the
     # mean of the B's is exactly the mean of the updates B·A)
     lora_train: str = "ab"
+    # adapters on part of the layers: 0 = every encoder and decoder layer; N = the last N layers of each (nearest the
+    # output), fewer coordinates for DP-SGD's noise (the embedding target is not a layer: unaffected)
+    lora_layers: int = 0
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff"):
@@ -118,6 +121,13 @@ class ModelConfig:
         check_in_range("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         check_choice("model.adapters", self.adapters, ADAPTERS)
         check_at_least("model.lora_rank", self.lora_rank, 1)
+        check_at_least("model.lora_layers", self.lora_layers, 0)
+        if self.lora_layers > min(self.n_encoder_layers, self.n_decoder_layers):
+            raise ConfigError(
+                f"model.lora_layers = {self.lora_layers} exceeds the model's {self.n_encoder_layers} encoder and "
+                f"{self.n_decoder_layers} decoder layers; set at most "
+                f"{min(self.n_encoder_layers, self.n_decoder_layers)}, or 0 for every layer"
+            )
         check_choice("model.lora_train", self.lora_train, ("ab", "b"))
         check_positive("model.lora_alpha", self.lora_alpha)
         check_in_range("model.lora_dropout", self.lora_dropout, 0.0, 1.0, hi_open=True)

@@ -33,14 +33,17 @@ def add_lora(
     targets: tuple[str, ...],
     seed: int,
     train: str = "ab",
+    last_layers: int = 0,
 ) -> nn.Module:
     """Inject LoRA adapters into ``model`` (in place; returned) and freeze every other parameter. The adapters'
     random ``lora_A`` initialisation is drawn from ``seed`` (``lora_B`` starts at zero, so the adapted model is
     the base model until it trains), the same on every client. ``train = "b"``: ``lora_A`` stays frozen at that
-    start too, only ``lora_B`` trains (FFA-LoRA, Sun et al. 2024)."""
+    start too, only ``lora_B`` trains (FFA-LoRA, Sun et al. 2024). ``last_layers`` = N > 0: only the last N layers of
+    each layer stack (``<stack>.layers.<i>``) get adapters, and the embedding if it is a target."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    modules = sorted({name for group in targets for name in LORA_MODULES[group]})
+    names = sorted({name for group in targets for name in LORA_MODULES[group]})
+    modules: list[str] | str = last_layers_pattern(model, names, last_layers) if last_layers else names
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates it int; a float works (scaling = alpha / r)
@@ -54,6 +57,27 @@ def add_lora(
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) and (train == "ab" or "_B." in name or name.endswith("_B")))
     return model
+
+
+def last_layers_pattern(model: nn.Module, suffixes: list[str], last: int) -> str:
+    """A regular expression (``peft`` matches it against each module's full name) for the modules ending in one of
+    ``suffixes`` inside the last ``last`` layers of every stack ``<stack>.layers.<i>``, or outside every stack (the
+    embedding)."""
+    import re
+
+    stacks: dict[str, int] = {}
+    for name, _module in model.named_modules():
+        found = re.fullmatch(r"(.+)\.layers\.(\d+)", name)
+        if found:
+            stacks[found[1]] = max(stacks.get(found[1], -1), int(found[2]))
+    inside = [
+        rf"{re.escape(stack)}\.layers\.{i}\..*"
+        for stack, top in sorted(stacks.items())
+        for i in range(max(0, top + 1 - last), top + 1)
+    ]
+    ends = "|".join(re.escape(s) for s in suffixes)
+    outside = r"(?!.*\.layers\.\d+\.)(?:.*\.)?"
+    return rf"(?:{'|'.join(inside)}|{outside})(?:{ends})"
 
 
 def is_adapter(name: str) -> bool:

@@ -155,6 +155,7 @@ class TranslationTask:
                 targets=m.lora_targets,
                 seed=derive_seed(cfg.seed, "lora-init"),
                 train=m.lora_train,
+                last_layers=m.lora_layers,
             )
         return model
 
