@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from trustformer.config import load_config
+from trustformer.config import load_config, parse_override
 from trustformer.engine.inprocess import run_in_process
 
 SETTING: dict[str, Any] = {
@@ -35,19 +35,6 @@ SETTING: dict[str, Any] = {
     "runtime.threads": 1,
 }
 STRATEGIES = ("fedavg", "scaffold")
-
-
-def parse_values(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        if not _:
-            raise SystemExit(f"--set {pair!r}: expected key=value")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def per_round_loss(out: Path) -> list[float]:
@@ -72,7 +59,7 @@ def main() -> None:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    setting = {**SETTING, **parse_values(args.set), "seed": args.seed}
+    setting = {**SETTING, **dict(parse_override(s) for s in args.set), "seed": args.seed}
     runs: dict[str, dict[str, Any]] = {}
     for strategy in STRATEGIES:
         out = Path(args.runs) / f"{strategy}-seed{args.seed}"

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trustformer.config import load_config
 from trustformer.config.run import RunConfig
 
@@ -72,3 +74,31 @@ def forget_process() -> None:
 
     client_runtime._node_protocols.clear()
     node_runtime._memory_stores.clear()
+
+
+class Quadratic(torch.nn.Module):
+    """A one-parameter model for a protocol's own local step: F(w) = ½‖w − t‖² summed over a batch of targets t (its
+    minimiser is the mean target), with the ``loss`` signature of the project's models."""
+
+    def __init__(self, start: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(start.clone())
+
+    def loss(self, src: Any, tgt: torch.Tensor, label_smoothing: float = 0.0) -> tuple[torch.Tensor, int]:
+        return 0.5 * ((self.w - tgt) ** 2).sum(), tgt.shape[0]
+
+
+def session_of(model: Any, state: Mapping[str, Any] | None = None, rnd: int = 1) -> Any:
+    """A client session of ``model`` for a local step alone (no configuration, no data): protocol state ``state``."""
+    from trustformer.protocols.interface.base import ClientSession
+
+    return ClientSession(
+        cfg=None,  # type: ignore[arg-type]
+        client=0,
+        round=rnd,
+        model=model,
+        num_examples=1,
+        initial_tensors=dict,
+        protocol_state=dict(state or {}),
+        label_smoothing=0.0,
+    )

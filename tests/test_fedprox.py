@@ -5,32 +5,14 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import jsonl, tiny_config
+from helpers import Quadratic, jsonl, session_of, tiny_config
 
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import bare, make_protocol
 from trustformer.protocols.fedprox import FedProx, proximal_step, proximal_term
-from trustformer.protocols.interface.base import ClientSession
 
 tiny = partial(tiny_config, defaults={"federation.strategy": "fedprox"})
-
-
-class Quadratic(torch.nn.Module):
-    """F(w) = ½‖w − t‖² summed over a batch of targets t: its minimiser is the mean target."""
-
-    def __init__(self, start):
-        super().__init__()
-        self.w = torch.nn.Parameter(start.clone())
-
-    def loss(self, src, tgt, label_smoothing=0.0):
-        return 0.5 * ((self.w - tgt) ** 2).sum(), tgt.shape[0]
-
-
-def session_of(model):
-    return ClientSession(
-        cfg=None, client=0, round=1, model=model, num_examples=1, initial_tensors=lambda: {}, label_smoothing=0.0
-    )
 
 
 def test_the_proximal_term_is_half_mu_times_the_squared_distance():

@@ -6,45 +6,20 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import jsonl, tiny_config
+from helpers import Quadratic, jsonl, session_of, tiny_config
 
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols import bare, make_protocol
-from trustformer.protocols.interface.base import ClientSession
 from trustformer.protocols.scaffold import C_I, CONTROL, C, Scaffold, corrected_step
 
 tiny = partial(tiny_config, defaults={"federation.strategy": "scaffold"})
 
 
-class Quadratic(torch.nn.Module):
-    """F(w) = ½‖w − t‖² summed over a batch of targets t."""
-
-    def __init__(self, start):
-        super().__init__()
-        self.w = torch.nn.Parameter(start.clone())
-
-    def loss(self, src, tgt, label_smoothing=0.0):
-        return 0.5 * ((self.w - tgt) ** 2).sum(), tgt.shape[0]
-
-
-def session_of(model, state=None):
-    return ClientSession(
-        cfg=None,
-        client=0,
-        round=2,
-        model=model,
-        num_examples=1,
-        initial_tensors=lambda: {},
-        protocol_state=dict(state or {}),
-        label_smoothing=0.0,
-    )
-
-
 def test_the_step_descends_along_the_gradient_corrected_by_c_minus_c_i():
     model = Quadratic(torch.zeros(2))
     c, c_i = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0])
-    session = session_of(model, {C + "w": c, C_I + "w": c_i})
+    session = session_of(model, {C + "w": c, C_I + "w": c_i}, rnd=2)
     step = corrected_step(session)
     step(model, torch.optim.SGD(model.parameters(), lr=0.1), None, torch.tensor([[4.0, -2.0]]))
     # g = w − t = (−4, 2); g − c_i + c = (−3, 0); w ← −0.1·(−3, 0)
@@ -57,7 +32,7 @@ def test_option_two_control_variate_is_the_mean_raw_gradient_and_matches_the_pap
     x, lr, steps = torch.tensor([0.5, -1.0]), 0.05, 7
     c, c_i = torch.tensor([0.3, -0.2]), torch.tensor([-0.1, 0.4])
     model = Quadratic(x)
-    session = session_of(model, {C + "w": c, C_I + "w": c_i})
+    session = session_of(model, {C + "w": c, C_I + "w": c_i}, rnd=2)
     step, optimizer = corrected_step(session), torch.optim.SGD(model.parameters(), lr=lr)
     for k in range(steps):
         step(model, optimizer, None, torch.tensor([[float(k), 2.0 - k]]))

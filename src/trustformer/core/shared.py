@@ -20,6 +20,25 @@ LocalStep = Callable[[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torc
 updates the model and returns the batch loss summed over tokens or examples (detached) and their count."""
 
 
+def clipped_gradients(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    src: torch.Tensor,
+    tgt: torch.Tensor,
+    smoothing: float,
+    clip: float,
+) -> tuple[torch.Tensor, int]:
+    """The first half of the task's plain step, for a protocol's or an attacker's own step to change the gradient
+    before ``optimizer.step()``: gradients zeroed, the batch's mean loss back-propagated, the gradient clipped to
+    ``clip`` (0: not clipped) as the task's step clips it. Returns the batch's summed loss (detached) and count."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, count = model.loss(src, tgt, label_smoothing=smoothing)  # type: ignore[operator]
+    (loss_sum / max(count, 1)).backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    return loss_sum.detach(), count
+
+
 def derive_seed(*parts: int | str) -> int:
     """A stable 63-bit seed derived from the run seed and labels (client, round, purpose)."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()

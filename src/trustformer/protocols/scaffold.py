@@ -22,7 +22,7 @@ import torch
 
 from ..config import ConfigError, RunConfig
 from ..core.aggregation import weighted_mean
-from ..core.shared import LocalStep
+from ..core.shared import LocalStep, clipped_gradients
 from ..wire import TensorSpec, spec_of
 from .fedavg import FedAvg
 from .interface.base import ClientSession, Phases, Tensors, assign_tensors, trainable_tensors
@@ -59,11 +59,7 @@ def corrected_step(session: ClientSession) -> LocalStep:
     shift = {n: state.get(C + n, 0.0) - state.get(C_I + n, 0.0) if C + n in state else None for n in names}
 
     def step(model, optimizer, src, tgt):
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = model.loss(src, tgt, label_smoothing=session.smoothing)
-        (loss_sum / max(count, 1)).backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        loss_sum, count = clipped_gradients(model, optimizer, src, tgt, session.smoothing, clip)
         for name, p in model.named_parameters():
             if name not in shift or p.grad is None:
                 continue
@@ -73,7 +69,7 @@ def corrected_step(session: ClientSession) -> LocalStep:
                 p.grad.add_(shift[name].to(p.grad.dtype))
         state[STEPS] = state.get(STEPS, torch.zeros(())) + 1
         optimizer.step()
-        return loss_sum.detach(), count
+        return loss_sum, count
 
     return step
 

@@ -30,7 +30,7 @@ import torch
 from ..config import RunConfig
 from ..config.faults import Fault
 from ..core import attacks
-from ..core.shared import Tensors, derive_seed, trainable_tensors
+from ..core.shared import Tensors, clipped_gradients, derive_seed, trainable_tensors
 from ..protocols.interface.base import ClientSession
 
 log = logging.getLogger(__name__)
@@ -188,11 +188,7 @@ def constrained_step(session: ClientSession, constraint: Constraint) -> Any:
     clip = session.grad_clip
 
     def step(model, optimizer, src, tgt):
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = model.loss(src, tgt, label_smoothing=session.smoothing)
-        (loss_sum / max(count, 1)).backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        loss_sum, count = clipped_gradients(model, optimizer, src, tgt, session.smoothing, clip)
         params = {n: p for n, p in model.named_parameters() if n in constraint.start}
         if constraint.mask is not None:
             for name, p in params.items():
@@ -203,7 +199,7 @@ def constrained_step(session: ClientSession, constraint: Constraint) -> Any:
             update = constraint.apply({n: p.detach() - constraint.start[n] for n, p in params.items()})
             for name, p in params.items():
                 p.copy_(constraint.start[name] + update[name])
-        return loss_sum.detach(), count
+        return loss_sum, count
 
     return step
 
