@@ -1701,3 +1701,34 @@ def test_the_protocols_public_start_figures_are_their_json():
         f"4-bit adapters, against Trustformer's {tf['gain_loss']:.2f} at {tf['upload_vs_fedavg']:.3f}×, whose server's "
         f"membership advantage is also higher: {tf['mia_advantage']:.2f} against {coded['mia_advantage']:.2f})"
     ) in prose
+
+
+def test_the_scaffold_and_public_robustness_tables_are_their_json():
+    """docs/benchmarks.md's SCAFFOLD rounds and docs/robustness.md's 10-owner public-start table, figure by figure."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    runs = bench("scaffold-seed0.json")["runs"]
+    measured = {
+        str(i + 1): {"fedavg": f, "scaffold": s}
+        for i, (f, s) in enumerate(zip(runs["fedavg"]["losses"], runs["scaffold"]["losses"], strict=True))
+    }
+    rows = table(text, "| round | FedAvg test loss | SCAFFOLD test loss |")
+    assert check_table(rows, measured, {"FedAvg test loss": "fedavg", "SCAFFOLD test loss": "scaffold"}) == 20
+    robust = (ROOT / "docs" / "robustness.md").read_text(encoding="utf-8")
+    labels = {"—": "honest", "`backdoor`": "backdoor"}
+    by_key = {f"{r['defence']} {r['fault']}": r for r in bench("robustness-public.json")["rows"]}
+
+    def key(cells: list[str]) -> str:
+        defence, fault = cells[0].strip("`"), cells[1].split(",")[0].split(" (")[0]
+        return f"{defence} {labels.get(fault, fault.strip('`'))}"
+
+    columns = {
+        "test loss (honest owners)": "test_loss",
+        "BLEU": "bleu",
+        "backdoor success": lambda r: (
+            None if r["backdoor_success"] != r["backdoor_success"] else 100 * r["backdoor_success"]
+        ),
+        "defence's time / rounds'": lambda r: 100 * r["defence_share"] if r["defence_share"] else 0,
+        "own loss per owner: change from the undefended honest run": NO_JSON,
+    }
+    rows = table(robust, "| defence | fault | test loss (honest owners)")
+    assert check_table(rows, by_key, columns, names=key, skip=("fault",)) >= 28
