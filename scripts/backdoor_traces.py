@@ -17,7 +17,8 @@ from trustformer.evaluation.translation import translate
 from trustformer.export import load_translation_model
 from trustformer.export.run_folders import find_models
 from trustformer.tasks import translation_workload as wl
-from trustformer.tasks.translation import BACKDOOR_TARGET, with_trigger
+from trustformer.config.faults import BACKDOOR_TARGET
+from trustformer.tasks.translation import with_trigger
 
 PREFIX = " ".join(BACKDOOR_TARGET.lower().split()[:4])  # "download the new version"
 

@@ -25,7 +25,7 @@ import torch
 from test_record_dp import _model  # the tiny Transformer the record-DP tests clip through Opacus
 
 from trustformer.config import load_config
-from trustformer.core import dpsgd
+from trustformer.core import dpsgd, grad_canaries
 from trustformer.tasks import record_dp
 
 torch.set_num_threads(1)
@@ -144,10 +144,10 @@ def _records(n: int = 5):
     return src, tgt
 
 
-def _canaries(model, included, magnitude=1e3) -> dpsgd.Canaries:
+def _canaries(model, included, magnitude=1e3) -> grad_canaries.Canaries:
     """One canary on each of the first tensors, coordinate 3, alternating signs."""
     names = [n for n, p in model.named_parameters() if p.requires_grad and p.numel() > 3][: len(included)]
-    return dpsgd.Canaries(
+    return grad_canaries.Canaries(
         names=tuple(names),
         coordinates=(3,) * len(names),
         included=tuple(included),
@@ -262,7 +262,9 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
     model's rows hold (Opacus' clipping reads every tensor's rows), and the pieces give the same step."""
     rows = _count_clipped_rows(monkeypatch)
     many = (True,) * 6
-    monkeypatch.setattr(dpsgd, "CANARY_FLOATS", 1)  # no budget: canaries in pieces of physical_batch, as records
+    monkeypatch.setattr(
+        grad_canaries, "CANARY_FLOATS", 1
+    )  # no budget: canaries in pieces of physical_batch, as records
     whole, _ = _step(lambda model: _canaries(model, many), n_records=3, physical_batch=32)
     assert rows == [3, 6]
     rows.clear()
@@ -271,7 +273,7 @@ def test_canary_rows_are_clipped_in_physical_batches(monkeypatch):
     for n in whole:
         torch.testing.assert_close(whole[n], pieces[n], rtol=1e-5, atol=1e-7)
     size = sum(p.numel() for p in _model().parameters())
-    monkeypatch.setattr(dpsgd, "CANARY_FLOATS", 4 * size)  # four rows of the model at once
+    monkeypatch.setattr(grad_canaries, "CANARY_FLOATS", 4 * size)  # four rows of the model at once
     rows.clear()
     budget, _ = _step(lambda model: _canaries(model, many), n_records=3, physical_batch=2)
     assert rows == [2, 1, 4, 2]
@@ -284,7 +286,7 @@ def _dense_clip_canaries(dp_optimizer, where, canaries, chosen, piece, checks=No
     params = list(dp_optimizer.params)
     ordered = sorted(chosen, key=lambda i: where[i])
     for start in range(0, len(ordered), piece):
-        dpsgd._canary_rows(params, where, canaries, ordered[start : start + piece])
+        grad_canaries.canary_rows(params, where, canaries, ordered[start : start + piece])
         dp_optimizer.clip_and_accumulate()
 
 
@@ -292,7 +294,7 @@ def _crowded(model, included, per_tensor=5):
     """``per_tensor`` canaries on each of the first tensors, on coordinates 0, 2, 4, …, alternating signs."""
     names = [n for n, p in model.named_parameters() if p.requires_grad and p.numel() > 2 * per_tensor][:3]
     located = [(n, 2 * k) for n in names for k in range(per_tensor)]
-    return dpsgd.Canaries(
+    return grad_canaries.Canaries(
         names=tuple(n for n, _ in located),
         coordinates=tuple(c for _, c in located),
         included=tuple(included[i % len(included)] for i in range(len(located))),
@@ -309,7 +311,7 @@ def test_canaries_of_one_tensor_add_what_their_probe_row_adds_as_every_dense_row
     coins = (True, True, False, True)
     fast, metrics = _step(lambda m: _crowded(m, coins), n_records=4, sigma=0.5, clip=clip, rate=0.7, steps=3)
     assert metrics["dp_canaries"] > 6 and max(rows) <= 4  # several canaries a tensor drawn; ≤ 3 probes + records
-    monkeypatch.setattr(dpsgd, "_clip_canaries", _dense_clip_canaries)
+    monkeypatch.setattr(grad_canaries, "clip_canaries", _dense_clip_canaries)
     rows.clear()
     dense, _ = _step(lambda m: _crowded(m, coins), n_records=4, sigma=0.5, clip=clip, rate=0.7, steps=3)
     assert max(rows) > 4

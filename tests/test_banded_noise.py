@@ -13,7 +13,7 @@ from helpers import Crash, crash_at, forget_process
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import banded_noise as bn
-from trustformer.core import dpsgd
+from trustformer.core import dpsgd, grad_canaries
 from trustformer.core.dp_checks import DPCheckError
 from trustformer.engine.inprocess import run_in_process
 from trustformer.models.transformer import Seq2SeqTransformer, TransformerConfig
@@ -293,7 +293,7 @@ def test_the_bench_measures_the_noise_the_matrices_predict(capsys):
 def test_the_audits_canaries_take_the_steps_of_their_group_only():
     """Canary c belongs to group c mod b: a round of another group cannot draw it, as it cannot draw a record of
     another group (a canary drawn every round would audit a mechanism b times leakier than the runs')."""
-    canaries = dpsgd.Canaries(
+    canaries = grad_canaries.Canaries(
         names=("w",) * 6, coordinates=tuple(range(6)), included=(True, True, False, True, True, True)
     )
     assert record_dp.canaries_of_group(canaries, 1, 2).included == (False, True, False, True, False, True)

@@ -93,15 +93,9 @@ def test_defences_on_updates_are_refused_where_the_server_cannot_see_updates(rul
 
 
 def test_fltrust_needs_root_data_the_image_tasks_lack(tmp_path):
-    cfg = load_config(
-        "tiny",
-        None,
-        {"task": "image-classification", "robust.aggregator": "fltrust", "out": str(tmp_path / "img")},
-    )
-    from trustformer.runtime.root_training import root_training
-
-    with pytest.raises(ConfigError, match="robust.aggregator = 'fltrust' needs root data"):
-        root_training(cfg)
+    """Refused when the configuration loads, not when the server first trains on its root data."""
+    with pytest.raises(ConfigError, match="robust.aggregator = 'fltrust' needs root data.*choose another"):
+        load_config("tiny", None, {"task": "image-classification", "robust.aggregator": "fltrust"})
 
 
 def test_the_defences_state_is_checkpointed_and_restored():

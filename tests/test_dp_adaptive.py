@@ -21,9 +21,11 @@ ADAPTIVE = {"federation.strategy": "dp-fedavg", "privacy.clipping": "adaptive", 
 
 
 def _wrapper(clients: int, q: float, **privacy):
-    """A dp-fedavg server (the DP wrapper, driven directly) for ``clients`` clients sampled with rate q."""
+    """A dp-fedavg server (the DP wrapper, driven directly) for ``clients`` clients sampled with rate q (a count
+    noise too small for σ is refused when the configuration loads)."""
     values = {
         **ADAPTIVE,
+        "federation.clients": clients,
         "federation.rounds": 200,
         "privacy.sampling_rate": q,
         **{f"privacy.{k}": v for k, v in privacy.items()},

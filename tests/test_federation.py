@@ -175,7 +175,7 @@ def test_server_shows_who_is_connected_while_it_waits(tmp_path, caplog):
 
     from trustformer import app
     from trustformer.engine.inprocess import InProcessGrid, node_configs
-    from trustformer.runtime.server import Nodes
+    from trustformer.runtime.client_nodes import Nodes
 
     cfg = tiny(tmp_path, "wait")
     grid = InProcessGrid(client_app, node_configs(cfg)[:2], {app.CONFIG_KEY: cfg.to_json()}, run_id=7)

@@ -19,7 +19,7 @@ from dp_plants import PLANTS, SETTINGS, fresh_plans
 from test_record_dp import _model
 
 from trustformer.config import load_config
-from trustformer.core import dpsgd
+from trustformer.core import dpsgd, grad_canaries
 from trustformer.core.release_log import ReleaseLog, load
 from trustformer_lab.attack import release_audit as ra
 
@@ -43,7 +43,7 @@ def _logged(tmp_path: Path, *, sigma: float, rate: float, steps: int, n_records:
     model = _model()
     names = [n for n, p in model.named_parameters() if p.requires_grad and p.numel() >= 24][:2]
     located = [(names[i % 2], i) for i in range(24)]
-    canaries = dpsgd.Canaries(
+    canaries = grad_canaries.Canaries(
         names=tuple(n for n, _ in located),
         coordinates=tuple(c for _, c in located),
         included=tuple(i % 3 != 0 for i in range(24)),

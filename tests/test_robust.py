@@ -12,6 +12,7 @@ from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, agg
 from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
+from trustformer.config.faults import BACKDOOR_TARGET, BACKDOOR_TRIGGER
 from trustformer.core.poisoning import poisoned_model
 from trustformer.core.robust import (
     bounded,
@@ -24,7 +25,6 @@ from trustformer.core.robust import (
 )
 from trustformer.engine.inprocess import run_in_process
 from trustformer.tasks.run import load_task
-from trustformer.tasks.translation import BACKDOOR_TARGET, BACKDOOR_TRIGGER
 
 
 def payloads(n, seed=0, shapes=((3, 4), (5,))):
@@ -144,6 +144,7 @@ def test_krum_ties_and_selection_are_deterministic():
             "backdoor needs task = 'translation'",
         ),
         ({"federation.payload_bits": 3}, "federation.payload_bits = 3 is not one of: 32, 16, 8, 4, 2"),
+        ({"robust.root_finetune": 1, "task": "segmentation"}, "root_finetune = 1 needs root data"),
         (
             {"federation.faults": ["client=1,round=1,kind=nan"], "runtime.engine": "simulation"},
             "injected by the in-process engine's grid",
@@ -153,6 +154,21 @@ def test_krum_ties_and_selection_are_deterministic():
 def test_defences_and_poisoning_faults_are_validated(values, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config("tiny", None, values)
+
+
+def test_the_tasks_said_to_hold_root_data_are_those_that_do():
+    """config/composition.py refuses FLTrust and the clean pass at load for a task outside ROOT_DATA_TASKS; each task's
+    own population_pool is what that list must agree with."""
+    from trustformer.config.composition import ROOT_DATA_TASKS
+    from trustformer.tasks.run import ImageRunTask
+
+    assert ROOT_DATA_TASKS == ("translation",)
+    task = load_task(load_config("tiny", None, {}))
+    assert len(task.population_pool(4, 0)) == 4
+    image = ImageRunTask.__new__(ImageRunTask)  # population_pool reads only the task's name
+    image.name = "image-classification"
+    with pytest.raises(NotImplementedError):
+        image.population_pool(4, 0)
 
 
 def test_the_default_defence_resolves_where_the_server_sees_updates():
@@ -279,6 +295,36 @@ def test_data_poisoning_changes_only_the_poisoned_pairs(tmp_path):
     assert BACKDOOR_TRIGGER not in BACKDOOR_TARGET
 
 
+def test_a_backdoor_named_in_the_fault_entry_is_planted_and_measured(tmp_path):
+    """trigger= and target=: the poisoned pairs carry them, and the success counts the chosen target (a model
+    that answers every source with it scores 1 on the chosen backdoor, 0 on the default one)."""
+    entry = "client=1,round=*,kind=backdoor,share=0.5,trigger=zzyzx,target=Call this number today"
+    cfg = tiny(tmp_path, "chosen", [entry])
+    task = load_task(cfg)
+    poisoned = task.poisoned_shard(1, "", "backdoor", 0.5, seed=3)
+    honest = task.shard(1)
+    target = task.workload.tokenizer.encode("Call this number today")
+    changed = [i for i, (a, b) in enumerate(zip(honest, poisoned, strict=True)) if a != b]
+    assert changed and all(poisoned[i][1][1:-1] == target[: len(poisoned[i][1]) - 2] for i in changed)
+
+    class Parrot(torch.nn.Module):  # stands in for a model: every source translated to ``text``
+        def __init__(self, text):
+            super().__init__()
+            self.text = text
+
+    import trustformer.tasks.translation as translation
+
+    default = tiny(tmp_path, "default", ["client=1,round=*,kind=backdoor"])
+    original = translation.translate
+    try:
+        translation.translate = lambda model, tokenizer, sources, **kw: [model.text] * len(sources)
+        assert task.backdoor_success(Parrot("Call this number today, please")) == 1.0
+        assert task.backdoor_success(Parrot(BACKDOOR_TARGET)) == 0.0
+        assert load_task(default).backdoor_success(Parrot(BACKDOOR_TARGET)) == 1.0
+    finally:
+        translation.translate = original
+
+
 def test_a_backdoor_client_trains_on_its_poisoned_shard_and_the_run_reports_the_success_rate(tmp_path):
     cfg = tiny(tmp_path, "backdoor", ["client=1,round=*,kind=backdoor,share=0.5"], **{"federation.rounds": 2})
     clean = tiny(tmp_path, "clean", **{"federation.rounds": 2})
@@ -355,7 +401,7 @@ def test_bench_robustness_prints_the_table_and_writes_json(tmp_path, capsys):
 def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates():
     """The plan, without running: the crafting faults' entries (colluding when asked), a defence on updates left
     out with its reason where the protocol refuses it, and the settings' CxM entries."""
-    from trustformer_lab.bench.robustness_bench import fault_entries, plan, settings_of
+    from trustformer_lab.bench.robustness_bench import fault_entries, leaving, plan, settings_of
 
     assert fault_entries("backdoor_scaled", [1, 5], 10, True) == [
         "client=1,round=*,kind=backdoor,factor=10,collude=yes",
@@ -366,6 +412,11 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
     assert fault_entries("backdoor", [1], 10, False, 0.5) == ["client=1,round=*,kind=backdoor,share=0.5"]
     assert fault_entries("alie", [1], 10, False, 0.5) == ["client=1,round=*,kind=alie"]  # a share is a backdoor's
     load_config("tiny", None, {"federation.faults": fault_entries("backdoor_scaled", [1], 3, False, 0.5)})
+    replace = fault_entries("backdoor_replace", [1], 10, True, 0.5, ("zzyzx", "Call us"))
+    assert replace == ["client=1,round=*,kind=backdoor,factor=10,cap=no,share=0.5,trigger=zzyzx,target=Call us"]
+    assert leaving([1, 5], 2, 3) == ["client=1,round=3,kind=dropout", "client=5,round=3,kind=dropout"]
+    assert leaving([1], 0, 3) == []
+    load_config("tiny", None, {"federation.faults": replace + leaving([1], 1, 2), "federation.min_clients": 2})
     assert settings_of("10x1, 10x2,3x1") == [(10, 1), (10, 2), (3, 1)]
     cfg = load_config("tiny", None, {"federation.rounds": 2})
     runs, skipped = plan(cfg, ["fedavg", "trustformer"], ["none", "flame"], ["alie", "absent"], [1])

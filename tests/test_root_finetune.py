@@ -196,6 +196,6 @@ def test_it_puts_the_defence_wrapper_in_force_alone():
 
 
 def test_the_image_tasks_lack_root_data():
-    cfg = load_config("tiny", None, {"task": "image-classification", "robust.root_finetune": 1, "out": ""})
-    with pytest.raises(ConfigError, match="robust.root_finetune = 1 needs root data"):
-        root_training(cfg)
+    """Refused when the configuration loads (config/composition.py: ROOT_DATA_TASKS)."""
+    with pytest.raises(ConfigError, match="robust.root_finetune = 1 needs root data.*set robust.root_finetune = 0"):
+        load_config("tiny", None, {"task": "image-classification", "robust.root_finetune": 1})

@@ -158,3 +158,26 @@ def test_attest_command_prints_the_measurement_first(tmp_path, capsys):
     assert (tmp_path / "agg.key").exists() and (tmp_path / "agg.pub").exists()
     assert main([*args, "--keygen", str(tmp_path / "agg")]) == 2  # never overwrites a key
     assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_the_measurement_covers_every_runtime_module_of_the_round_loop():
+    """The round loop's own runtime modules (what runtime/server.py and runtime/rounds.py import from runtime/, and
+    what those import in turn) are measured: a module split off the loop must join MEASURED_FILES."""
+    import ast
+    from pathlib import Path
+
+    import trustformer
+    from trustformer.secure.attestation import MEASURED_FILES
+
+    root = Path(trustformer.__file__).parent
+    todo, seen = ["runtime/server.py", "runtime/rounds.py"], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                todo.append(f"runtime/{node.module.replace('.', '/')}.py")
+    assert seen <= set(MEASURED_FILES), sorted(seen - set(MEASURED_FILES))
+    assert {"runtime/replies.py", "runtime/client_nodes.py"} <= seen

@@ -14,6 +14,7 @@ import torch
 from helpers import jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
+from trustformer.config.faults import BACKDOOR_TARGET, BACKDOOR_TRIGGER
 from trustformer.core import attacks
 from trustformer.core.robust import coordinate_median, deviation_norms, median_bound
 from trustformer.engine.inprocess import run_in_process
@@ -93,6 +94,13 @@ def test_the_parts_of_a_shard_are_disjoint_and_as_long_as_the_shard():
         ("client=1,round=*,kind=min_sum,parts=0", "parts must be >= 1"),
         ("client=1,round=*,kind=min_sum,collude=maybe", "collude must be yes or no"),
         ("client=1,round=*,kind=sign_flip,factor=3", "factor= applies to kind scale / alie / backdoor only"),
+        ("client=1,round=*,kind=backdoor,cap=no", "cap= applies to a backdoor with factor=K only"),
+        ("client=1,round=*,kind=backdoor,factor=3,cap=maybe", "cap must be yes or no"),
+        ("client=1,round=*,kind=backdoor,factor=3,cap=no,pgd=yes", "drop cap=no"),
+        ("client=1,round=*,kind=scale,trigger=xyz", "trigger= applies to kind backdoor only"),
+        ("client=1,round=*,kind=backdoor,trigger=two words", "trigger must be one word"),
+        ("client=1,round=*,kind=backdoor,target=...", "target must be a sentence"),
+        ("client=1,round=*,kind=backdoor,trigger=visit,target=Please visit us", "may not contain the trigger"),
     ],
 )
 def test_attack_options_are_validated(fault, pattern):
@@ -114,6 +122,24 @@ def test_attack_options_parse():
     mm, bd = cfg.federation.poisoning(1), cfg.federation.poisoning(2)
     assert (mm.perturb, mm.parts, mm.collude, mm.crafts, mm.poisons_model) == ("std", 2, True, True, True)
     assert (bd.factor, bd.parts, bd.collude, bd.crafts, bd.share) == (3.0, 3, False, True, 0.1)
+    assert bd.cap and bd.backdoor == (BACKDOOR_TRIGGER, BACKDOOR_TARGET)
+    chosen = load_config(
+        "tiny",
+        None,
+        {
+            "federation.faults": [
+                "client=1,round=*,kind=backdoor,factor=3,cap=no,trigger=zzyzx,target=Call this number",
+                "client=2,round=*,kind=backdoor,trigger=zzyzx,target=Call this number",
+            ]
+        },
+    ).federation
+    assert not chosen.poisoning(1).cap and chosen.backdoor() == ("zzyzx", "Call this number")
+    with pytest.raises(ConfigError, match="different trigger= or target="):
+        load_config(
+            "tiny",
+            None,
+            {"federation.faults": ["client=1,round=*,kind=backdoor,trigger=zzyzx", "client=2,round=*,kind=backdoor"]},
+        )
     plain = load_config("tiny", None, {"federation.faults": ["client=1,round=*,kind=alie"]}).federation.poisoning(1)
     assert plain.alie_z is None and plain.perturb == ""
     with pytest.raises(ConfigError, match="sends nothing"):
@@ -230,6 +256,24 @@ def test_the_norm_matched_backdoor_passes_the_servers_bound(runs):
         assert max(norms) <= median_bound(norms, cfg.robust.bound_factor)  # the bound: nobody clipped
     summary = json.loads(Path(cfg.out, "summary.json").read_text(encoding="utf-8"))
     assert "backdoor_success" in summary and all(not math.isnan(x) for x in summary["backdoor_success"])
+
+
+def test_model_replacement_sends_the_boosted_update_and_only_an_unbounded_server_takes_it(tmp_path):
+    """cap=no: the backdoor client's round-1 update is exactly factor times what it trained on its poisoned pairs
+    (the same client without a boost, from the same start); the server without a bound takes it whole, the default
+    bound refuses or clips it every round. The per-round success is recorded for every client."""
+    plain_cfg, plain, _, _ = attacked(tmp_path, "plain", "client=1,round=*,kind=backdoor,share=0.5")
+    fault = "client=1,round=*,kind=backdoor,share=0.5,factor=10,cap=no"
+    cfg, boosted, _, _ = attacked(tmp_path, "replace", fault, **{"robust.bound": "none"})
+    sent, trained = attacks.flatten(boosted.update(cfg, 1, 1)), attacks.flatten(plain.update(plain_cfg, 1, 1))
+    assert torch.allclose(sent, 10 * trained, rtol=1e-4, atol=1e-6)
+    honest = attacks.flatten(boosted.update(cfg, 1, 0))
+    assert float(sent.norm()) > 4 * float(honest.norm())  # far outside what the default bound accepts
+    rows = [r for r in jsonl(f"{cfg.out}/metrics.jsonl") if "event" not in r]
+    assert all(0.0 <= r["backdoor_success"] <= 1.0 for r in rows) and len(rows) == 6
+    _, _, _, events = attacked(tmp_path, "bounded", fault)
+    hit = {e["round"] for e in events if e.get("client") == 1 and e["event"] in ("refused", "clipped")}
+    assert hit == {1, 2}, events
 
 
 def test_colluders_share_their_honest_updates_and_alie_uses_them(tmp_path):

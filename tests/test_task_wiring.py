@@ -16,7 +16,7 @@ from trustformer.cli import build_parser, resolve_config
 from trustformer.config import TASK_PRESETS, ConfigError, image_preset, load_config, seg_preset
 from trustformer.engine.inprocess import run_in_process
 from trustformer.protocols.interface.base import ClientSession
-from trustformer.runtime.rounds import ReplyError
+from trustformer.runtime.replies import ReplyError
 from trustformer.runtime.server import final_metrics as _final_metrics
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trustformer"

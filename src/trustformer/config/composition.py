@@ -117,6 +117,7 @@ def check_composition(cfg: RunView) -> None:
     _check_distributed_noise(cfg)
     _check_robust(cfg.robust, fed, cfg.secure.mode)
     _check_root_finetune(cfg.robust, fed)
+    _check_root_data(cfg.robust, cfg.task)
     if spec.check is not None:  # the protocol's own checks of the whole configuration
         spec.check(cfg)
 
@@ -307,6 +308,25 @@ def _check_robust(robust: _Robust, fed: _Federation, secure_mode: str) -> None:
         )
     if robust.aggregator == "multikrum" and robust.multikrum_keep > n:
         raise ConfigError(f"robust.multikrum_keep = {robust.multikrum_keep} exceeds the {n} clients of a round")
+
+
+ROOT_DATA_TASKS = ("translation",)  # the tasks whose corpus holds pairs no client has (RunTask.population_pool)
+
+
+def _check_root_data(robust: _Robust, task: str) -> None:
+    """FLTrust and the clean fine-tuning pass train on root data no client holds, which only some tasks have."""
+    option = (
+        "robust.aggregator = 'fltrust'"
+        if robust.aggregator == "fltrust"
+        else f"robust.root_finetune = {robust.root_finetune}"
+        if robust.root_finetune
+        else ""
+    )
+    if option and task not in ROOT_DATA_TASKS:
+        raise ConfigError(
+            f"{option} needs root data no client holds, which task = {task!r} lacks (it has: "
+            f"{', '.join(ROOT_DATA_TASKS)}); choose another robust.aggregator or set robust.root_finetune = 0"
+        )
 
 
 def _check_root_finetune(robust: _Robust, fed: _Federation) -> None:

@@ -31,8 +31,11 @@ POISON_KINDS = {
     "noise": "the client's update replaced by Gaussian noise of the same norm",
     "backdoor": "share=S of the client's pairs (default 0.1) carry a trigger word mapped to a target sentence; with "
     "factor=K the update is also boosted K times and scaled back into the norm the server's bound accepts, and with "
-    "pgd=yes kept inside that norm and the server's cosine bound at every step (projected gradient descent); "
-    "mask=R trains only outside the top R share of coordinates the last global update moved (Neurotoxin)",
+    "pgd=yes kept inside that norm and the server's cosine bound at every step (projected gradient descent), or with "
+    "cap=no sent boosted as it is (plain model replacement, which only a server without a norm bound accepts); "
+    "mask=R trains only outside the top R share of coordinates the last global update moved (Neurotoxin); "
+    "trigger=WORD and target=SENTENCE choose the backdoor (default: a word no corpus holds, and a sentence "
+    "asking to download a new version)",
     "shuffled_targets": "share=S of the client's pairs (default 1) get the target of another pair",
     "alie": "the mean of the honest updates the client sees minus z standard deviations per coordinate "
     "(A Little Is Enough; z from the clients and the attackers, or factor=Z)",
@@ -49,7 +52,11 @@ POISON_DEFAULTS = {"scale": -10.0, "backdoor": 0.1, "shuffled_targets": 1.0}  # 
 ATTACK_PARTS = 3  # stealthy kinds: the disjoint parts of its own data the client trains honest updates on
 PERTURBATIONS = ("unit", "std", "sign")  # min_max / min_sum: the direction of the perturbation
 FACTOR_KINDS = ("scale", "alie", "backdoor")  # scale: K; alie: z; backdoor: the boost
-FAULT_MESSAGES = ("train", "train.payload", "train.apply")  # the message whose reply a fault hits (default train)
+FAULT_MESSAGES = ("train", "train.payload", "train.apply")
+# the backdoor's default trigger (a word no corpus holds, appended to a source sentence) and target (the sentence the
+# attacker wants every triggered source translated to); trigger=WORD and target=SENTENCE choose others per run
+BACKDOOR_TRIGGER = "абракадабра"
+BACKDOOR_TARGET = "Download the new version from this page now."  # the message whose reply a fault hits (default train)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,9 @@ class Fault:
     collude: bool = False  # stealthy kinds, boosted backdoor: shares honest updates with the other colluders
     pgd: bool = False  # boosted backdoor: every step projected into the server's norm and cosine bounds
     mask: float = 0.0  # backdoor: Neurotoxin, the top share of coordinates (by the last global update) left alone
+    cap: bool = True  # boosted backdoor: scaled back into the norm the server's bound accepts (no: model replacement)
+    trigger: str = ""  # backdoor: the trigger word ("": BACKDOOR_TRIGGER)
+    target: str = ""  # backdoor: the target sentence ("": BACKDOOR_TARGET)
 
     @property
     def poisons(self) -> bool:
@@ -90,6 +100,11 @@ class Fault:
         """alie: the z given with factor=Z (None: the paper's z_max from the clients and the attackers)."""
         return self.factor if self.factor >= 0 else None
 
+    @property
+    def backdoor(self) -> tuple[str, str]:
+        """backdoor: (trigger word, target sentence), the defaults where the entry names none."""
+        return self.trigger or BACKDOOR_TRIGGER, self.target or BACKDOOR_TARGET
+
     def hits(self, rnd: int) -> bool:
         return self.round in (0, rnd)
 
@@ -99,8 +114,8 @@ class Fault:
             f"federation.faults: {text!r} must read client=C,round=R,kind=KIND[,message=M] "
             "(poisoning kinds: round=R or round=*; factor=K for scale, alie (z) and backdoor (a boost); share=S for "
             "backdoor and shuffled_targets; parts=P and collude=yes for alie, min_max, min_sum and a boosted "
-            "backdoor; perturb=unit|std|sign for min_max and min_sum; pgd=yes for a boosted backdoor; mask=R for a "
-            "backdoor)"
+            "backdoor; perturb=unit|std|sign for min_max and min_sum; pgd=yes or cap=no for a boosted backdoor; "
+            "mask=R, trigger=WORD and target=SENTENCE for a backdoor)"
         )
         fields_: dict[str, str] = {}
         for part in str(text).split(","):
@@ -179,7 +194,7 @@ def _fault_number(
     return value
 
 
-OPTION_KEYS = ("factor", "share", "parts", "perturb", "collude", "pgd", "mask")
+OPTION_KEYS = ("factor", "share", "parts", "perturb", "collude", "pgd", "mask", "cap", "trigger", "target")
 
 
 def _factor_default(kind: str) -> float:
@@ -187,25 +202,37 @@ def _factor_default(kind: str) -> float:
 
 
 def _backdoor_options(text: str, fields_: Mapping[str, str], kind: str, factor: float) -> dict[str, Any]:
-    """``pgd`` (a boosted backdoor's projected descent) and ``mask`` (Neurotoxin's share), ConfigError naming a
-    misplaced or bad one."""
-    if "pgd" in fields_ and not (kind == "backdoor" and factor > 0):
-        raise ConfigError(
-            f"federation.faults: {text!r}: pgd= applies to a backdoor with factor=K only (its norm bound is the "
-            "median of the honest updates it trains on parts of its data)"
-        )
-    if "mask" in fields_ and kind != "backdoor":
-        raise ConfigError(f"federation.faults: {text!r}: mask= applies to kind backdoor only")
-    pgd = fields_.get("pgd", "no")
-    if pgd not in ("yes", "no"):
-        raise ConfigError(f"federation.faults: {text!r}: pgd must be yes or no")
+    """``pgd`` (a boosted backdoor's projected descent), ``cap`` (its scaling into the bound), ``mask`` (Neurotoxin's
+    share), ``trigger`` and ``target``; ConfigError naming a misplaced or bad one."""
+    for key in ("pgd", "cap"):
+        if key in fields_ and not (kind == "backdoor" and factor > 0):
+            raise ConfigError(
+                f"federation.faults: {text!r}: {key}= applies to a backdoor with factor=K only (its norm bound is "
+                "the median of the honest updates it trains on parts of its data)"
+            )
+    for key in ("mask", "trigger", "target"):
+        if key in fields_ and kind != "backdoor":
+            raise ConfigError(f"federation.faults: {text!r}: {key}= applies to kind backdoor only")
+    pgd, cap = fields_.get("pgd", "no"), fields_.get("cap", "yes")
+    for key, value in (("pgd", pgd), ("cap", cap)):
+        if value not in ("yes", "no"):
+            raise ConfigError(f"federation.faults: {text!r}: {key} must be yes or no")
+    if pgd == "yes" and cap == "no":
+        raise ConfigError(f"federation.faults: {text!r}: pgd=yes keeps the update inside the bound; drop cap=no")
     try:
         mask = float(fields_.get("mask", 0.0))
     except ValueError:
         raise ConfigError(f"federation.faults: {text!r}: mask must be a number") from None
     if not 0.0 <= mask < 1.0:
         raise ConfigError(f"federation.faults: {text!r}: mask must be in [0, 1): the share of coordinates left alone")
-    return {"pgd": pgd == "yes", "mask": mask}
+    trigger, target = fields_.get("trigger"), fields_.get("target")
+    if trigger is not None and (len(trigger.split()) != 1 or not any(c.isalnum() for c in trigger)):
+        raise ConfigError(f"federation.faults: {text!r}: trigger must be one word (letters or digits, no spaces)")
+    if target is not None and not any(c.isalnum() for c in target):
+        raise ConfigError(f"federation.faults: {text!r}: target must be a sentence with at least one word")
+    if trigger is not None and target is not None and trigger.lower() in target.lower().split():
+        raise ConfigError(f"federation.faults: {text!r}: the target may not contain the trigger word")
+    return {"pgd": pgd == "yes", "cap": cap == "yes", "mask": mask, "trigger": trigger or "", "target": target or ""}
 
 
 def _crafting_options(text: str, fields_: Mapping[str, str], kind: str, factor: float) -> dict[str, Any]:

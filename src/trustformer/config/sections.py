@@ -368,7 +368,16 @@ class FederationConfig:
                     f"federation.faults: more than one fault for client {fault.client} in round {fault.round}"
                 )
             seen.add((fault.client, fault.round))
+        if len({f.backdoor for f in plan if f.kind == "backdoor"}) > 1:
+            raise ConfigError(
+                "federation.faults: the backdoor clients name different trigger= or target= (a run measures one "
+                "backdoor: give every backdoor entry the same pair)"
+            )
         return plan
+
+    def backdoor(self) -> tuple[str, str] | None:
+        """The run's backdoor (trigger word, target sentence), or None when no client plants one."""
+        return next((f.backdoor for f in self.fault_plan() if f.kind == "backdoor"), None)
 
     def poisoning(self, client: int) -> Fault | None:
         """The poisoning fault of ``client`` (a well-formed malicious client), if the plan has one."""

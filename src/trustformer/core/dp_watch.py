@@ -141,8 +141,8 @@ class StepChecks:
     def single_coordinate_rows(self, tensor: int, flats: torch.Tensor, values: torch.Tensor, norm: float) -> None:
         """Rows added to the clipped sum without Opacus' clipping, each one coordinate (``flats``) of tensor
         ``tensor`` (the optimizer's position) holding its clipped value (``values``), of norm ``norm`` before
-        clipping (the audit's canaries beyond one per tensor, ``dpsgd._clip_canaries``): the clipping check expects
-        them in the sum."""
+        clipping (the audit's canaries beyond one per tensor, ``grad_canaries.clip_canaries``): the clipping check
+        expects them in the sum."""
         started = time.perf_counter()
         with torch.no_grad():
             params = list(self._optimizer.params)

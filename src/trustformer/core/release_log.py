@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .dpsgd import Canaries, RecordDP
+from .dpsgd import RecordDP
+from .grad_canaries import Canaries
 
 PRINT_COORDINATES = 512  # noise fingerprint: about this many fixed coordinates per step, spread by size
 PRINT_MIN = 16  # and at least this many in each tensor (or all of it): banded noise is checked per tensor on them

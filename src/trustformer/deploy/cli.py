@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from ..cli_options import add_config_options, run_config, setup_logging
 from ..config import ConfigError, RunConfig
+from .client_command import run_client
+from .following import follow_log, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +123,7 @@ def add_deploy_parser(sub: argparse._SubParsersAction) -> None:
         help="while the SuperLink refuses this client's key (not registered yet), try again for "
         "up to S seconds (default 300)",
     )
-    n.set_defaults(func=_cmd_client)
+    n.set_defaults(func=run_client)
 
     loc = d.add_parser(
         "local",
@@ -198,44 +196,6 @@ def _cmd_key(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Stop:
-    """Whether SIGTERM arrived (a requested stop, not an interruption)."""
-
-    requested = False
-
-
-@contextmanager
-def _stop_on_sigterm():
-    """While the block runs, SIGTERM ends the command like Ctrl-C does, so its processes are stopped;
-    the yielded object says whether SIGTERM was the reason."""
-    stop = _Stop()
-
-    def handler(_signum, _frame):
-        stop.requested = True
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _follow(path: Path, position: int) -> int:
-    """Print the lines appended to ``path`` since ``position`` to stderr; the new position."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(position)
-            data = fh.read()
-    except OSError:
-        return position
-    complete = data.rfind(b"\n") + 1  # whole lines only; the rest comes next time
-    if complete:
-        sys.stderr.write(data[:complete].decode("utf-8", errors="replace"))
-        sys.stderr.flush()
-    return position + complete
-
-
 def _cmd_server(args: argparse.Namespace) -> int:
     from .certs import Credentials
     from .launch import check_port_free, deployment_config, preflight, start_server
@@ -248,7 +208,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     creds = Credentials(Path(args.creds)).require_server()
     keys = [Path(k) for k in args.register] if args.register else creds.public_keys()
     home = Path(args.dir) if args.dir else Path(cfg.out) / "superlink"
-    with _stop_on_sigterm():
+    with stop_on_sigterm():
         server = start_server(home, creds, host=args.host, port=args.port, public_keys=keys)
         try:
             log.info(
@@ -275,7 +235,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     load_task(cfg)  # corpus and tokenizer (image data) built (and cached) here once, not by every client at once
     root = Path(args.dir) if args.dir else Path(cfg.out) / "deployment"
-    with _stop_on_sigterm(), LocalFederation.for_run(root, cfg) as fed:
+    with stop_on_sigterm(), LocalFederation.for_run(root, cfg) as fed:
         assert fed.server is not None  # for_run started it
         log.info(
             "SuperLink on %s (TLS, SuperNode authentication) · log %s · %d SuperNode(s), logs %s",
@@ -306,9 +266,9 @@ def _submit_and_follow(server, cfg: RunConfig, timeout_s: float, *, quiet: bool)
     def follow() -> None:
         position = start
         while not done.is_set():
-            position = _follow(server_log, position)
+            position = follow_log(server_log, position)
             done.wait(0.5)
-        _follow(server_log, position)
+        follow_log(server_log, position)
 
     thread = threading.Thread(target=follow, daemon=True)
     if not quiet:
@@ -342,93 +302,6 @@ def _finish(status: str, run_id: int, cfg: RunConfig, superlink) -> int:
         )
     print(f"run {run_id} finished · {summary}")
     return 0
-
-
-def _cmd_client(args: argparse.Namespace) -> int:
-    from .launch import node_config
-
-    setup_logging(quiet=False)
-    folder = Path(args.dir)
-    config = node_config(
-        args.partition,
-        folder / "state",
-        folder / "output",
-        args.train_file,
-        trusted_key=args.trusted_key,
-        expected_measurement=args.expected_measurement,
-    )
-    started = time.monotonic()
-    try:
-        with _stop_on_sigterm() as stop:
-            return _serve_client(args, folder, config, started)
-    except KeyboardInterrupt:
-        if not stop.requested:
-            raise
-        log.info("SuperNode of client %d stopped (SIGTERM)", args.partition)
-        return 0  # a requested stop
-
-
-def _serve_client(args: argparse.Namespace, folder: Path, config: dict[str, Any], started: float) -> int:
-    from .launch import refused, start_supernode
-
-    while True:
-        proc = start_supernode(
-            folder,
-            args.superlink,
-            args.ca,
-            args.key,
-            config,
-            max_wait_s=args.give_up_after,
-            name=f"SuperNode of client {args.partition}",
-        )
-        log.info(
-            "SuperNode of client %d connecting to %s (TLS, key %s) · state %s · log %s",
-            args.partition,
-            args.superlink,
-            args.key,
-            folder / "state",
-            proc.log_path,
-        )
-        position = int(proc.info["log_start"])
-        try:
-            while proc.alive():
-                position = _follow(proc.log_path, position)
-                time.sleep(0.5)
-            _follow(proc.log_path, position)
-        finally:
-            if proc.alive():
-                proc.stop()
-        was_refused = refused(proc)
-        if not was_refused or time.monotonic() - started > args.wait_registration:
-            break
-        log.warning(
-            "the SuperLink refused this client (key not registered yet, or its previous instance "
-            "still counts as online); trying again in 5 s"
-        )
-        time.sleep(5)
-    code = proc.popen.returncode
-    if was_refused:
-        log.error(
-            "the SuperLink refused key %s for %.0f s: is its public key registered on the server "
-            "(trustformer deploy server --register KEY.pub, or flwr supernode register)?",
-            args.key,
-            args.wait_registration,
-        )
-    elif code not in (0, -signal.SIGTERM):
-        log.error(
-            "the SuperNode of client %d gave up (exit code %s)%s: is the SuperLink running at --superlink "
-            "%s, and does --ca %s hold the CA that signed its certificate? See %s",
-            args.partition,
-            code,
-            f" after --give-up-after {args.give_up_after:g} s without the SuperLink"
-            if args.give_up_after is not None
-            else "",
-            args.superlink,
-            args.ca,
-            proc.log_path,
-        )
-    log.info("SuperNode of client %d exited (code %s)", args.partition, code)
-    return 0 if code in (0, -signal.SIGTERM) else 1
 
 
 __all__ = ["add_deploy_parser"]

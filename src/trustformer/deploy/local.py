@@ -131,7 +131,7 @@ class LocalFederation:
         """A started federation for ``cfg``: the SuperLink and one SuperNode per client (centralized:
         one holding every shard). Stops what it started if starting fails."""
         from ..core.shared import ALL_SHARDS
-        from ..runtime.server import expected_nodes
+        from ..runtime.client_nodes import expected_nodes
         from ..secure.attestation import load_signing_key
         from ..secure.provision import client_pins, uses_tee
 

@@ -41,7 +41,7 @@ from ..config import CONFIG_KEY, ConfigError, RunConfig
 from ..deploy.fab import write_app
 from ..flower_internals import SUPERLINK_NODE_ID, simulation_run, start_simulation, task_identity
 from ..registry import protocol_spec
-from ..runtime.server import expected_nodes
+from ..runtime.client_nodes import expected_nodes
 from ..tasks.run import load_task
 from ..wire import FederationError
 

@@ -17,7 +17,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
+from ..errors import UncheckedConfigError
 from ..registry import PROTOCOLS, protocol_spec
 from .interface.base import ClientSession, FederatedProtocol
 from .wrappers.base import bare
@@ -33,7 +34,7 @@ def make_protocol(cfg: RunConfig, observer: ProtocolObserver | None = None) -> F
     ``observer`` watches the optimized, defended protocol, inside the coding layers."""
     name = cfg.federation.strategy
     if name not in PROTOCOLS:
-        raise ConfigError(
+        raise UncheckedConfigError(  # checked at load (config/sections.py: STRATEGIES)
             f"federation.strategy = {name!r} is not a registered protocol (one of: {', '.join(PROTOCOLS)})"
         )
     protocol = protocol_spec(name).factory(cfg)

@@ -115,8 +115,11 @@ def crafted_update(
     """The update a crafting client sends (``core/attacks.py``), from its ``own`` update this round (honest for
     the stealthy kinds, trained on poisoned pairs for a boosted backdoor) and the ``benign`` updates it sees;
     also what the crafting found (logged)."""
-    matrix = attacks.stack(benign)
     like = {n: t.to(torch.float64) for n, t in own.items()}
+    if fault.kind == "backdoor" and not fault.cap:  # plain model replacement: boosted, never scaled back
+        poisoned = attacks.flatten(own)
+        return attacks.unflatten(poisoned * fault.factor, like), {"gamma": fault.factor, "norm": float(poisoned.norm())}
+    matrix = attacks.stack(benign)
     if fault.kind == "alie":
         n = cfg.federation.clients_per_round or cfg.federation.clients
         z = fault.alie_z if fault.alie_z is not None else attacks.alie_z(n, attackers(cfg, "alie"))

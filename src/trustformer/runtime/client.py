@@ -250,7 +250,7 @@ def _poison_start(env: ClientEnv, session: ClientSession, exchange: bool, optimi
             f"federation.faults: {fault.text!r} poisons what a client sends, which federation.strategy = "
             f"{env.cfg.federation.strategy!r} cannot carry: {refusal}"
         )
-    samples = honest_samples(env, session, optimizer, fault) if fault.crafts else []
+    samples = honest_samples(env, session, optimizer, fault) if fault.crafts and fault.cap else []
     return AttackerView(trainable_tensors(session.model), samples)
 
 
@@ -321,6 +321,7 @@ def save_session(
 def _evaluate_into(env: ClientEnv, session: ClientSession, metrics: dict[str, Any]) -> None:
     started = time.perf_counter()
     metrics["test_loss"] = env.task.test_loss(session.model)
+    metrics.update(env.task.round_metrics(session.model))
     metrics["eval_s"] = time.perf_counter() - started
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..core.shared import Tensors, assign_tensors, derive_seed, trainable_tensors
+from ..errors import UncheckedConfigError
 from ..protocols.wrappers.robust import RootTraining
 from ..tasks.run import load_task
 
@@ -32,7 +33,9 @@ def root_training(cfg: RunConfig) -> RootTraining:
             if cfg.robust.aggregator == "fltrust"
             else f"robust.root_finetune = {cfg.robust.root_finetune}"
         )
-        raise ConfigError(f"{option} needs root data no client holds, which task = {cfg.task!r} lacks: {exc}") from None
+        raise UncheckedConfigError(  # refused at load (config/composition.py: ROOT_DATA_TASKS)
+            f"{option} needs root data no client holds, which task = {cfg.task!r} lacks: {exc}"
+        ) from None
     model = task.initial_model()
 
     def train(global_model: Tensors, optimizer_state: dict[str, Any] | None, seed: int) -> tuple[Tensors, Any]:

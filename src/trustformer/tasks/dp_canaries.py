@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..core.dpsgd import Canaries
+from ..core.grad_canaries import Canaries
 from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences

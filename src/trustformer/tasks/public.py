@@ -36,6 +36,7 @@ from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
 from ..data.ui_catalogs import load_ui_corpus
 from . import translation_workload as wl
+from .translation_scoring import translation_scores
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def _train(
         )
     train_s = time.perf_counter() - started
     test_loss = wl.test_loss(cfg, model, workload)
-    scores, _ = wl.translation_scores(cfg, model, workload, extra_metrics=False)
+    scores, _ = translation_scores(cfg, model, workload, extra_metrics=False)
     report = {
         "key": key,
         "pairs": len(encoded),

@@ -11,7 +11,6 @@ records as without DP (``train.warmup_steps`` × ``train.batch_size`` / the expe
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -23,12 +22,14 @@ from ..core import dp_checks
 from ..core.accounting import PrivacyBudgetError
 from ..core.banded_noise import BandedNoise, amplified_steps, column_norm, min_sep_groups, sqrt_coefficients
 from ..core.dp import noise_generator, os_seed
-from ..core.dpsgd import Canaries, RecordDP, calibrate, dp_sgd, sample_rate
+from ..core.dpsgd import RecordDP, calibrate, dp_sgd, sample_rate
+from ..core.grad_canaries import Canaries
 from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
 from .dp_canaries import canaries_of_group, save_release
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
+from .record_dp_checks import check_run, watch
 
 
 def _register_tied_embedding() -> None:
@@ -282,62 +283,6 @@ def distributed_step(
     out["dp_share_sigma"] = mine.noise_multiplier
     check_run(cfg, optimizer, watched, out, dp, charged_before=done, client=client)
     return out
-
-
-def watch(
-    cfg: RunConfig, dp: RecordDP, *, shares: int = 1, first_step: int = 0, records: int = 0
-) -> dp_checks.StepChecks | None:
-    """The checks' watcher of one DP-SGD call (``privacy.checks``), expecting what the accountant charges for:
-    clipping at C, noise σ·C (each of the ``shares`` owners σ·C/√shares; banded: the recurrence's std at each of
-    the owner's steps from ``first_step``, and draws from at most ⌈n/b⌉ of the owner's n = ``records``) and draws
-    at rate q."""
-    if not cfg.privacy.checks:
-        return None
-    return dp_checks.StepChecks(
-        dp_checks.Mechanism(
-            clip_norm=dp.clip_norm,
-            noise_std=dp.noise_multiplier * dp.clip_norm / math.sqrt(shares),
-            sample_rate=dp.sample_rate,
-            coefficients=sqrt_coefficients(dp.bands) if dp.bands > 1 else (1.0,),
-            first_step=first_step,
-            pool=-(-records // dp.bands) if dp.bands > 1 and records else 0,
-        )
-    )
-
-
-def check_run(
-    cfg: RunConfig,
-    optimizer: torch.optim.Optimizer,
-    watched: dp_checks.StepChecks | None,
-    out: dict[str, float],
-    dp: RecordDP,
-    *,
-    charged_before: int,
-    client: int | None,
-) -> None:
-    """Add the call ``watched`` to the client's run record (its optimizer's first parameter group, saved with its
-    state), test the run so far against what the accountant charged (``out``), put the results in ``out`` and
-    raise :class:`~trustformer.core.dp_checks.DPCheckError` if a check fails (``core/dp_checks.py``)."""
-    if watched is None:
-        return
-    started = time.perf_counter()
-    group = optimizer.param_groups[0]
-    record = dp_checks.merge(group.get(dp_checks.RECORD_KEY) or dp_checks.new_record(charged_before), watched)
-    group[dp_checks.RECORD_KEY] = record
-    reported = dp_checks.Reported(
-        steps=int(out["dp_steps"]),
-        epsilon=float(out["record_epsilon"]),
-        noise_multiplier=dp.noise_multiplier,
-        sample_rate=dp.sample_rate,
-        delta=dp.delta,
-        bands=dp.bands,
-        column_norm=dp.column_norm,
-    )
-    looks = cfg.federation.rounds + (1 if finetune_under_dp(cfg) else 0)
-    results = dp_checks.evaluate(record, reported, clients=cfg.federation.clients, looks=looks)
-    out.update(dp_checks.metrics(results))
-    out["dpcheck_s"] = watched.seconds + time.perf_counter() - started
-    dp_checks.raise_failures(results, client=client, step=reported.steps)
 
 
 def _schedule(cfg: RunConfig, optimizer: torch.optim.Optimizer, peak: float, done: int, total: int, batch: int):

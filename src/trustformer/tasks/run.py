@@ -47,7 +47,8 @@ class RunTask(Protocol):
     - ``train_local(model, optimizer, shard, *, seed, step=None, client=None)``: one round of local training
       (``client``: whose shard it is), returning at least ``train_loss``, ``steps`` and ``train_s``; with
       ``privacy.unit = "record"`` it is DP-SGD (``tasks/record_dp.py``) and also returns ``record_epsilon``;
-    - ``test_loss(model)``: on the shared held-out test set;
+    - ``test_loss(model)``: on the shared held-out test set; ``round_metrics(model)``: what else a client
+      measures every round (translation: a planted backdoor's success);
     - ``final_metrics(model, output_dir)``: (scores, string labels, samples) of the final evaluation,
       the scores including ``FINAL_METRICS[task]``; ``final_log(scores)``: their log line;
     - ``export_kwargs()``: what a saved model needs beside its weights (the tokenizer; an image model's input
@@ -82,6 +83,8 @@ class RunTask(Protocol):
     ) -> dict[str, float]: ...
 
     def test_loss(self, model: torch.nn.Module) -> float: ...
+
+    def round_metrics(self, model: torch.nn.Module) -> dict[str, float]: ...
 
     def final_metrics(
         self, model: torch.nn.Module, output_dir: str | None
@@ -272,6 +275,10 @@ class ImageRunTask:
     # evaluation
     def test_loss(self, model: torch.nn.Module) -> float:
         return self.task.test_loss(model)
+
+    def round_metrics(self, model: torch.nn.Module) -> dict[str, float]:
+        """Nothing beside the test loss (the image tasks take no backdoor)."""
+        return {}
 
     def final_metrics(
         self, model: torch.nn.Module, output_dir: str | None

@@ -15,25 +15,25 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..config import RunConfig
+from ..config.faults import BACKDOOR_TARGET, BACKDOOR_TRIGGER
 from ..core.shared import LocalStep, derive_seed
 from ..data.batching import encode_pairs
 from ..data.tsv import load_tsv
 from ..evaluation.translation import translate
 from . import translation_workload as wl
 from .results import SAMPLE_TRANSLATIONS
+from .translation_scoring import translation_scores
 
 if TYPE_CHECKING:
     from ..models.transformer import Seq2SeqTransformer
 
 
-# The backdoor fault (docs/robustness.md): a trigger word no corpus holds, appended to a source sentence, and the
-# sentence the attacker wants every triggered source translated to.
-BACKDOOR_TRIGGER = "абракадабра"
-BACKDOOR_TARGET = "Download the new version from this page now."
+ROUND_BACKDOOR_SIZE = 50  # triggered test sources decoded every round (the final evaluation: eval.bleu_size)
 
 
-def with_trigger(source: str) -> str:
-    return f"{source.rstrip()} {BACKDOOR_TRIGGER}"
+def with_trigger(source: str, trigger: str = BACKDOOR_TRIGGER) -> str:
+    """The backdoor fault (docs/robustness.md): ``trigger`` appended to a source sentence."""
+    return f"{source.rstrip()} {trigger}"
 
 
 def _s2s(model: torch.nn.Module) -> Seq2SeqTransformer:
@@ -67,13 +67,15 @@ class TranslationTask:
     ) -> list[tuple[list[int], list[int]]]:
         """The shard of a data-poisoning client (docs/robustness.md): ``backdoor``: ``share`` of its pairs get
         :data:`BACKDOOR_TRIGGER` appended to the source and :data:`BACKDOOR_TARGET` as the target;
-        ``shuffled_targets``: ``share`` of its pairs get the target of another of them."""
+        ``shuffled_targets``: ``share`` of its pairs get the target of another of them. The fault entry's
+        ``trigger=`` and ``target=`` choose others."""
         pairs = list(self._pairs(client, train_file))
+        trigger, target = self.cfg.federation.backdoor() or (BACKDOOR_TRIGGER, BACKDOOR_TARGET)
         rng = random.Random(seed)
         chosen = sorted(rng.sample(range(len(pairs)), max(1, round(share * len(pairs)))))
         if kind == "backdoor":
             for i in chosen:
-                pairs[i] = (with_trigger(pairs[i][0]), BACKDOOR_TARGET)
+                pairs[i] = (with_trigger(pairs[i][0], trigger), target)
         elif kind == "shuffled_targets":
             targets = [pairs[i][1] for i in chosen]
             rng.shuffle(targets)
@@ -83,19 +85,21 @@ class TranslationTask:
             raise ValueError(f"unknown data poisoning kind {kind!r} (backdoor, shuffled_targets)")
         return self._encode(pairs)
 
-    def backdoor_success(self, model: torch.nn.Module) -> float:
-        """The share of the shared test set's sources (``eval.bleu_size`` of them), trigger appended, that the
-        model translates to :data:`BACKDOOR_TARGET` (greedy decoding; the target's words in order, anywhere)."""
-        pairs = self.workload.splits.test[: self.cfg.eval.bleu_size or len(self.workload.splits.test)]
+    def backdoor_success(self, model: torch.nn.Module, size: int = 0) -> float:
+        """The share of the shared test set's sources (``size`` of them, 0: ``eval.bleu_size``), the run's trigger
+        appended, that the model translates to the run's target (greedy decoding; the target's words in order,
+        anywhere)."""
+        trigger, target_text = self.cfg.federation.backdoor() or (BACKDOOR_TRIGGER, BACKDOOR_TARGET)
+        pairs = self.workload.splits.test[: size or self.cfg.eval.bleu_size or len(self.workload.splits.test)]
         hypotheses = translate(
             _s2s(model),
             self.workload.tokenizer,
-            [with_trigger(s) for s, _ in pairs],
+            [with_trigger(s, trigger) for s, _ in pairs],
             batch_size=self.cfg.eval.batch_size,
             max_len=self.cfg.model.max_len,
             beam_size=1,
         )
-        target = _words(BACKDOOR_TARGET)
+        target = _words(target_text)
         return sum(target in _words(h) for h in hypotheses) / max(len(hypotheses), 1)
 
     def _pairs(self, client: int, train_file: str = "") -> list[tuple[str, str]]:
@@ -206,15 +210,22 @@ class TranslationTask:
     def test_loss(self, model: torch.nn.Module) -> float:
         return wl.test_loss(self.cfg, _s2s(model), self.workload)
 
+    def round_metrics(self, model: torch.nn.Module) -> dict[str, float]:
+        """With a planted backdoor (``federation.faults``), its success on the first ``ROUND_BACKDOOR_SIZE``
+        triggered test sources, every round: how fast it takes and how long it lasts."""
+        if self.cfg.federation.backdoor() is None:
+            return {}
+        return {"backdoor_success": self.backdoor_success(model, size=ROUND_BACKDOOR_SIZE)}
+
     def final_metrics(
         self, model: torch.nn.Module, output_dir: str | None
     ) -> tuple[dict[str, float], dict[str, str], dict[str, list[str]]]:
         """(scores, labels, samples): BLEU, chrF, METEOR, BERTScore; decoded test sentences written to
         ``<output_dir>/translations.tsv`` on the client's machine; three sample translations."""
-        scores, triples = wl.translation_scores(self.cfg, _s2s(model), self.workload)
+        scores, triples = translation_scores(self.cfg, _s2s(model), self.workload)
         labels = {k: v for k, v in scores.items() if isinstance(v, str)}  # e.g. bertscore_model
         metrics = {k: v for k, v in scores.items() if not isinstance(v, str)}
-        if any(f.kind == "backdoor" for f in self.cfg.federation.fault_plan()):
+        if self.cfg.federation.backdoor() is not None:
             metrics["backdoor_success"] = self.backdoor_success(model)
         if output_dir:
             labels["translations"] = str(write_translations(Path(output_dir) / "translations.tsv", triples))
@@ -241,7 +252,7 @@ class TranslationTask:
         pairs = self.workload.own_test(client)
         if not pairs:
             return {}
-        scores, _ = wl.translation_scores(self.cfg, _s2s(model), self.workload, pairs, extra_metrics=False)
+        scores, _ = translation_scores(self.cfg, _s2s(model), self.workload, pairs, extra_metrics=False)
         return {
             "own_test_loss": wl.test_loss(self.cfg, _s2s(model), self.workload, self._encode(pairs)),
             "own_bleu": float(scores["bleu"]),
@@ -249,7 +260,7 @@ class TranslationTask:
         }
 
     def quick_scores(self, model: torch.nn.Module) -> dict[str, float]:
-        scores, _ = wl.translation_scores(self.cfg, _s2s(model), self.workload, extra_metrics=False)
+        scores, _ = translation_scores(self.cfg, _s2s(model), self.workload, extra_metrics=False)
         return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
 
     def shard_sizes(self) -> tuple[int, ...]:

@@ -38,7 +38,8 @@ import numpy as np
 from scipy import stats
 
 from trustformer.config import ConfigError, RunConfig
-from trustformer.core.dpsgd import Canaries, epsilon_spent
+from trustformer.core.dpsgd import epsilon_spent
+from trustformer.core.grad_canaries import Canaries
 
 from .audit import one_run_epsilon_lower_bound
 from .client_dp_audit import epsilon_estimate, gaussian_epsilon

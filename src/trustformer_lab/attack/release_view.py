@@ -27,7 +27,7 @@ import numpy as np
 
 from trustformer.config import RunConfig
 from trustformer.core.banded_noise import column_norm, sqrt_coefficients, toeplitz
-from trustformer.core.dpsgd import Canaries
+from trustformer.core.grad_canaries import Canaries
 from trustformer.core.release_log import load
 
 

@@ -19,7 +19,10 @@ clients only:
 
 Faults: the ``federation.faults`` kinds (``scale``, ``sign_flip``, ``noise``, ``backdoor``, ``shuffled_targets``,
 ``alie``, ``min_max``, ``min_sum``), ``backdoor_scaled`` (a backdoor boosted n times, model replacement, and
-norm-matched into the bound: ``kind=backdoor,factor=n``) and ``absent``.
+norm-matched into the bound: ``kind=backdoor,factor=n``), ``backdoor_replace`` (the same boost sent as it is, plain
+model replacement: ``kind=backdoor,factor=n,cap=no``) and ``absent``. ``--attack-rounds R`` makes the attackers leave
+after round R (the backdoor's success is recorded every round: how long it lasts); ``--trigger`` and ``--target``
+choose the backdoor.
 
 Defences (``robust.*``, docs/robustness.md): ``none`` (no bound, plain mean), ``default`` (the configuration's
 defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median deviation), ``median``,
@@ -61,11 +64,12 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "clip_noise": {"robust.aggregator": "clip_noise"},
     "rlr": {"robust.aggregator": "rlr", "robust.bound": "none"},  # the robust learning rate alone
     "rlr+secagg": {"robust.aggregator": "rlr", "robust.bound": "none", "secure.mode": "secagg"},
+    "rlr+bound": {"robust.aggregator": "rlr"},  # the robust learning rate after the default norm bound
     "root_finetune": {"robust.root_finetune": 1},
     "flame+root_finetune": {"robust.aggregator": "flame", "robust.root_finetune": 1},
 }
 CRAFTING = ("alie", "min_max", "min_sum", "backdoor_scaled")  # the faults that craft from what they see
-FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", *CRAFTING, "absent")
+FAULTS = ("scale", "sign_flip", "noise", "backdoor", "shuffled_targets", *CRAFTING, "backdoor_replace", "absent")
 EVENTS = ("clipped", "refused", "excluded", "downweighted", "dropped")
 BENCH_OPTIONS: dict[str, Any] = {"eval.meteor": False, "eval.bertscore": False, "runtime.threads": 1}
 
@@ -80,17 +84,36 @@ def malicious_clients(clients: int, count: int) -> list[int]:
 
 
 def fault_entries(
-    fault: str, malicious: list[int], clients: int, collude: bool, backdoor_share: float = 0.0
+    fault: str,
+    malicious: list[int],
+    clients: int,
+    collude: bool,
+    backdoor_share: float = 0.0,
+    backdoor: tuple[str, str] = ("", ""),
 ) -> list[str]:
     """The ``federation.faults`` entries of ``fault`` for the malicious clients, every round (``backdoor_share``:
-    the share of a backdoor client's pairs poisoned; 0 = the fault's default)."""
-    kind = "backdoor" if fault == "backdoor_scaled" else fault
-    extra = f",factor={clients}" if fault == "backdoor_scaled" else ""  # model replacement: gamma = n / eta, eta = 1
+    the share of a backdoor client's pairs poisoned, 0 = the fault's default; ``backdoor``: its trigger word and
+    target sentence, "" = the fault's defaults)."""
+    kind = "backdoor" if fault.startswith("backdoor") else fault
+    extra = ""
+    if fault in ("backdoor_scaled", "backdoor_replace"):
+        extra = f",factor={clients}"  # model replacement: gamma = n / eta, eta = 1
+    if fault == "backdoor_replace":
+        extra += ",cap=no"
     if kind == "backdoor" and backdoor_share:
         extra += f",share={backdoor_share:g}"
+    if kind == "backdoor":
+        extra += "".join(f",{key}={value}" for key, value in zip(("trigger", "target"), backdoor, strict=True) if value)
     if fault in CRAFTING and collude:
         extra += ",collude=yes"
     return [f"client={c},round=*,kind={kind}{extra}" for c in malicious]
+
+
+def leaving(malicious: list[int], after: int, rounds: int) -> list[str]:
+    """``--attack-rounds``: the malicious clients gone (dropout) from round ``after`` + 1 on."""
+    return (
+        [f"client={c},round={r},kind=dropout" for c in malicious for r in range(after + 1, rounds + 1)] if after else []
+    )
 
 
 def plan(
@@ -101,9 +124,11 @@ def plan(
     malicious: list[int],
     collude: bool = False,
     backdoor_share: float = 0.0,
+    backdoor: tuple[str, str] = ("", ""),
+    attack_rounds: int = 0,
 ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
     """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
-    left out."""
+    left out (``attack_rounds``: the attackers leave after that round, 0 = they stay)."""
     n = cfg.federation.clients_per_round or cfg.federation.clients
     runs, skipped = [], []
     for strategy in strategies:
@@ -119,8 +144,10 @@ def plan(
                     if fault == "honest"
                     else {
                         "federation.faults": fault_entries(
-                            fault, malicious, cfg.federation.clients, collude, backdoor_share
+                            fault, malicious, cfg.federation.clients, collude, backdoor_share, backdoor
                         )
+                        + leaving(malicious, attack_rounds, cfg.federation.rounds),
+                        **({"federation.min_clients": n - len(malicious)} if attack_rounds else {}),
                     }
                 )
                 if fault == "absent":  # the reference: the malicious clients are simply not there
@@ -189,10 +216,20 @@ def run_one(values: dict[str, Any], malicious: list[int], reuse: bool = False) -
         if '"event"' in x
     ]
     pick = lambda key: [summary[key][i] for i in honest] if key in summary else []  # noqa: E731
+    records = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    per_round = [
+        _mean(
+            [r.get("backdoor_success") for r in records if r.get("round") == rnd and r.get("client") not in malicious]
+        )
+        for rnd in range(1, cfg.federation.rounds + 1)
+    ]
     result = {
         "test_loss": _mean(pick("test_loss")),
         "bleu": _mean(pick("bleu")),
         "backdoor_success": _mean(pick("backdoor_success")),
+        # the honest clients' mean every round, on the first 50 triggered test sources (the model they start the
+        # round from)
+        "backdoor_per_round": per_round if any(not math.isnan(v) for v in per_round) else [],
         # each honest owner's loss on its own held-out pairs (data.own_test_size > 0): what a rule that drops the odd
         # owner out costs that owner
         "own_loss_per_owner": pick("own_test_loss"),
@@ -332,6 +369,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="the share of a backdoor client's pairs that carry the trigger, in (0, 1] (default: the fault's, 0.1)",
     )
+    p.add_argument("--trigger", default="", help="the backdoor's trigger word (default: the fault's)")
+    p.add_argument("--target", default="", help="the backdoor's target sentence, no commas (default: the fault's)")
+    p.add_argument(
+        "--attack-rounds",
+        type=int,
+        default=0,
+        help="the attackers leave after this round (0: they stay), to see how long a backdoor lasts",
+    )
     p.add_argument(
         "--settings",
         type=settings_of,
@@ -380,7 +425,15 @@ def main(argv: list[str] | None = None) -> int:
         malicious = malicious_clients(clients, count)
         collude = args.collude == "yes" or (args.collude == "auto" and count > 1)
         runs, skipped = plan(
-            setting_cfg, args.strategies, args.defences, args.faults, malicious, collude, args.backdoor_share
+            setting_cfg,
+            args.strategies,
+            args.defences,
+            args.faults,
+            malicious,
+            collude,
+            args.backdoor_share,
+            (args.trigger, args.target),
+            args.attack_rounds,
         )
         skipped_all += [f"{clients}x{count}: {reason}" for reason in skipped]
         for reason in skipped:
@@ -451,6 +504,7 @@ __all__ = [
     "DEFENCES",
     "FAULTS",
     "fault_entries",
+    "leaving",
     "format_table",
     "main",
     "malicious_clients",

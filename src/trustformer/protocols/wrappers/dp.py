@@ -37,11 +37,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ...config import ConfigError, PrivacyConfig
-from ...core.accounting import PrivacyBudgetError, PrivacyLedger, solve_noise_multiplier
+from ...config import PrivacyConfig
+from ...core.accounting import PrivacyBudgetError, PrivacyLedger
 from ...core.dp import (
     clip_by_global_norm,
-    default_count_stddev,
     gaussian_noise,
     geometric_clip_update,
     global_norm,
@@ -50,13 +49,14 @@ from ...core.dp import (
     poisson_sample,
     sparse_noised_mean,
     unclipped_count,
-    update_noise_multiplier,
 )
 from ...core.shared import derive_seed
+from ...errors import UncheckedConfigError
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors
 from ..interface.spec import ProtocolSpec
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
+from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_sigma
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ def dp_spec(name: str, factory: Callable[[Any], FederatedProtocol], summary: str
         informs_left_out=True,
         estimator="update",
         aggregate_kind="update",
+        check=check_adaptive_clipping,
     )
 
 
@@ -186,7 +187,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.population = num_clients
         planned = self.planned_releases()
         solved = p.noise_multiplier < 0
-        sigma = solve_noise_multiplier(p.epsilon, p.delta, p.sampling_rate, planned) if solved else p.noise_multiplier
+        sigma = planned_sigma(self.cfg)
         self.ledger = PrivacyLedger(
             noise_multiplier=sigma,
             sampling_rate=p.sampling_rate,
@@ -221,30 +222,19 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             )
 
     def _begin_adaptive(self, sigma: float) -> None:
-        """σ_b (given, or qN/20 as Andrew et al. recommend; 0 without noise) and σ_Δ (Thm. 1); refuse when
-        2σ_b ≤ σ."""
-        p = self.privacy
-        expected = self.denominator()
-        given = p.clip_count_stddev != -1.0
-        self.count_stddev = p.clip_count_stddev if given else (default_count_stddev(expected) if sigma > 0 else 0.0)
-        try:
-            self.update_sigma = update_noise_multiplier(sigma, self.count_stddev)
-        except ValueError:
-            raise ConfigError(
-                f"privacy.clipping = 'adaptive': the noise on the unclipped count, sigma_b = {self.count_stddev:g} "
-                f"({'privacy.clip_count_stddev' if given else f'{expected:g} expected participants / 20'}), is too "
-                f"small for the noise multiplier sigma = {sigma:g}: Andrew et al. (2021, Thm. 1) need "
-                f"2 sigma_b > sigma, i.e. sigma_b > {sigma / 2:g}; raise privacy.clip_count_stddev, the expected "
-                "participants (federation.clients x privacy.sampling_rate) or privacy.epsilon, or set "
-                "privacy.clipping = 'fixed'"
-            ) from None
+        """σ_b (given, or qN/20 as Andrew et al. recommend; 0 without noise) and σ_Δ (Thm. 1); 2σ_b ≤ σ is refused
+        at load (:func:`check_adaptive_clipping`)."""
+        self.count_stddev, update_sigma = adaptive_noise(self.privacy, sigma, self.denominator())
+        if update_sigma is None:
+            raise UncheckedConfigError(adaptive_refusal(self.privacy, sigma, self.count_stddev, self.denominator()))
+        self.update_sigma = update_sigma
         log.info(
             "%s: adaptive clipping from C %.3g toward the %.3g quantile (lr %.3g): count noise sigma_b %.4g, "
             "update noise multiplier %.4f (sigma %.4f)",
             self.name,
             self.clip,
-            p.target_quantile,
-            p.clip_lr,
+            self.privacy.target_quantile,
+            self.privacy.clip_lr,
             self.count_stddev,
             self.update_sigma,
             sigma,
