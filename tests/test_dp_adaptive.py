@@ -47,7 +47,7 @@ def _updates(norms, dim: int = 50, seed: int = 0):
 
 def _round(protocol, rnd: int, updates):
     protocol.participants(rnd, list(range(protocol.population)), True)
-    out, _ = protocol.aggregate(updates, [1] * len(updates))
+    out = protocol.aggregate(updates, [1] * len(updates)).tensors
     return out, protocol.exchange_done(rnd, out)
 
 

@@ -53,8 +53,8 @@ def server_aggregate(tmp_path):
     cfg = tiny(tmp_path, **{"federation.clients": 10})
     protocol = make_protocol(cfg)
     protocol.expected_payload({"w": torch.zeros(DIM)})
-    aggregate, _ = protocol.aggregate(planted_round(), [1] * (HONEST + ATTACKER))
-    return aggregate["w"], protocol.server().aggregate_events()
+    result = protocol.aggregate(planted_round(), [1] * (HONEST + ATTACKER))
+    return result.tensors["w"], result.events
 
 
 def stops_the_backdoor(step, events):

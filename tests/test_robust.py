@@ -434,6 +434,42 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
     assert len(skipped) == 1 and "trustformer / flame" in skipped[0] and "whole model" in skipped[0]
 
 
+def test_bench_robustness_parts_merge_into_one_table_and_a_figure(tmp_path):
+    """Parts of one setting merge: a later row replaces an earlier one, and a part without the undefended honest
+    run gets its changes from another part's; the figure draws the rows with a per-round success, and nothing
+    without one."""
+    from trustformer_lab.bench.robustness_bench import merged
+    from trustformer_lab.bench.robustness_figure import backdoor_figure
+
+    def row(defence, fault, loss, per_round=()):
+        return {
+            "clients": 10,
+            "malicious": 1,
+            "strategy": "fedavg",
+            "defence": defence,
+            "fault": fault,
+            "test_loss": loss,
+            "defence_share": 0.01,
+            "backdoor_per_round": list(per_round),
+        }
+
+    first = {"command": "a", "settings": [], "setting": {}, "rows": [row("none", "honest", 3.0), row("rlr", "x", 9.0)]}
+    second = {
+        "commands": ["b"],
+        "settings": [],
+        "setting": {},
+        "rows": [row("rlr", "honest", 2.9), row("rlr", "x", 3.1, (0.0, 0.5))],
+    }
+    out = merged([first, second])
+    rows = {(r["defence"], r["fault"]): r for r in out["rows"]}
+    assert out["commands"] == ["a", "b"] and len(rows) == 3
+    assert rows["rlr", "x"]["test_loss"] == 3.1 and rows["rlr", "x"]["loss_change"] == pytest.approx(0.1)
+    assert rows["rlr", "x"]["vs_defended_honest"] == pytest.approx(0.2)
+    assert rows["rlr", "honest"]["cost_loss"] == pytest.approx(-0.1)
+    assert backdoor_figure(out["rows"], tmp_path / "f.png").stat().st_size > 0
+    assert backdoor_figure(first["rows"], tmp_path / "none.png") is None
+
+
 def test_bench_robustness_reuses_a_run_whose_stored_configuration_predates_an_option(tmp_path):
     """--reuse: an option added after a run was stored is read at its default (what that run ran with), so the run
     is reused; a stored configuration that differs in a value is not."""

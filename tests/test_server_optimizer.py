@@ -118,7 +118,7 @@ def test_each_optimizer_steps_as_flowers_strategy_over_three_rounds(tmp_path, na
     sizes = [30, 10, 20]
     for rnd in (1, 2, 3):
         models = [{n: v + rng.normal(scale=0.1 * rnd, size=v.shape) for n, v in initial.items()} for _ in sizes]
-        ours, _phases = protocol.aggregate([{n: torch.from_numpy(v) for n, v in m.items()} for m in models], sizes)
+        ours = protocol.aggregate([{n: torch.from_numpy(v) for n, v in m.items()} for m in models], sizes).tensors
         theirs, _metrics = strategy.aggregate_fit(rnd, fit_results([list(m.values()) for m in models], sizes), [])
         assert theirs is not None
         for (n, mine), flower in zip(ours.items(), parameters_to_ndarrays(theirs), strict=True):
@@ -255,9 +255,9 @@ def plant(monkeypatch, bug: str) -> None:
         return
 
     def unnoised(self, payloads, num_examples):
-        _release, phases = self.inner.aggregate(payloads, num_examples)
+        release = self.inner.aggregate(payloads, num_examples)
         clipped = [clip_by_global_norm(p, self.cfg.privacy.clip_norm)[0] for p in payloads]
-        return self._update_step(weighted_mean(clipped, [1.0] * len(clipped))), phases
+        return replace(release, tensors=self._update_step(weighted_mean(clipped, [1.0] * len(clipped))))
 
     monkeypatch.setattr(ServerOptimization, "aggregate", unnoised)
 
@@ -396,7 +396,7 @@ def test_a_sparse_update_under_client_sampling_catches_up_to_the_optimizers_mode
         for _ in range(2):
             indices = torch.sort(torch.randperm(20, generator=g)[:4]).values
             payloads.append({"indices": indices.to(torch.int32), "values": torch.randn(4, generator=g)})
-        step, _phases = protocol.aggregate(payloads, [1, 1])
+        step = protocol.aggregate(payloads, [1, 1]).tensors
         assert set(step) == {"values"} and step["values"].numel() == 20  # Adam's step is dense
         client.client_apply(session, step)
         protocol.server().exchange_done(rnd, step)

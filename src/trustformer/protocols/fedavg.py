@@ -7,7 +7,15 @@ import time
 from collections.abc import Sequence
 
 from ..core.aggregation import weighted_mean
-from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors, assign_tensors, trainable_tensors
+from .interface.base import (
+    Aggregated,
+    ClientSession,
+    FederatedProtocol,
+    Phases,
+    Tensors,
+    assign_tensors,
+    trainable_tensors,
+)
 from .interface.parts import CatchUp, ServerHooks
 from .interface.spec import ProtocolSpec
 
@@ -30,10 +38,10 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
-        return mean, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(mean, {"aggregate_s": time.perf_counter() - started})
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         if self.cfg.federation.clients_per_round and delivered is not None:

@@ -23,6 +23,7 @@ from ..config.checks import check_in_range
 from ..core.dp import check_sparse, flatten, index_dtype, keep_count, top_k_sparsify, unflatten
 from ..wire import PayloadError, TensorSpec
 from .interface.base import (
+    Aggregated,
     ClientSession,
     FederatedProtocol,
     LocalStep,
@@ -162,7 +163,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
         except ValueError as exc:
             raise PayloadError(str(exc)) from None
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Σ_k (n_k / n)·sparse Δ_k on the union of the kept coordinates."""
         started = time.perf_counter()
         total = float(sum(num_examples))
@@ -182,7 +183,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
             flat = flatten(self.global_model).double()
             flat.index_add_(0, union, out[VALUES].double())
             self.global_model = unflatten(flat, self.global_model)
-        return out, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(out, {"aggregate_s": time.perf_counter() - started})
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         self.latest_round = rnd

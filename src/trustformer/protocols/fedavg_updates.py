@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..config import RunConfig
 from ..core.aggregation import weighted_mean
 from .interface.base import (
+    Aggregated,
     ClientSession,
     FederatedProtocol,
     LocalStep,
@@ -53,10 +54,10 @@ class FedAvgUpdates(FederatedProtocol, LocalTraining):
         local, base = trainable_tensors(session.model), held_global(session, GLOBAL)
         return {n: local[n] - base[n].to(local[n].dtype) for n in local}, {"update_s": time.perf_counter() - started}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
-        return mean, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(mean, {"aggregate_s": time.perf_counter() - started})
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         """W_global ← W_global + mean update; the client continues from the new global model."""

@@ -53,6 +53,7 @@ from ..core.dp import flatten, unflatten
 from ..core.shared import derive_seed
 from ..wire import PayloadError, TensorSpec, spec_of
 from .interface.base import (
+    Aggregated,
     ClientSession,
     FederatedProtocol,
     RoundMessages,
@@ -308,7 +309,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         )
         return True
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, dict[str, float]]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps
         the result as the master's P^t."""
         started = time.perf_counter()
@@ -328,7 +329,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
             else:
                 step = self.p.beta * vote * (flatten(self.last).double() - flatten(cast(Tensors, self.before)).double())
             base = base - self.sign * step
-        return unflatten(base.to(torch.float32), self.last), {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(unflatten(base.to(torch.float32), self.last), {"aggregate_s": time.perf_counter() - started})
 
     def server_summary(self) -> dict[str, Any]:
         return {

@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..config.checks import check_choice
 from ..core.shared import derive_seed
 from .interface.base import (
+    Aggregated,
     ClientSession,
     FederatedProtocol,
     Phases,
@@ -82,9 +83,9 @@ class Phong(FederatedProtocol, ServerHooks):
 
     # ------------------------------------------------------------------------------ master
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """The model after the last worker of the sequence (there is nothing to average)."""
-        return dict(payloads[-1]), {}
+        return Aggregated(dict(payloads[-1]))
 
     def order(self, rnd: int, clients: list[int]) -> list[int]:
         """The visiting order of epoch ``rnd``: client order, or a seeded permutation per epoch."""

@@ -25,7 +25,7 @@ from ..core.aggregation import weighted_mean
 from ..core.shared import LocalStep, clipped_gradients
 from ..wire import TensorSpec, spec_of
 from .fedavg import FedAvg
-from .interface.base import ClientSession, Phases, Tensors, assign_tensors, trainable_tensors
+from .interface.base import Aggregated, ClientSession, Phases, Tensors, assign_tensors, trainable_tensors
 from .interface.parts import LocalTraining
 from .interface.spec import ProtocolSpec
 
@@ -119,7 +119,7 @@ class Scaffold(FedAvg, LocalTraining):
             payload[CONTROL + name], state[C_I + name] = new - old, new.detach().clone()
         return payload, {}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
         k = self.cfg.federation.clients_per_round
@@ -127,7 +127,7 @@ class Scaffold(FedAvg, LocalTraining):
         control = self.control or {n: torch.zeros_like(t) for n, t in mean.items() if n.startswith(CONTROL)}
         self.control = {n: c + share * mean[n].to(c.dtype) for n, c in control.items()}
         out = {**{n: t for n, t in mean.items() if not n.startswith(CONTROL)}, **self.control}
-        return out, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(out, {"aggregate_s": time.perf_counter() - started})
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()

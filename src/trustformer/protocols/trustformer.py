@@ -76,7 +76,7 @@ from ..core.centroids import (
 from ..core.kmeans import choose_initial_rows, cluster_layers
 from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
-from .interface.base import ClientSession, FederatedProtocol, Phases, Tensors
+from .interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
 from .interface.parts import PayloadCoding, ServerHooks
 from .interface.spec import ProtocolSpec
 
@@ -396,12 +396,12 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
             "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),
         }
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Algorithm 3 / Eq. 2: mean of centroid j of layer l over the clients (server sees centroids only)."""
         started = time.perf_counter()
         weights = [float(n) for n in num_examples] if self.weighting == "data_size" else [1.0] * len(payloads)
         mean = weighted_mean(payloads, weights)
-        return mean, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(mean, {"aggregate_s": time.perf_counter() - started})
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """Payload coding: the server advances the public reference with the centroids the clients received, as

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -33,7 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from ..config import RunConfig
 from ..core.shared import Tensors
-from ..protocols.interface.base import FederatedProtocol
+from ..protocols.interface.base import Aggregated, FederatedProtocol
 from ..recording.recorder import RunRecorder
 from ..wire import (
     APPLY,
@@ -88,7 +88,6 @@ class RoundIO:
         self.fields: dict[str, Any] = {}
         self.sampled: list[int] | None = None  # with client sampling: the nodes sampled this round
         self.stopped: str | None = None  # the protocol ended the run before this round: why
-        self._events: list[dict[str, Any]] = []  # what the last aggregation reported about single updates
         for client in sorted(set(self.clients.values()) - {self.clients[n] for n in self.nodes}):
             log.warning("round %d: client %d is not connected and misses the round", rnd, client)
             server.recorder.event(event="absent", round=rnd, client=client)
@@ -249,21 +248,20 @@ class RoundIO:
         )
         return self._payloads(deliveries, "payload", specs)
 
-    def _combine(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
+    def _combine(self, payloads: dict[int, Tensors]) -> Aggregated:
         inputs, weights, phases = self.link.combine(
             self.rnd, payloads, {n: self.rows[n]["num_examples"] for n in payloads}, self.protocol.spec.mean_weighting
         )
-        aggregate, more = self.protocol.aggregate(inputs, weights)
-        self._events = self.report.aggregate_events()
-        singles = [e for e in self._events if "index" in e]  # the others are about the aggregate itself
+        result = self.protocol.aggregate(inputs, weights)
+        singles = [e for e in result.events if "index" in e]  # the others are about the aggregate itself
         if singles and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
             raise FederationError("the aggregation reported events about single updates it never saw")
-        return aggregate, {**phases, **more}
+        return replace(result, phases={**phases, **result.phases})
 
-    def _record_aggregate_events(self, nodes: list[int]) -> None:
+    def _record_aggregate_events(self, events: list[dict[str, Any]], nodes: list[int]) -> None:
         """What the aggregation did to single updates (robust.*: clipped, left out), one event each, by client; an
         event without ``index`` is about the round's aggregate (robust.root_finetune), on no client."""
-        for item in self._events:
+        for item in events:
             fields = {k: v for k, v in item.items() if k != "index"}
             if "index" not in item:
                 log.info("round %d: %s", self.rnd, fields.get("reason", ""))
@@ -272,14 +270,13 @@ class RoundIO:
             node = nodes[int(item["index"])]
             log.warning("round %d: client %s: %s", self.rnd, self.clients.get(node), fields.get("reason", ""))
             self.event(client=self.clients.get(node), node=node, **fields)
-        self._events = []
 
     def aggregate(self, payloads: dict[int, Tensors]) -> tuple[Tensors, dict[str, float]]:
         """The protocol's aggregate of ``payloads`` (secure aggregation combines them first, unseen). When it
         raises, each contribution is aggregated on its own to find the ones that make it fail: those clients
         are dropped and the others aggregated, while ``federation.min_clients`` allows."""
         try:
-            aggregate, phases = self._combine(payloads)
+            result = self._combine(payloads)
         except FederationError:
             raise
         except Exception as exc:
@@ -300,11 +297,12 @@ class RoundIO:
                 self.drop(node, f"aggregation failed on its contribution: {describe(culprit)}")
                 payloads.pop(node)
             self.require("aggregate")
-            aggregate, phases = self._combine(payloads)
-        self._record_aggregate_events(list(payloads))
-        for key, value in phases.items():
+            result = self._combine(payloads)
+        self._record_aggregate_events(result.events, list(payloads))
+        self.add_fields(result.fields)
+        for key, value in result.phases.items():
             self.server.server_phases[key] = self.server.server_phases.get(key, 0.0) + value
-        return aggregate, phases
+        return result.tensors, result.phases
 
     def apply(
         self, nodes: list[int], tensors: Mapping[str, torch.Tensor], phases: Mapping[str, float] | None = None

@@ -51,6 +51,7 @@ from trustformer.cli_options import add_config_options
 from trustformer.config import ConfigError, RunConfig, build_config, load_config
 
 from .federation_bench import base_config
+from .robustness_figure import backdoor_figure
 
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"robust.bound": "none", "robust.aggregator": "mean"},
@@ -291,6 +292,51 @@ def table(
     return rows
 
 
+def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``--json`` files of one setting as one: every row (a later file's row replaces an earlier one of the
+    same setting, protocol, defence, fault, attack rounds and trigger), every command, and the changes from the
+    honest runs taken again across all of them (a part without the undefended honest run has none of its own)."""
+    key = lambda r: (  # noqa: E731
+        r.get("clients"),
+        r.get("malicious"),
+        r["strategy"],
+        r["defence"],
+        r["fault"],
+        r.get("attack_rounds", 0),
+        r.get("trigger", ""),
+    )
+    rows: dict[Any, dict[str, Any]] = {}
+    commands: list[str] = []
+    for part in parts:
+        for command in part.get("commands") or [part["command"]]:
+            if command not in commands:
+                commands.append(command)
+        for row in part["rows"]:
+            rows[key(row)] = dict(row)
+    honest = {
+        (r.get("clients"), r.get("malicious"), r["strategy"], r["defence"]): r
+        for r in rows.values()
+        if r["fault"] == "honest"
+    }
+    for r in rows.values():
+        reference = honest.get((r.get("clients"), r.get("malicious"), r["strategy"], "none"))
+        own = honest.get((r.get("clients"), r.get("malicious"), r["strategy"], r["defence"]))
+        r["loss_change"] = r["test_loss"] - reference["test_loss"] if reference else math.nan
+        if r["fault"] == "honest" and reference:
+            r["cost_loss"] = r["loss_change"]
+            r["cost_time"] = r["defence_share"]
+        elif r["fault"] != "honest" and own:
+            r["vs_defended_honest"] = r["test_loss"] - own["test_loss"]
+    first = parts[0]
+    return {
+        "commands": commands,
+        "settings": first["settings"],
+        "setting": first["setting"],
+        "rows": list(rows.values()),
+        "left_out": sorted({x for part in parts for x in part.get("left_out", [])}),
+    }
+
+
 def _events_text(events: dict[str, int]) -> str:
     return " / ".join(str(events.get(k, 0)) for k in ("clipped", "refused", "excluded", "downweighted"))
 
@@ -394,6 +440,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each (default: 2)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     p.add_argument(
+        "--figure", metavar="FILE.png", help="also draw each backdoor row's success round by round (when one has it)"
+    )
+    p.add_argument(
         "--reuse",
         action="store_true",
         help="take a run whose folder holds the measurements of exactly "
@@ -439,9 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         for reason in skipped:
             print(f"left out: {reason}", file=sys.stderr)
         results = run_setting(setting_cfg, runs, malicious, args, f"{clients}x{count}" if args.settings else "")
-        rows += table(runs, results, (clients, count))
+        for row in table(runs, results, (clients, count)):
+            row.update({"attack_rounds": args.attack_rounds} if args.attack_rounds else {})
+            row.update({"trigger": args.trigger} if args.trigger else {})
+            rows.append(row)
     print(format_table(rows))
     print(f"total {(time.perf_counter() - started) / 60:.1f} min")
+    if args.figure and backdoor_figure(rows, args.figure) is None:
+        print(f"--figure {args.figure}: no row has a per-round backdoor success; nothing drawn", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(
@@ -505,6 +559,7 @@ __all__ = [
     "FAULTS",
     "fault_entries",
     "leaving",
+    "merged",
     "format_table",
     "main",
     "malicious_clients",

@@ -34,7 +34,7 @@ from ...config import RunConfig
 from ...core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
 from ...wire import TensorSpec, spec_of
 from .parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, misplaced_part_methods
-from .session import ClientSession, Phases
+from .session import Aggregated, ClientSession, Phases
 from .spec import ProtocolSpec
 from .state import check_client_half, check_declared
 
@@ -109,8 +109,9 @@ class FederatedProtocol:
         """What a client sends after local training, and the seconds of each phase it ran."""
         raise NotImplementedError(f"{self.name} exchanges nothing")
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
-        """Combine the round's valid payloads; also returns the seconds of each phase."""
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        """Combine the round's valid payloads: the aggregate, the seconds of each phase, and what the round records of
+        it (:class:`~.session.Aggregated`)."""
         raise NotImplementedError(f"{self.name} aggregates nothing")
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
@@ -205,6 +206,7 @@ def held_global(session: ClientSession, prefix: str = "global/") -> Tensors:
 
 __all__ = [
     "REQUIRED",
+    "Aggregated",
     "AppliedAsAggregate",
     "CatchUp",
     "ClientSession",

@@ -90,13 +90,7 @@ class ServerHooks:
     def check_payload(self, payload: Tensors) -> None:
         """Raise ``wire.PayloadError`` to drop a payload the generic checks accept."""
 
-    # -- round reports
-    def aggregate_events(self) -> list[dict[str, Any]]:
-        """What the last ``aggregate`` did to single payloads (robust aggregation: an update clipped or left out),
-        as events: ``index`` (the payload's position), ``event`` and ``reason``; the round records them. An event
-        without ``index`` is about the aggregate itself (robust.root_finetune) and names no client."""
-        return []
-
+    # -- round reports (what ``aggregate`` did to single payloads comes back with its aggregate: ``Aggregated``)
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """After every exchange round: keep what later rounds need of it, and return fields added to every client's
         line of the round (e.g. ε spent). ``delivered``: what the clients received, in this protocol's layout: the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,4 +38,18 @@ class ClientSession:
         return self.cfg.train.label_smoothing if self.label_smoothing is None else self.label_smoothing
 
 
-__all__ = ["ClientSession", "Phases"]
+@dataclass
+class Aggregated:
+    """What a protocol's ``aggregate`` returns for the round to go on with: the aggregate (``tensors``), the seconds
+    of each phase, what it did to single payloads (``events``: ``index``, the payload's position, ``event`` and
+    ``reason``; an event without ``index`` is about the aggregate itself and names no client), and ``fields`` added
+    to every client's line of the round (e.g. adaptive clipping's bound). A wrapper passes its inner protocol's on
+    with ``dataclasses.replace``, adding its own."""
+
+    tensors: Tensors
+    phases: Phases = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["Aggregated", "ClientSession", "Phases"]

@@ -17,7 +17,7 @@ from ...core.shared import Tensors
 from ...wire import TensorSpec
 from ..interface.base import FederatedProtocol, P, RoundMessages
 from ..interface.parts import CatchUp, ServerHooks
-from ..interface.session import ClientSession, Phases
+from ..interface.session import Aggregated, ClientSession, Phases
 
 
 class ProtocolWrapper(FederatedProtocol):
@@ -50,7 +50,7 @@ class ProtocolWrapper(FederatedProtocol):
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return self.inner.client_payload(session)
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         return self.inner.aggregate(payloads, num_examples)
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
@@ -83,9 +83,6 @@ class InnerServerHooks(ServerHooks):
 
     def check_payload(self, payload: Tensors) -> None:
         self.inner.server().check_payload(payload)
-
-    def aggregate_events(self) -> list[dict[str, Any]]:
-        return self.inner.server().aggregate_events()
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         return self.inner.server().exchange_done(rnd, delivered)

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
 from ...wire import PayloadError, TensorSpec
-from ..interface.base import ClientSession, FederatedProtocol, Phases
+from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases
 from . import coded_arrays
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .coded_arrays import per_row
@@ -132,10 +133,10 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self.inner.coding().server_payload_reference(self.round), self.delivered, self.initial, shapes
         )
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
-        aggregate, phases = self.inner.aggregate(payloads, num_examples)
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        inner = self.inner.aggregate(payloads, num_examples)
         started = time.perf_counter()
-        view, rest = self._view(aggregate, self.initial)
+        view, rest = self._view(inner.tensors, self.initial)
         reference = self.server_reference(view)
         feedback = self.inner.coding().stable_payload_layout()
         exact = self.exact_model(view)  # no residual is kept without feedback
@@ -158,7 +159,9 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._remember(message)
         self.delivered = self.inner.coding().coding_unview(decoded, rest, self.initial)
         self.delivered_round = self.round
-        return message, {**phases, "download_code_s": time.perf_counter() - started}
+        return replace(
+            inner, tensors=message, phases={**inner.phases, "download_code_s": time.perf_counter() - started}
+        )
 
     def exact_model(self, view: Tensors) -> Tensors:
         """``w_{t+1} + e_t`` in float64: this round's aggregate plus the coding error not yet delivered (none on the

@@ -53,7 +53,7 @@ from ...core.dp import (
 from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
 from ...wire import PayloadError, TensorSpec
-from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors
+from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
 from ..interface.spec import ProtocolSpec
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_sigma
@@ -301,7 +301,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.clip = geometric_clip_update(self.clip, fraction, p.target_quantile, p.clip_lr)
         return fraction
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Alg. 1 server: (Σ clip(Δ_k) + N(0, σ²C² I)) / (qN), dense or sparse. Adaptive clipping: clipped to C_t,
         noise σ_Δ·C_t, then C moves (:meth:`adapt_clip`)."""
         assert self.ledger is not None, "server_begin was not called"
@@ -331,7 +331,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self._round_fields = {"dp_clip_norm": bound, "dp_unclipped_fraction": self.adapt_clip(norms)}
         if self.canaries is not None:
             self.canaries.released(self._round, out)
-        return out, {"aggregate_s": time.perf_counter() - started}
+        return Aggregated(out, {"aggregate_s": time.perf_counter() - started})
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """Compose this round's release; the ε spent so far goes on every line of the round."""

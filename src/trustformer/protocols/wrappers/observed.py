@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ...core.shared import Tensors, trainable_tensors
 from ..interface.base import FederatedProtocol
-from ..interface.session import ClientSession, Phases
+from ..interface.session import Aggregated, ClientSession, Phases
 from .base import ProtocolWrapper
 
 
@@ -54,11 +54,11 @@ class ObservedProtocol(ProtocolWrapper):
         )
         return payload, phases
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         self.observer.server_received([dict(p) for p in payloads], list(num_examples))
-        aggregate, phases = self.inner.aggregate(payloads, num_examples)
-        self.observer.server_aggregated(aggregate)
-        return aggregate, phases
+        result = self.inner.aggregate(payloads, num_examples)
+        self.observer.server_aggregated(result.tensors)
+        return result
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         self.observer.client_applied(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -55,7 +55,7 @@ from ...core.robust import (
 from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
 from ...wire import FederationError, spec_of
-from ..interface.base import ClientSession, FederatedProtocol, Phases, Tensors, held_global
+from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors, held_global
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,15 @@ def provide_root_training(factory: Callable[[RunConfig], RootTraining]) -> None:
     _root_training[:] = [factory]
 
 
+@dataclass
+class _Report:
+    """What one aggregation did to single payloads (``events``, each naming its payload's ``index`` in the round's
+    list) and where each payload it kept sat in that list (``positions``)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+
 class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its payloads bounded and (optionally) a robust aggregation rule instead of its mean."""
 
@@ -81,12 +90,10 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # defences' noise and of FLTrust's root training), FLTrust's root optimizer state and the fine-tuning pass's
     state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer", "_finetune_optimizer")
     scratch_attrs = (
-        "_events",
-        "_positions",
         "_holds_last_aggregate",
         "_root_update",
         "_finetune_training",
-    )  # what the round's aggregation did to single payloads; the trainings on root data, built at their first use
+    )  # whether the round's aggregate is a whole model; the trainings on root data, built at their first use
 
     def __init__(
         self, inner: FederatedProtocol, bound: str, aggregator: str, root_training: RootTraining | None = None
@@ -103,32 +110,36 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.rlr_threshold = self.settings.rlr_threshold_for(cfg.federation.clients_per_round or cfg.federation.clients)
         # rlr under secure aggregation: each client sends its update's signs beside its payload (summed unseen)
         self.signs_sent = aggregator == "rlr" and cfg.secure.mode in ("secagg", "tee+secagg")
-        self._events: list[dict[str, Any]] = []
         self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
-        self._positions: list[int] = []  # where each payload the last aggregation kept sat in the round's list
         self._start_round = 0  # the round whose aggregate _start is (0: the initial model)
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
-        self._events = []
-        payloads, kept = self._bounded(list(payloads))
-        self._positions = kept
-        num_examples = [num_examples[i] for i in kept]
+        report = _Report()
+        payloads, report.positions = self._bounded(list(payloads), report)
+        num_examples = [num_examples[i] for i in report.positions]
         self._aggregations += 1
+        inner = Aggregated({})
         if self.aggregator == "mean":
-            aggregate, phases = self.inner.aggregate(payloads, num_examples)
+            inner = self.inner.aggregate(payloads, num_examples)
+            aggregate, phases = inner.tensors, inner.phases
         elif self.aggregator in UPDATE_RULES:
-            aggregate, phases = self._update_rule(payloads, num_examples)
+            aggregate, phases = self._update_rule(payloads, num_examples, report)
         else:
-            aggregate, phases = self._robust_rule(payloads, num_examples), {}
+            aggregate, phases = self._robust_rule(payloads, num_examples, report), {}
         if self.settings.root_finetune:
             started_pass = time.perf_counter()
-            aggregate = self._fine_tuned(aggregate)
+            aggregate = self._fine_tuned(aggregate, report)
             phases = {**phases, "root_finetune_s": time.perf_counter() - started_pass}
         # whole models: exchange_done keeps what the clients received as the next round's start
         self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
-        return aggregate, {**phases, "robust_s": time.perf_counter() - started}
+        return Aggregated(
+            aggregate,
+            {**phases, "robust_s": time.perf_counter() - started},
+            [*report.events, *inner.events],
+            inner.fields,
+        )
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         if self._holds_last_aggregate and delivered is not None:  # the next round starts from what they received
@@ -145,10 +156,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             return self._start_round, self._start
         return self.inner.catching_up().catch_up()
 
-    def aggregate_events(self) -> list[dict[str, Any]]:
-        return [*self._events, *self.inner.server().aggregate_events()]
-
-    def _bounded(self, payloads: list[Tensors]) -> tuple[list[Tensors], list[int]]:
+    def _bounded(self, payloads: list[Tensors], report: _Report) -> tuple[list[Tensors], list[int]]:
         """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
         the round's list (a refused payload has none)."""
         if self.bound == "none" or not payloads:
@@ -176,7 +184,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         out, kept = [], []
         for i, (payload, norm) in enumerate(zip(payloads, norms, strict=True)):
             if cosines is not None and cosines[i] < self.settings.min_cosine:
-                self._events.append(
+                report.events.append(
                     {
                         "index": i,
                         "event": "refused",
@@ -190,7 +198,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
                 )
                 continue
             if norm > refuse:
-                self._events.append(
+                report.events.append(
                     {
                         "index": i,
                         "event": "refused",
@@ -205,7 +213,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             if norm <= limit:
                 out.append(payload)
                 continue
-            self._events.append(
+            report.events.append(
                 {
                     "index": i,
                     "event": "clipped",
@@ -241,7 +249,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             [{n: p[n].to(torch.float64) - start[n].to(torch.float64) for n in start} for p in payloads]
         )
 
-    def _robust_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> Tensors:
+    def _robust_rule(self, payloads: list[Tensors], num_examples: Sequence[int], report: _Report) -> Tensors:
         if self.aggregator == "median":
             return coordinate_median(payloads)
         if self.aggregator == "trimmed_mean":
@@ -250,9 +258,9 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         keep = 1 if self.aggregator == "krum" else (self.settings.multikrum_keep or len(payloads) - f)
         aggregate, chosen = multikrum_mean(payloads, [float(n) for n in num_examples], f, min(keep, len(payloads)))
         for i in sorted(set(range(len(payloads))) - set(chosen)):
-            self._events.append(
+            report.events.append(
                 {
-                    "index": self._positions[i],
+                    "index": report.positions[i],
                     "event": "excluded",
                     "reason": f"left out by robust.aggregator = {self.aggregator!r} (one of the "
                     f"{len(payloads) - len(chosen)} updates farthest from the others)",
@@ -261,12 +269,14 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return aggregate
 
     # ------------------------------------------------------------------ defences on whole-model updates
-    def _update_rule(self, payloads: list[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
+    def _update_rule(
+        self, payloads: list[Tensors], num_examples: Sequence[int], report: _Report
+    ) -> tuple[Tensors, Phases]:
         """FLTrust, FLAME or clip_noise on the updates (payload minus the round's starting model): the starting
         model plus the rule's aggregate update."""
         start = self._start
         if self.signs_sent and start is not None and len(payloads) == 1:  # rlr under secure aggregation: the sums
-            return self._rlr_from_sums(payloads[0], start), {}
+            return self._rlr_from_sums(payloads[0], start, report), {}
         if start is None or any(set(p) != set(start) for p in payloads):  # refused at load (composition.py)
             raise UncheckedConfigError(
                 f"robust.aggregator = {self.aggregator!r} needs whole-model payloads (the server forms each update "
@@ -283,7 +293,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             result = robust_learning_rate(updates, [float(n) for n in num_examples], self.rlr_threshold)
             share = result.info["reversed_share"]
             assert isinstance(share, float)
-            self._events.append(self._rlr_event(share, "each update's signs"))
+            report.events.append(self._rlr_event(share, "each update's signs"))
         else:
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "robust-noise", self._aggregations))
             settings = self.settings
@@ -294,11 +304,11 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
                     updates, [float(n) for n in num_examples], settings.clip_norm, settings.noise_factor, generator
                 )
             )
-        self._record_rule(result)
+        self._record_rule(result, report)
         delta = unflatten(result.update, {n: t.to(torch.float64) for n, t in start.items()})
         return {n: (start[n].to(torch.float64) + delta[n]).to(start[n].dtype) for n in start}, phases
 
-    def _rlr_from_sums(self, mean: Tensors, start: Tensors) -> Tensors:
+    def _rlr_from_sums(self, mean: Tensors, start: Tensors, report: _Report) -> Tensors:
         """RLR from what secure aggregation gives: the mean payload (models) and beside it the mean of the clients'
         sign vectors (``rlr/sign/``, weighted as the payloads are), whose agreement in clients is m × that mean."""
         clients = self.cfg.federation.clients_per_round or self.cfg.federation.clients
@@ -310,7 +320,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             reversed_count += int((agreement.abs() < self.rlr_threshold).sum())
             total += agreement.numel()
             out[name] = (x.double() + step).to(x.dtype)
-        self._events.append(self._rlr_event(reversed_count / max(total, 1), "the securely summed signs"))
+        report.events.append(self._rlr_event(reversed_count / max(total, 1), "the securely summed signs"))
         return out
 
     def _rlr_event(self, share: float, source: str) -> dict[str, Any]:
@@ -376,7 +386,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return flatten({n: trained[n].to(torch.float64) - start[n].to(torch.float64) for n in start})
 
     # ------------------------------------------------------------------ clean fine-tuning on root data
-    def _fine_tuned(self, aggregate: Tensors) -> Tensors:
+    def _fine_tuned(self, aggregate: Tensors, report: _Report) -> Tensors:
         """``aggregate`` trained for ``robust.root_finetune`` epochs on the root data (its own optimizer state, seeded
         by the aggregation's count); the protocol inside learns that the clients hold it (its catch-up model)."""
         epochs = self.settings.root_finetune
@@ -397,7 +407,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             )
         tuned = {n: trained[n].to(aggregate[n].dtype) for n in aggregate}
         moved = float(flatten({n: tuned[n].double() - aggregate[n].double() for n in aggregate}).norm())
-        self._events.append(
+        report.events.append(
             {
                 "event": "root_finetuned",
                 "epochs": epochs,
@@ -408,13 +418,13 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         )
         return tuned  # the protocol inside learns that the clients hold it from exchange_done
 
-    def _record_rule(self, result: DefenceResult) -> None:
+    def _record_rule(self, result: DefenceResult, report: _Report) -> None:
         """An event for every client the rule refused, left out, down-weighted or clipped."""
         name = self.aggregator
         trust = result.info.get("trust")
         median_trust = median_of([t for t in trust if t > 0]) if isinstance(trust, list) and any(trust) else 0.0
         for i, (weight, scale, kept) in enumerate(zip(result.weights, result.scales, result.kept, strict=True)):
-            event: dict[str, Any] = {"index": self._positions[i], "weight": weight, "scale": scale}
+            event: dict[str, Any] = {"index": report.positions[i], "weight": weight, "scale": scale}
             if isinstance(trust, list):
                 event["trust"] = trust[i]
             if not kept:
@@ -449,7 +459,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
                 )
             else:
                 continue
-            self._events.append(event)
+            report.events.append(event)
 
 
 _in_force = lru_cache(maxsize=16)(lambda robust, fed, mode: robust.active(fed, mode))  # per configuration

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from ...core.dp import flatten, unflatten
 from ...core.server_opt import Moments, ServerOptimizer, server_step
 from ...errors import UncheckedConfigError
 from ...wire import TensorSpec
-from ..interface.base import FederatedProtocol, Phases, Tensors
+from ..interface.base import Aggregated, FederatedProtocol, Tensors
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .dp import DifferentialPrivacy
 
@@ -76,11 +77,11 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.dim = sum(t.numel() for t in initial.values())
         return self.inner.expected_payload(initial)
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> tuple[Tensors, Phases]:
-        aggregate, phases = self.inner.aggregate(payloads, num_examples)
+    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        inner = self.inner.aggregate(payloads, num_examples)
         started = time.perf_counter()
-        out = self._model_step(aggregate) if self.kind == "model" else self._update_step(aggregate)
-        return out, {**phases, "server_opt_s": time.perf_counter() - started}
+        out = self._model_step(inner.tensors) if self.kind == "model" else self._update_step(inner.tensors)
+        return replace(inner, tensors=out, phases={**inner.phases, "server_opt_s": time.perf_counter() - started})
 
     def held(self) -> Tensors:
         """x_t: the global model the clients hold (before the first exchange, the initial model)."""
