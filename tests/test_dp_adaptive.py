@@ -46,9 +46,11 @@ def _updates(norms, dim: int = 50, seed: int = 0):
 
 
 def _round(protocol, rnd: int, updates):
+    """One exchange round on the server: the aggregate, and the fields of the round's lines (the aggregation's and
+    the release's)."""
     protocol.participants(rnd, list(range(protocol.population)), True)
-    out = protocol.aggregate(updates, [1] * len(updates)).tensors
-    return out, protocol.exchange_done(rnd, out)
+    result = protocol.aggregate(updates, [1] * len(updates))
+    return result.tensors, {**result.fields, **protocol.exchange_done(rnd, result.tensors)}
 
 
 # ------------------------------------------------------------------------------- (a) the update rule

@@ -121,7 +121,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
     state_attrs = ("ledger", "clip", "clip_history")
     # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); the round and its fields
-    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "_round_fields", "canaries")
+    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "canaries")
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -136,7 +136,6 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.update_sigma = 0.0
         self.count_stddev = 0.0
         self.clip_history: list[float] = []  # C_t of every exchange round so far
-        self._round_fields: dict[str, float | None] = {}
         self.canaries = _CANARY_HOOKS[-1] if _CANARY_HOOKS else None  # an audit run's (client_canaries)
 
     @property
@@ -253,7 +252,6 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         if not exchange:
             return list(clients)
         self._round = rnd
-        self._round_fields = {"dp_clip_norm": self.clip, "dp_unclipped_fraction": None} if self.adaptive else {}
         p = self.privacy
         if p.on_exceed == "stop" and self.ledger.epsilon_with(1) > p.epsilon:
             return None
@@ -326,12 +324,22 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             )
         else:
             out = noised_mean(payloads, **noise)
+        fields: dict[str, float | None] = {}
         if self.adaptive:
             norms = [global_norm({VALUES: q[VALUES]} if INDICES in q else q) for q in payloads]
-            self._round_fields = {"dp_clip_norm": bound, "dp_unclipped_fraction": self.adapt_clip(norms)}
+            fraction = self.adapt_clip(norms)
+            self.clip_history.append(bound)
+            log.info(
+                "round %d: clip bound %.4g, noised unclipped share %.4g, next bound %.4g",
+                self._round,
+                bound,
+                fraction,
+                self.clip,
+            )
+            fields = {"dp_clip_norm": bound, "dp_unclipped_fraction": fraction}
         if self.canaries is not None:
             self.canaries.released(self._round, out)
-        return Aggregated(out, {"aggregate_s": time.perf_counter() - started})
+        return Aggregated(out, {"aggregate_s": time.perf_counter() - started}, fields=fields)
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """Compose this round's release; the ε spent so far goes on every line of the round."""
@@ -339,16 +347,9 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         eps = self.ledger.record_release()
         log.info("round %d: epsilon spent %.4f at delta %g", rnd, eps, self.privacy.delta)
         fields: dict[str, float | None] = {"epsilon": eps if math.isfinite(eps) else None}
-        if self.adaptive:
-            self.clip_history.append(float(self._round_fields.get("dp_clip_norm") or self.clip))
-            log.info(
-                "round %d: clip bound %.4g, noised unclipped share %s, next bound %.4g",
-                rnd,
-                self.clip_history[-1],
-                self._round_fields.get("dp_unclipped_fraction"),
-                self.clip,
-            )
-            fields.update(self._round_fields)
+        if self.adaptive and delivered is None:  # no aggregate this round (nobody sampled): C_t stays
+            self.clip_history.append(self.clip)
+            fields.update({"dp_clip_norm": self.clip, "dp_unclipped_fraction": None})
         return fields
 
     def server_summary(self) -> dict[str, Any]:
