@@ -45,6 +45,10 @@ def test_unknown_key_is_named(tmp_path):
         ({"train.betas": [0.9]}, r"train\.betas"),
         ({"runtime.progress": "yes"}, r"runtime\.progress = 'yes' must be true or false"),
         ({"data.source": "tsv"}, r"data\.path is required"),
+        (
+            {"federation.strategy": "centralized", "runtime.engine": "simulation"},
+            r"trains one client on every shard: run it with runtime\.engine = 'inprocess'",
+        ),
     ],
 )
 def test_bad_values_are_named(overrides, pattern):

@@ -109,6 +109,11 @@ class RunConfig:
                 f"a target sentence); task = {self.task!r} takes shuffled_targets"
             )
         if self.runtime.engine == "simulation":
+            if protocol_spec(self.federation.strategy).pools_data:
+                raise ConfigError(
+                    f"federation.strategy = {self.federation.strategy!r} trains one client on every shard: run "
+                    "it with runtime.engine = 'inprocess'"
+                )
             if self.secure.mode in ("tee", "tee+secagg"):
                 raise ConfigError(
                     f"secure.mode = {self.secure.mode!r} cannot run on runtime.engine = 'simulation': "

@@ -39,6 +39,7 @@ from flwr.serverapp import Grid, ServerApp
 from .. import app as apps
 from ..config import CONFIG_KEY, ConfigError, RunConfig
 from ..deploy.fab import write_app
+from ..errors import UncheckedConfigError
 from ..flower_internals import SUPERLINK_NODE_ID, simulation_run, start_simulation, task_identity
 from ..registry import protocol_spec
 from ..runtime.client_nodes import expected_nodes
@@ -60,8 +61,8 @@ def run_simulation(cfg: RunConfig) -> dict[str, Any]:
             "runtime.engine = 'simulation' needs Flower's simulation extra: "
             "pip install 'flwr[simulation]==1.41.0' (it brings Ray)"
         )
-    if protocol_spec(cfg.federation.strategy).pools_data:
-        raise ConfigError(
+    if protocol_spec(cfg.federation.strategy).pools_data:  # refused at load (config/run.py)
+        raise UncheckedConfigError(
             f"federation.strategy = {cfg.federation.strategy!r} trains one client on every shard: run "
             "it with runtime.engine = 'inprocess'"
         )
