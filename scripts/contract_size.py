@@ -1,0 +1,72 @@
+"""The size of the protocol contract and of the product, as issue-style figures (docs/architecture.md): overridable
+names of a protocol (FederatedProtocol and its optional parts), hand forwards in the wrapper bases, declared scratch
+attributes, ConfigError raised outside config/, product files over 400 and 600 lines, and the experiments'
+imports from the product (none allowed).
+
+Usage: .venv/bin/python scripts/contract_size.py
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import trustformer
+import trustformer.protocols as protocols
+from trustformer.protocols.interface import base, parts
+from trustformer.protocols.wrappers import base as wrapper_base
+
+SRC = Path(trustformer.__file__).parent
+
+
+def public_methods(cls: type) -> list[str]:
+    return [n for n, v in cls.__dict__.items() if callable(v) and not n.startswith("_")]
+
+
+def main() -> None:
+    core = [n for n in public_methods(base.FederatedProtocol) if n not in ("innermost",)]
+    optional = {
+        c.__name__: public_methods(c)
+        for c in (parts.LocalTraining, parts.ServerHooks, parts.CatchUp, parts.PayloadCoding)
+    }
+    print(
+        f"overridable names: {len(core)} core + {sum(map(len, optional.values()))} in parts "
+        f"({', '.join(f'{k} {len(v)}' for k, v in optional.items())})"
+    )
+    forwards = {
+        c.__name__: [n for n in public_methods(c) if n not in ("innermost",)]
+        for c in (wrapper_base.ProtocolWrapper, wrapper_base.InnerServerHooks, wrapper_base.InnerCatchUp)
+    }
+    print(
+        f"hand forwards: {sum(map(len, forwards.values()))} ({', '.join(f'{k} {len(v)}' for k, v in forwards.items())})"
+    )
+    scratch = set()
+    for info in pkgutil.walk_packages(protocols.__path__, "trustformer.protocols."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and "scratch_attrs" in cls.__dict__:
+                scratch.update((cls.__name__, a) for a in cls.__dict__["scratch_attrs"])
+    print(f"scratch attributes: {len(scratch)}")
+    raised = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("config/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
+                if name == "ConfigError":
+                    raised.append(f"{rel}:{node.lineno}")
+    print(f"ConfigError raised outside config/: {len(raised)} ({', '.join(raised)})")
+    sizes = {p.relative_to(SRC).as_posix(): len(p.read_text(encoding="utf-8").splitlines()) for p in SRC.rglob("*.py")}
+    print(
+        f"product files over 600 lines: {sum(v > 600 for v in sizes.values())}; over 400: "
+        f"{sum(v > 400 for v in sizes.values())} ({', '.join(f'{k} {v}' for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]) if v > 400)})"
+    )
+
+
+if __name__ == "__main__":
+    main()
