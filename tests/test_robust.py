@@ -414,6 +414,7 @@ def test_bench_robustness_plans_the_stealthy_faults_and_the_defences_on_updates(
     load_config("tiny", None, {"federation.faults": fault_entries("backdoor_scaled", [1], 3, False, 0.5)})
     replace = fault_entries("backdoor_replace", [1], 10, True, 0.5, ("zzyzx", "Call us"))
     assert replace == ["client=1,round=*,kind=backdoor,factor=10,cap=no,share=0.5,trigger=zzyzx,target=Call us"]
+    assert fault_entries("backdoor_replace", [1], 10, False, 0.5, ("", ""), 0.1)[0].endswith(",share=0.5,mask=0.1")
     assert leaving([1, 5], 2, 3) == ["client=1,round=3,kind=dropout", "client=5,round=3,kind=dropout"]
     assert leaving([1], 0, 3) == []
     load_config("tiny", None, {"federation.faults": replace + leaving([1], 1, 2), "federation.min_clients": 2})

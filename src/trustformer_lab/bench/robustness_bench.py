@@ -91,10 +91,11 @@ def fault_entries(
     collude: bool,
     backdoor_share: float = 0.0,
     backdoor: tuple[str, str] = ("", ""),
+    mask: float = 0.0,
 ) -> list[str]:
     """The ``federation.faults`` entries of ``fault`` for the malicious clients, every round (``backdoor_share``:
     the share of a backdoor client's pairs poisoned, 0 = the fault's default; ``backdoor``: its trigger word and
-    target sentence, "" = the fault's defaults)."""
+    target sentence, "" = the fault's defaults; ``mask``: Neurotoxin's share of coordinates left alone, 0 = none)."""
     kind = "backdoor" if fault.startswith("backdoor") else fault
     extra = ""
     if fault in ("backdoor_scaled", "backdoor_replace"):
@@ -105,6 +106,7 @@ def fault_entries(
         extra += f",share={backdoor_share:g}"
     if kind == "backdoor":
         extra += "".join(f",{key}={value}" for key, value in zip(("trigger", "target"), backdoor, strict=True) if value)
+        extra += f",mask={mask:g}" if mask else ""
     if fault in CRAFTING and collude:
         extra += ",collude=yes"
     return [f"client={c},round=*,kind={kind}{extra}" for c in malicious]
@@ -127,6 +129,7 @@ def plan(
     backdoor_share: float = 0.0,
     backdoor: tuple[str, str] = ("", ""),
     attack_rounds: int = 0,
+    mask: float = 0.0,
 ) -> tuple[list[tuple[str, str, str, dict[str, Any]]], list[str]]:
     """(strategy, defence, fault, option values) of every run the configuration accepts, and why the others were
     left out (``attack_rounds``: the attackers leave after that round, 0 = they stay)."""
@@ -145,7 +148,7 @@ def plan(
                     if fault == "honest"
                     else {
                         "federation.faults": fault_entries(
-                            fault, malicious, cfg.federation.clients, collude, backdoor_share, backdoor
+                            fault, malicious, cfg.federation.clients, collude, backdoor_share, backdoor, mask
                         )
                         + leaving(malicious, attack_rounds, cfg.federation.rounds),
                         **({"federation.min_clients": n - len(malicious)} if attack_rounds else {}),
@@ -304,6 +307,7 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
         r["fault"],
         r.get("attack_rounds", 0),
         r.get("trigger", ""),
+        r.get("mask", 0.0),
     )
     rows: dict[Any, dict[str, Any]] = {}
     commands: list[str] = []
@@ -418,6 +422,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trigger", default="", help="the backdoor's trigger word (default: the fault's)")
     p.add_argument("--target", default="", help="the backdoor's target sentence, no commas (default: the fault's)")
     p.add_argument(
+        "--mask",
+        type=float,
+        default=0.0,
+        help="a backdoor trained outside the top share R of the coordinates the last global update moved "
+        "(Neurotoxin; default 0: everywhere)",
+    )
+    p.add_argument(
         "--attack-rounds",
         type=int,
         default=0,
@@ -458,6 +469,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not 0.0 <= args.mask < 1.0:
+        raise SystemExit(f"--mask {args.mask}: give a share in [0, 1)")
     if not 0.0 <= args.backdoor_share <= 1.0:
         raise SystemExit(f"--backdoor-share {args.backdoor_share}: give a share in (0, 1]")
     cfg = base_config(args, BENCH_OPTIONS, "runs/bench-robustness")
@@ -483,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             args.backdoor_share,
             (args.trigger, args.target),
             args.attack_rounds,
+            args.mask,
         )
         skipped_all += [f"{clients}x{count}: {reason}" for reason in skipped]
         for reason in skipped:
@@ -491,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in table(runs, results, (clients, count)):
             row.update({"attack_rounds": args.attack_rounds} if args.attack_rounds else {})
             row.update({"trigger": args.trigger} if args.trigger else {})
+            row.update({"mask": args.mask} if args.mask else {})
             rows.append(row)
     print(format_table(rows))
     print(f"total {(time.perf_counter() - started) / 60:.1f} min")
