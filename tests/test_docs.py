@@ -1703,6 +1703,21 @@ def test_the_protocols_public_start_figures_are_their_json():
     ) in prose
 
 
+def test_the_dp_levers_table_is_its_json():
+    """docs/privacy.md's two levers on the second seed, figure by figure (the wall times are the script's log)."""
+    levers = by_run("dp-pays-levers-seed1.json")
+    privacy = (ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
+    rows = table(privacy, "| lever (+ fine-tuning) |")
+    lever_columns = {
+        "test loss": "loss",
+        "own loss": "own_loss",
+        "share of FedAvg's gain, test / own": ("gain_loss", "gain_own_loss"),
+        "wall time": NO_JSON,  # the script's log, not its JSON
+    }
+    lever_names = lambda cells: plain(cells[0]).split(":")[0].strip("`") + " + fine-tuning"  # noqa: E731
+    assert check_table(rows, levers, lever_columns, names=lever_names) == 12
+
+
 def test_the_scaffold_and_public_robustness_tables_are_their_json():
     """docs/benchmarks.md's SCAFFOLD rounds and docs/robustness.md's 10-owner public-start table, figure by figure."""
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
