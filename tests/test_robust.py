@@ -469,6 +469,10 @@ def test_bench_robustness_parts_merge_into_one_table_and_a_figure(tmp_path):
     assert rows["rlr", "honest"]["cost_loss"] == pytest.approx(-0.1)
     assert backdoor_figure(out["rows"], tmp_path / "f.png").stat().st_size > 0
     assert backdoor_figure(first["rows"], tmp_path / "none.png") is None
+    lora = {**second, "setting": {"model": {"adapters": "lora"}}, "rows": [row("none", "honest", 2.5)]}
+    both = {(r["adapters"], r["defence"], r["fault"]): r for r in merged([first, second, lora])["rows"]}
+    assert len(both) == 4 and both["lora", "none", "honest"]["test_loss"] == 2.5  # a setting of its own
+    assert both["none", "none", "honest"]["test_loss"] == 3.0
 
 
 def test_bench_robustness_reuses_a_run_whose_stored_configuration_predates_an_option(tmp_path):

@@ -297,9 +297,11 @@ def table(
 
 def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Several ``--json`` files of one setting as one: every row (a later file's row replaces an earlier one of the
-    same setting, protocol, defence, fault, attack rounds and trigger), every command, and the changes from the
-    honest runs taken again across all of them (a part without the undefended honest run has none of its own)."""
+    same adapters, setting, protocol, defence, fault, attack rounds, trigger and mask), every command, and the changes
+    from the honest runs taken again across all of them (a part without the undefended honest run has none of its
+    own). Each row says which ``model.adapters`` its part trained (``adapters``)."""
     key = lambda r: (  # noqa: E731
+        r["adapters"],
         r.get("clients"),
         r.get("malicious"),
         r["strategy"],
@@ -315,16 +317,15 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for command in part.get("commands") or [part["command"]]:
             if command not in commands:
                 commands.append(command)
+        adapters = part.get("setting", {}).get("model", {}).get("adapters", "none")
         for row in part["rows"]:
-            rows[key(row)] = dict(row)
-    honest = {
-        (r.get("clients"), r.get("malicious"), r["strategy"], r["defence"]): r
-        for r in rows.values()
-        if r["fault"] == "honest"
-    }
+            row = {**row, "adapters": row.get("adapters", adapters)}
+            rows[key(row)] = row
+    setting = lambda r: (r["adapters"], r.get("clients"), r.get("malicious"), r["strategy"])  # noqa: E731
+    honest = {(*setting(r), r["defence"]): r for r in rows.values() if r["fault"] == "honest"}
     for r in rows.values():
-        reference = honest.get((r.get("clients"), r.get("malicious"), r["strategy"], "none"))
-        own = honest.get((r.get("clients"), r.get("malicious"), r["strategy"], r["defence"]))
+        reference = honest.get((*setting(r), "none"))
+        own = honest.get((*setting(r), r["defence"]))
         r["loss_change"] = r["test_loss"] - reference["test_loss"] if reference else math.nan
         if r["fault"] == "honest" and reference:
             r["cost_loss"] = r["loss_change"]

@@ -26,6 +26,8 @@ def backdoor_figure(rows: list[dict[str, Any]], path: str | Path) -> Path | None
         left = r.get("attack_rounds") or 0
         label = f"{r['defence']} · {r['fault']}" + (f" · leaves after round {left}" if left else "")
         label += f" · {r['clients']}x{r['malicious']}" if "clients" in r else ""
+        if r.get("adapters", "none") != "none":
+            label += f" · {r['adapters']}"
         if r.get("mask"):
             label += f" · Neurotoxin mask {r['mask']:g}"
         if r.get("trigger"):
