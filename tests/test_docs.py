@@ -1729,12 +1729,31 @@ def test_the_scaffold_and_public_robustness_tables_are_their_json():
     rows = table(text, "| round | FedAvg test loss | SCAFFOLD test loss |")
     assert check_table(rows, measured, {"FedAvg test loss": "fedavg", "SCAFFOLD test loss": "scaffold"}) == 20
     robust = (ROOT / "docs" / "robustness.md").read_text(encoding="utf-8")
-    labels = {"—": "honest", "`backdoor`": "backdoor"}
-    by_key = {f"{r['defence']} {r['fault']}": r for r in bench("robustness-public.json")["rows"]}
+    public = bench("robustness-public.json")["rows"]
 
-    def key(cells: list[str]) -> str:
-        defence, fault = cells[0].strip("`"), cells[1].split(",")[0].split(" (")[0]
-        return f"{defence} {labels.get(fault, fault.strip('`'))}"
+    def variant(r: dict) -> str:
+        """The second table's first cell for a row (the first table's rows: every round, full model)."""
+        if r.get("adapters", "none") != "none":
+            return "LoRA r16"
+        if r.get("mask"):
+            return f"Neurotoxin (mask {r['mask']:g}), leaves after round {r['attack_rounds']}"
+        if r.get("attack_rounds"):
+            return f"leaves after round {r['attack_rounds']}"
+        return f"trigger {r['trigger']}" if r.get("trigger") else ""
+
+    def fault_of(cell: str) -> str:
+        return "honest" if cell.startswith("—") else plain(cell).split(",")[0].split(" (")[0].strip("`")
+
+    main = {(str(r["malicious"]), r["defence"], r["fault"]): r for r in public if not variant(r)}
+
+    def own_change(r: dict) -> list[float]:
+        """The smallest and largest of the honest owners' own-loss changes from the undefended honest run of the same
+        setting ([0]: that run)."""
+        if r["fault"] == "honest" and r["defence"] == "none":
+            return [0.0]
+        reference = main[str(r["malicious"]), "none", "honest"]
+        changes = [a - b for a, b in zip(r["own_loss_per_owner"], reference["own_loss_per_owner"], strict=True)]
+        return [min(changes), max(changes)]
 
     columns = {
         "test loss (honest owners)": "test_loss",
@@ -1743,7 +1762,13 @@ def test_the_scaffold_and_public_robustness_tables_are_their_json():
             None if r["backdoor_success"] != r["backdoor_success"] else 100 * r["backdoor_success"]
         ),
         "defence's time / rounds'": lambda r: 100 * r["defence_share"] if r["defence_share"] else 0,
-        "own loss per owner: change from the undefended honest run": NO_JSON,
+        "own loss per owner: change from the undefended honest run": own_change,
+        "backdoor success, rounds 1–10": lambda r: [100 * x for x in r.get("backdoor_per_round") or []] or None,
     }
-    rows = table(robust, "| defence | fault | test loss (honest owners)")
-    assert check_table(rows, by_key, columns, names=key, skip=("fault",)) >= 28
+    rows = table(robust, "| attackers of 10 | defence | fault |")
+    main_key = lambda cells: (cells[0], plain(cells[1]).strip("`"), fault_of(cells[2]))  # noqa: E731
+    assert check_table(rows, main, columns, names=main_key, skip=("attackers of 10", "fault")) >= 100
+    by_variant = {(variant(r) or "every round (the table above)", r["defence"], r["fault"]): r for r in public}
+    rows = table(robust, "| variant | defence | fault |")
+    variant_key = lambda cells: (plain(cells[0]).replace("`", ""), plain(cells[1]).strip("`"), fault_of(cells[2]))  # noqa: E731
+    assert check_table(rows, by_variant, columns, names=variant_key, skip=("variant", "fault")) >= 60

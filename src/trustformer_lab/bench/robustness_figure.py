@@ -19,7 +19,7 @@ def backdoor_figure(rows: list[dict[str, Any]], path: str | Path) -> Path | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.8))
     markers = "osD^vP*X"
     for k, r in enumerate(shown):
         series = [100 * v if not math.isnan(v) else math.nan for v in r["backdoor_per_round"]]
@@ -41,11 +41,11 @@ def backdoor_figure(rows: list[dict[str, Any]], path: str | Path) -> Path | None
     ax.set_ylabel("backdoor success on triggered test sources (%)")
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, not over its lines
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out
 
