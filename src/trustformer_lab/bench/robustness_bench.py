@@ -295,6 +295,11 @@ def table(
     return rows
 
 
+def start_label(init: str, public_source: str) -> str:
+    """A row's ``start``: ``scratch``, or ``public`` with the corpus its public model was also trained on."""
+    return f"{init} (train.public_source = {public_source})" if init == "public" and public_source else init
+
+
 def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Several ``--json`` files of one setting as one: every row (a later file's row replaces an earlier one of the
     same adapters, setting, protocol, defence, fault, attack rounds, trigger and mask), every command, and the changes
@@ -317,9 +322,12 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for command in part.get("commands") or [part["command"]]:
             if command not in commands:
                 commands.append(command)
-        adapters = part.get("setting", {}).get("model", {}).get("adapters", "none")
+        setting_of = part.get("setting", {})
+        adapters = setting_of.get("model", {}).get("adapters", "none")
+        train = setting_of.get("train", {})
+        start = start_label(train.get("init", "scratch"), train.get("public_source", ""))
         for row in part["rows"]:
-            row = {**row, "adapters": row.get("adapters", adapters)}
+            row = {**row, "adapters": row.get("adapters", adapters), "start": row.get("start", start)}
             rows[key(row)] = row
     setting = lambda r: (r["adapters"], r.get("clients"), r.get("malicious"), r["strategy"])  # noqa: E731
     honest = {(*setting(r), r["defence"]): r for r in rows.values() if r["fault"] == "honest"}
@@ -504,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"left out: {reason}", file=sys.stderr)
         results = run_setting(setting_cfg, runs, malicious, args, f"{clients}x{count}" if args.settings else "")
         for row in table(runs, results, (clients, count)):
+            start = start_label(setting_cfg.train.init, setting_cfg.train.public_source)
+            row.update({"start": start, "adapters": setting_cfg.model.adapters})
             row.update({"attack_rounds": args.attack_rounds} if args.attack_rounds else {})
             row.update({"trigger": args.trigger} if args.trigger else {})
             row.update({"mask": args.mask} if args.mask else {})
