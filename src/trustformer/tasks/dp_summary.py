@@ -9,7 +9,8 @@ from typing import Any
 from ..config import RunConfig
 from ..core import dp_checks
 from ..core.dpsgd import RecordDP
-from .record_dp import bands, distributed, finetune_under_dp, share_count
+from .record_dp import bands, distributed, share_count
+from .record_dp_checks import finetune_under_dp
 
 
 def _mechanism(reported: dict[str, Any], delta: float) -> RecordDP:

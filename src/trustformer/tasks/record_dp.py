@@ -29,7 +29,7 @@ from ..core.shared import derive_seed
 from ..data.batching import pad_sequences
 from .dp_canaries import canaries_of_group, save_release
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
-from .record_dp_checks import check_run, watch
+from .record_dp_checks import check_run, finetune_under_dp, watch
 
 
 def _register_tied_embedding() -> None:
@@ -80,12 +80,6 @@ def share_count(cfg: RunConfig) -> int:
     """How many shares make the noise: the round's planned participants less ``privacy.dropout_tolerance``."""
     fed = cfg.federation
     return (fed.clients_per_round or fed.clients) - cfg.privacy.dropout_tolerance
-
-
-def finetune_under_dp(cfg: RunConfig) -> bool:
-    """``privacy.finetune = "dp"``: the owner's fine-tuning after the last exchange is DP-SGD, charged to ε. By
-    default it is plain training that spends nothing: the fine-tuned model never leaves the owner's machine."""
-    return cfg.privacy.finetune == "dp"
 
 
 def planned_steps(cfg: RunConfig, n_records: int) -> tuple[int, int]:
@@ -379,7 +373,6 @@ def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer)
 
 __all__ = [
     "expected_batch",
-    "finetune_under_dp",
     "generators",
     "plan",
     "planned_steps",

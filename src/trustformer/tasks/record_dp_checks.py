@@ -14,6 +14,12 @@ from ..core.banded_noise import sqrt_coefficients
 from ..core.dpsgd import RecordDP
 
 
+def finetune_under_dp(cfg: RunConfig) -> bool:
+    """``privacy.finetune = "dp"``: the owner's fine-tuning after the last exchange is DP-SGD, charged to ε. By
+    default it is plain training that spends nothing: the fine-tuned model never leaves the owner's machine."""
+    return cfg.privacy.finetune == "dp"
+
+
 def watch(
     cfg: RunConfig, dp: RecordDP, *, shares: int = 1, first_step: int = 0, records: int = 0
 ) -> dp_checks.StepChecks | None:
@@ -63,11 +69,11 @@ def check_run(
         bands=dp.bands,
         column_norm=dp.column_norm,
     )
-    looks = cfg.federation.rounds + (1 if cfg.privacy.finetune == "dp" else 0)  # the DP fine-tuning: one more look
+    looks = cfg.federation.rounds + (1 if finetune_under_dp(cfg) else 0)
     results = dp_checks.evaluate(record, reported, clients=cfg.federation.clients, looks=looks)
     out.update(dp_checks.metrics(results))
     out["dpcheck_s"] = watched.seconds + time.perf_counter() - started
     dp_checks.raise_failures(results, client=client, step=reported.steps)
 
 
-__all__ = ["check_run", "watch"]
+__all__ = ["check_run", "finetune_under_dp", "watch"]

@@ -293,9 +293,9 @@ class TranslationTask:
     def finetune(
         self, model: torch.nn.Module, shard: Any, *, epochs: int, lr_scale: float, seed: int
     ) -> dict[str, float]:
-        from . import record_dp
+        from . import record_dp, record_dp_checks
 
-        if self.cfg.privacy.unit == "record" and record_dp.finetune_under_dp(self.cfg):  # in the planned budget
+        if self.cfg.privacy.unit == "record" and record_dp_checks.finetune_under_dp(self.cfg):  # in the planned budget
             out = record_dp.train(
                 self.cfg,
                 model,
