@@ -56,7 +56,7 @@ from ...wire import PayloadError, TensorSpec
 from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
 from ..interface.spec import ProtocolSpec
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
-from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_sigma
+from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_releases, planned_sigma
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +176,8 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return self.inner.expected_payload(initial)
 
     def planned_releases(self) -> int:
-        """Exchange rounds of the run: every round r with r % agg_every == 0."""
-        fed = self.cfg.federation
-        return fed.rounds // fed.agg_every
+        """Exchange rounds of the run, each one release (σ is solved for them)."""
+        return planned_releases(self.cfg)
 
     def server_begin(self, num_clients: int) -> None:
         """Fix σ (given, or solved for the planned rounds) and check the budget before round 1."""
@@ -186,7 +185,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.population = num_clients
         planned = self.planned_releases()
         solved = p.noise_multiplier < 0
-        sigma = planned_sigma(self.cfg)
+        sigma = planned_sigma(self.cfg, planned)
         self.ledger = PrivacyLedger(
             noise_multiplier=sigma,
             sampling_rate=p.sampling_rate,

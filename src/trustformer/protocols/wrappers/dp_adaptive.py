@@ -11,12 +11,17 @@ from ...core.accounting import solve_noise_multiplier
 from ...core.dp import default_count_stddev, update_noise_multiplier
 
 
-def planned_sigma(cfg: Any) -> float:
-    """σ of a client-level DP run: ``privacy.noise_multiplier``, or solved for (ε, δ, q) over its exchange rounds."""
-    p, fed = cfg.privacy, cfg.federation
+def planned_releases(cfg: Any) -> int:
+    """The exchange rounds of a run, each one release: every round r with r % agg_every == 0."""
+    return cfg.federation.rounds // cfg.federation.agg_every
+
+
+def planned_sigma(cfg: Any, releases: int) -> float:
+    """σ of a client-level DP run: ``privacy.noise_multiplier``, or solved for (ε, δ, q) over ``releases``."""
+    p = cfg.privacy
     if p.noise_multiplier >= 0:
         return p.noise_multiplier
-    return solve_noise_multiplier(p.epsilon, p.delta, p.sampling_rate, fed.rounds // fed.agg_every)
+    return solve_noise_multiplier(p.epsilon, p.delta, p.sampling_rate, releases)
 
 
 def adaptive_noise(p: PrivacyConfig, sigma: float, expected: float) -> tuple[float, float | None]:
@@ -48,10 +53,10 @@ def check_adaptive_clipping(cfg: Any) -> None:
     p = cfg.privacy
     if p.unit != "client" or p.clipping != "adaptive":
         return
-    sigma, expected = planned_sigma(cfg), p.sampling_rate * cfg.federation.clients
+    sigma, expected = planned_sigma(cfg, planned_releases(cfg)), p.sampling_rate * cfg.federation.clients
     count_stddev, update_sigma = adaptive_noise(p, sigma, expected)
     if update_sigma is None:
         raise ConfigError(adaptive_refusal(p, sigma, count_stddev, expected))
 
 
-__all__ = ["adaptive_noise", "adaptive_refusal", "check_adaptive_clipping", "planned_sigma"]
+__all__ = ["adaptive_noise", "adaptive_refusal", "check_adaptive_clipping", "planned_releases", "planned_sigma"]
