@@ -413,7 +413,7 @@ class RuntimeConfig:
     # Ray: virtual clients in worker processes, per-client CPUs/GPUs, an existing Ray cluster)
     engine: str = "inprocess"
     device: str = "auto"  # where models and protocol tensors live: auto (CUDA when present, else CPU) | cpu | cuda
-    threads: int = 0  # torch threads; 0 = all cores
+    threads: int = 0  # torch threads; 0 = the cores no other process is busy on at start
     # client state store: memory | disk (under <out>/client-state) | auto (disk when the run writes checkpoints,
     # so that it can be resumed; without checkpoints, memory while every client's state fits in
     # runtime.memory_budget_mb, else disk); the simulation engine always keeps it on disk

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -49,6 +48,7 @@ from ..flower_internals import (
 )
 from ..registry import protocol_spec
 from ..runtime import diagnostics
+from ..runtime.cores import torch_threads
 from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
@@ -246,7 +246,7 @@ def run_in_process(
     ``node_config``: entries added to every client's node config, what each client would set for itself
     (e.g. its trust anchors ``trusted-key`` and ``expected-measurement``, kept over the runtime's own)."""
     server_app, client_app = server_app or apps.server_app, client_app or apps.client_app
-    torch.set_num_threads(cfg.runtime.threads or os.cpu_count() or 1)
+    torch.set_num_threads(torch_threads(cfg.runtime.threads))
     load_task(cfg)  # data problems surface here, before any client starts
     run_id = int(time.time_ns() % (1 << 62))
     run_config: dict[str, Any] = {CONFIG_KEY: cfg.to_json()}

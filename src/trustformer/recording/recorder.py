@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 log = logging.getLogger(__name__)
 
 PHASE_SUFFIX = "_s"
@@ -106,6 +108,7 @@ class RunRecorder:
                 "python": platform.python_version(),
                 "platform": platform.platform(),
                 "cpu_count": os.cpu_count(),
+                "torch_threads": torch.get_num_threads(),  # runtime.threads, or the cores free at the start
             },
         }
         for key, value in fields.items():

@@ -5,7 +5,6 @@ its state (memory or disk, ``runtime.store``) and its node settings (output fold
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,16 +17,17 @@ from ..core.shared import ALL_SHARDS
 from ..tasks.run import initial_tensors
 from ..wire import FederationError
 from .checkpoint import CheckpointError, check_same_run, read_checkpoint, run_key
+from .cores import torch_threads
 from .store import DiskStore, MemoryStore
 
 DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
 
 
 def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
-    """Torch threads from ``runtime.threads``. In a process Flower's deployment runtime started, also
-    the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's ``server.log``,
-    since Flower keeps a ServerApp's own output for ``flwr log``)."""
-    threads = cfg.runtime.threads or os.cpu_count() or 1
+    """Torch threads from ``runtime.threads`` (0: the free cores, ``cores.py``). In a process Flower's deployment
+    runtime started, also the progress lines: to stderr (a SuperNode's log) and ``log_file`` (the ServerApp's
+    ``server.log``, since Flower keeps a ServerApp's own output for ``flwr log``)."""
+    threads = torch_threads(cfg.runtime.threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     root = logging.getLogger("trustformer")
