@@ -287,16 +287,16 @@ def test_a_canary_is_clipped_by_the_wrappers_clipping(tmp_path, monkeypatch):
     dp = _wrapper(tmp_path, values, hook)
     zeros = [{n: torch.zeros_like(t) for n, t in u.items()} for u in _updates(3)]  # nothing but the canaries
     dp.participants(1, [0, 1, 2], True)
-    release = dp.aggregate(zeros, [1, 1, 1]).tensors
+    release = dp.aggregate(1, zeros, [1, 1, 1]).tensors
     assert _projections(hook, release, 3.0) == pytest.approx([0.5] * 6, rel=1e-5)
     with pytest.MonkeyPatch.context() as patch:
         plant_clipping(patch, 3.0)
         dp.participants(2, [0, 1, 2], True)
-        release = dp.aggregate(zeros, [1, 1, 1]).tensors
+        release = dp.aggregate(2, zeros, [1, 1, 1]).tensors
     assert _projections(hook, release, 3.0) == pytest.approx([1.5] * 6, rel=1e-5)
     monkeypatch.setattr(wrapper_dp.DifferentialPrivacy, "clip_update", lambda self, u: (u, 0.0, "update_norm"))
     dp.participants(3, [0, 1, 2], True)
-    release = dp.aggregate(zeros, [1, 1, 1]).tensors
+    release = dp.aggregate(3, zeros, [1, 1, 1]).tensors
     assert _projections(hook, release, 3.0) == pytest.approx([0.5] * 6, rel=1e-5)
 
 
@@ -312,10 +312,10 @@ def test_canaries_are_summed_and_noised_as_clients(tmp_path):
         chosen = planted.participants(rnd, [0, 1, 2], True)
         if not chosen or not hook.drawn[rnd]:
             continue
-        release = planted.aggregate(real[: len(chosen)], [1] * len(chosen)).tensors
-        plain._round = rnd
+        release = planted.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors
         updates = [hook.layout.update(i, hook.norm, hook._zeros) for i in hook.drawn[rnd]]
-        expected = plain.aggregate(real[: len(chosen)] + [plain.clip_update(u)[0] for u in updates], [1] * 8).tensors
+        canary_payloads = [plain.clip_update(u)[0] for u in updates]
+        expected = plain.aggregate(rnd, real[: len(chosen)] + canary_payloads, [1] * 8).tensors
         assert all(torch.equal(release[n], expected[n]) for n in expected)
         break
     else:
@@ -326,8 +326,8 @@ def test_canaries_are_summed_and_noised_as_clients(tmp_path):
         chosen = with_out.participants(rnd, [0, 1, 2], True)
         assert chosen == without.participants(rnd, [0, 1, 2], True)
         if chosen:
-            a = with_out.aggregate(real[: len(chosen)], [1] * len(chosen)).tensors
-            b = without.aggregate(real[: len(chosen)], [1] * len(chosen)).tensors
+            a = with_out.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors
+            b = without.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors
             assert all(torch.equal(a[n], b[n]) for n in a)
 
 

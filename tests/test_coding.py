@@ -97,7 +97,7 @@ def test_error_feedback_keeps_what_was_not_sent(tmp_path):
     server = make_protocol(cfg)
     spec = server.expected_payload(trainable_tensors(task.initial_model()))
     assert {n: tuple(payload[n].shape) for n in payload} == {n: s for n, (s, _d) in spec.items()}
-    decoded = server.decode(payload)
+    decoded = server.decode(1, payload)
     for name, tensor in trainable_tensors(model).items():  # decoded + residual = what the client meant to send
         assert torch.allclose(decoded[name] + residuals["coded/residual/" + name], tensor, atol=1e-6), name
 

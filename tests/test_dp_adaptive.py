@@ -49,7 +49,7 @@ def _round(protocol, rnd: int, updates):
     """One exchange round on the server: the aggregate, and the fields of the round's lines (the aggregation's and
     the release's)."""
     protocol.participants(rnd, list(range(protocol.population)), True)
-    result = protocol.aggregate(updates, [1] * len(updates))
+    result = protocol.aggregate(rnd, updates, [1] * len(updates))
     return result.tensors, {**result.fields, **protocol.exchange_done(rnd, result.tensors)}
 
 

@@ -42,7 +42,7 @@ def test_aggregate_is_weighted_mean_of_sparse_updates_and_error_feedback_keeps_t
         {"indices": torch.tensor([0, 2], dtype=torch.int32), "values": torch.tensor([1.0, 2.0])},
         {"indices": torch.tensor([2, 3], dtype=torch.int32), "values": torch.tensor([4.0, -1.0])},
     ]
-    out = protocol.aggregate(payloads, [1, 3]).tensors
+    out = protocol.aggregate(1, payloads, [1, 3]).tensors
     assert out["indices"].tolist() == [0, 2, 3]
     assert out["values"].tolist() == pytest.approx([0.25, 0.5 + 3.0, -0.75])
 

@@ -52,11 +52,11 @@ def test_eq3_first_epoch_and_after(tmp_path, sign):
     t1 = {"ternary": ternary.pack(torch.tensor([1, -1, 0, 1, 1]))}
     t2 = {"ternary": ternary.pack(torch.tensor([1, 1, 0, -1, 0]))}
     protocol.total_examples = 10  # S: pilot 5, workers 3 and 2
-    new = protocol.aggregate([t1, pilot, t2], [3, 5, 2]).tensors
+    new = protocol.aggregate(1, [t1, pilot, t2], [3, 5, 2]).tensors
     vote = 0.3 * torch.tensor([1.0, -1, 0, 1, 1]) + 0.2 * torch.tensor([1.0, 1, 0, -1, 0])
     assert torch.allclose(new["w"], pilot["w"] - s * 0.5 * vote)  # t = 1: Q* − α0 Σ p_k T_k
     protocol.before, protocol.last, protocol.epoch = {"w": torch.zeros(5)}, {"w": torch.tensor([1.0, -2, 0, 4, 1])}, 1
-    new = protocol.aggregate([t1, pilot, t2], [3, 5, 2]).tensors
+    new = protocol.aggregate(1, [t1, pilot, t2], [3, 5, 2]).tensors
     change = torch.tensor([1.0, -2, 0, 4, 1])
     assert torch.allclose(new["w"], pilot["w"] - s * 0.25 * vote * change)  # t > 1: Q* − Σ p_k β_k T_k ΔP
 

@@ -29,7 +29,7 @@ def test_the_required_core_is_narrow_and_every_other_hook_has_a_default():
     bare_object = type("P", (), {"name": "p"})()
     for call in (
         lambda: FederatedProtocol.client_payload(bare_object, None),  # overridden by whatever exchanges
-        lambda: FederatedProtocol.aggregate(bare_object, [], []),
+        lambda: FederatedProtocol.aggregate(bare_object, 1, [], []),
         lambda: FederatedProtocol.client_apply(bare_object, None, {}),
     ):
         with pytest.raises(NotImplementedError):
@@ -132,14 +132,14 @@ def test_undeclared_server_state_is_refused_at_definition():
     with pytest.raises(UndeclaredStateError, match=r"Sloppy.aggregate\(\) sets self.total"):
 
         class Sloppy(FederatedProtocol):
-            def aggregate(self, payloads, num_examples):
+            def aggregate(self, rnd, payloads, num_examples):
                 self.total = len(payloads)
                 return {}, {}
 
     class Declared(FederatedProtocol):  # declared: accepted
         state_attrs = ("total",)
 
-        def aggregate(self, payloads, num_examples):
+        def aggregate(self, rnd, payloads, num_examples):
             self.total = len(payloads)
             return {}, {}
 
@@ -187,7 +187,7 @@ def test_undeclared_state_changed_in_place_is_refused_at_the_next_checkpoint(tmp
             super().__init__(cfg)
             self.seen = []
 
-        def aggregate(self, payloads, num_examples):
+        def aggregate(self, rnd, payloads, num_examples):
             self.seen.append(len(payloads))  # in place: the definition-time scan cannot see it
             return {}, {}
 
@@ -202,9 +202,9 @@ def test_undeclared_state_changed_in_place_is_refused_at_the_next_checkpoint(tmp
 
     Recorder.metrics_path.write_text("")
     checkpoints = Checkpointer(cfg, Recorder(), protocol)
-    protocol.aggregate([{}], [1])
+    protocol.aggregate(1, [{}], [1])
     checkpoints.round_done(1, {})
-    protocol.aggregate([{}], [1])
+    protocol.aggregate(1, [{}], [1])
     with pytest.raises(UndeclaredStateError, match="Counting changed seen"):
         checkpoints.round_done(2, {})
 

@@ -53,7 +53,7 @@ def server_aggregate(tmp_path):
     cfg = tiny(tmp_path, **{"federation.clients": 10})
     protocol = make_protocol(cfg)
     protocol.expected_payload({"w": torch.zeros(DIM)})
-    result = protocol.aggregate(planted_round(), [1] * (HONEST + ATTACKER))
+    result = protocol.aggregate(1, planted_round(), [1] * (HONEST + ATTACKER))
     return result.tensors["w"], result.events
 
 

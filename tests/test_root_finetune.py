@@ -61,7 +61,7 @@ def server_rounds(cfg, initial, rounds):
     protocol.expected_payload(initial)
     out = []
     for rnd, (payloads, _mean, _tuned) in enumerate(rounds, start=1):
-        result = protocol.aggregate(payloads, EXAMPLES)
+        result = protocol.aggregate(rnd, payloads, EXAMPLES)
         aggregate, phases = result.tensors, result.phases
         protocol.server().exchange_done(rnd, aggregate)
         out.append((aggregate, phases, result.events, protocol.catching_up().catch_up()))

@@ -51,10 +51,10 @@ def test_the_server_adds_the_share_of_clients_times_the_weighted_mean_of_the_con
     protocol.server_begin(3)
     first = {"w": torch.tensor([1.0]), CONTROL + "w": torch.tensor([3.0])}
     second = {"w": torch.tensor([4.0]), CONTROL + "w": torch.tensor([-3.0])}
-    out = protocol.aggregate([first, second], [1, 2]).tensors
+    out = protocol.aggregate(1, [first, second], [1, 2]).tensors
     assert out["w"].item() == pytest.approx(3.0)  # (1·1 + 2·4) / 3
     assert out[CONTROL + "w"].item() == pytest.approx(share * (3.0 - 6.0) / 3)
-    again = protocol.aggregate([first, first], [1, 1]).tensors  # c keeps what the last round added
+    again = protocol.aggregate(2, [first, first], [1, 1]).tensors  # c keeps what the last round added
     assert again[CONTROL + "w"].item() == pytest.approx(share * (-1.0) + share * 3.0)
 
 

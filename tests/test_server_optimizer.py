@@ -118,7 +118,7 @@ def test_each_optimizer_steps_as_flowers_strategy_over_three_rounds(tmp_path, na
     sizes = [30, 10, 20]
     for rnd in (1, 2, 3):
         models = [{n: v + rng.normal(scale=0.1 * rnd, size=v.shape) for n, v in initial.items()} for _ in sizes]
-        ours = protocol.aggregate([{n: torch.from_numpy(v) for n, v in m.items()} for m in models], sizes).tensors
+        ours = protocol.aggregate(rnd, [{n: torch.from_numpy(v) for n, v in m.items()} for m in models], sizes).tensors
         theirs, _metrics = strategy.aggregate_fit(rnd, fit_results([list(m.values()) for m in models], sizes), [])
         assert theirs is not None
         for (n, mine), flower in zip(ours.items(), parameters_to_ndarrays(theirs), strict=True):
@@ -230,7 +230,7 @@ def optimizer_input(protocol, payloads, monkeypatch) -> dict[str, torch.Tensor] 
     server.server_begin(3)
     protocol.expected_payload({n: torch.zeros_like(t) for n, t in payloads[0].items()})
     assert server.participants(1, [0, 1, 2], True) == [0, 1, 2]
-    protocol.aggregate(payloads, [1, 1, 1])
+    protocol.aggregate(1, payloads, [1, 1, 1])
     assert len(seen) <= 1
     return seen[0] if seen else None
 
@@ -254,8 +254,8 @@ def plant(monkeypatch, bug: str) -> None:
         )
         return
 
-    def unnoised(self, payloads, num_examples):
-        release = self.inner.aggregate(payloads, num_examples)
+    def unnoised(self, rnd, payloads, num_examples):
+        release = self.inner.aggregate(rnd, payloads, num_examples)
         clipped = [clip_by_global_norm(p, self.cfg.privacy.clip_norm)[0] for p in payloads]
         return replace(release, tensors=self._update_step(weighted_mean(clipped, [1.0] * len(clipped))))
 
@@ -396,7 +396,7 @@ def test_a_sparse_update_under_client_sampling_catches_up_to_the_optimizers_mode
         for _ in range(2):
             indices = torch.sort(torch.randperm(20, generator=g)[:4]).values
             payloads.append({"indices": indices.to(torch.int32), "values": torch.randn(4, generator=g)})
-        step = protocol.aggregate(payloads, [1, 1]).tensors
+        step = protocol.aggregate(rnd, payloads, [1, 1]).tensors
         assert set(step) == {"values"} and step["values"].numel() == 20  # Adam's step is dense
         client.client_apply(session, step)
         protocol.server().exchange_done(rnd, step)

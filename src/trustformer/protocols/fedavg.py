@@ -38,7 +38,7 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return trainable_tensors(session.model), {}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
         return Aggregated(mean, {"aggregate_s": time.perf_counter() - started})

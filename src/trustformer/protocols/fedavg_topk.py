@@ -154,7 +154,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
         index = str(torch.empty(0, dtype=index_dtype(self.dim)).numpy().dtype)
         return {INDICES: ((kept,), index), VALUES: ((kept,), "float32")}
 
-    def check_payload(self, payload: Tensors) -> None:
+    def check_payload(self, rnd: int, payload: Tensors) -> None:
         """Strictly increasing indices within the model's dimension, one value each."""
         if set(payload) != {INDICES, VALUES}:
             raise PayloadError(f"sparse update: arrays {sorted(payload)}, expected {[INDICES, VALUES]}")
@@ -163,7 +163,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
         except ValueError as exc:
             raise PayloadError(str(exc)) from None
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Σ_k (n_k / n)·sparse Δ_k on the union of the kept coordinates."""
         started = time.perf_counter()
         total = float(sum(num_examples))

@@ -54,7 +54,7 @@ class FedAvgUpdates(FederatedProtocol, LocalTraining):
         local, base = trainable_tensors(session.model), held_global(session, GLOBAL)
         return {n: local[n] - base[n].to(local[n].dtype) for n in local}, {"update_s": time.perf_counter() - started}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
         return Aggregated(mean, {"aggregate_s": time.perf_counter() - started})

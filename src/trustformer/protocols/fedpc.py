@@ -231,7 +231,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
     def ternary_spec(self) -> TensorSpec:
         return {TERNARY: ((ternary.packed_length(self.dim),), "uint8")}
 
-    def check_payload(self, payload: Tensors) -> None:
+    def check_payload(self, rnd: int, payload: Tensors) -> None:
         """A ternary vector decodes strictly (no unused code, zero padding, exactly M values)."""
         if TERNARY in payload:
             if set(payload) != {TERNARY}:
@@ -309,7 +309,7 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         )
         return True
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps
         the result as the master's P^t."""
         started = time.perf_counter()

@@ -83,7 +83,7 @@ class Phong(FederatedProtocol, ServerHooks):
 
     # ------------------------------------------------------------------------------ master
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """The model after the last worker of the sequence (there is nothing to average)."""
         return Aggregated(dict(payloads[-1]))
 

@@ -119,7 +119,7 @@ class Scaffold(FedAvg, LocalTraining):
             payload[CONTROL + name], state[C_I + name] = new - old, new.detach().clone()
         return payload, {}
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         mean = weighted_mean(payloads, [float(n) for n in num_examples])
         k = self.cfg.federation.clients_per_round

@@ -396,7 +396,7 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
             "tensors_kept_local": float(len(session.initial_tensors()) - len(layout)),
         }
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Algorithm 3 / Eq. 2: mean of centroid j of layer l over the clients (server sees centroids only)."""
         started = time.perf_counter()
         weights = [float(n) for n in num_examples] if self.weighting == "data_size" else [1.0] * len(payloads)

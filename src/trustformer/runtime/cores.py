@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-log = logging.getLogger("trustformer")
+log = logging.getLogger(__name__)
 PROC_STAT = Path("/proc/stat")
 WINDOW_S = 0.25  # long enough for a busy core to show, short enough to pay once per process
 IDLE_FIELDS = (3, 4)  # idle, iowait in a /proc/stat "cpu" line's counters

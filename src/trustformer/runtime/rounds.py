@@ -195,7 +195,7 @@ class RoundIO:
                 node_spec = specs[node]
                 spec = node_spec if node_spec is not None else self.server.payload_spec()
                 check_spec(payload, self.link.payload_spec(spec))
-                self.check_payload(payload)
+                self.check_payload(self.rnd, payload)
                 payloads[node] = payload
             except FederationError:
                 raise
@@ -252,7 +252,7 @@ class RoundIO:
         inputs, weights, phases = self.link.combine(
             self.rnd, payloads, {n: self.rows[n]["num_examples"] for n in payloads}, self.protocol.spec.mean_weighting
         )
-        result = self.protocol.aggregate(inputs, weights)
+        result = self.protocol.aggregate(self.rnd, inputs, weights)
         singles = [e for e in result.events if "index" in e]  # the others are about the aggregate itself
         if singles and len(inputs) != len(payloads):  # pragma: no cover - robust.* refuses secure aggregation
             raise FederationError("the aggregation reported events about single updates it never saw")

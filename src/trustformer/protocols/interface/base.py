@@ -109,7 +109,7 @@ class FederatedProtocol:
         """What a client sends after local training, and the seconds of each phase it ran."""
         raise NotImplementedError(f"{self.name} exchanges nothing")
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Combine the round's valid payloads: the aggregate, the seconds of each phase, and what the round records of
         it (:class:`~.session.Aggregated`)."""
         raise NotImplementedError(f"{self.name} aggregates nothing")

@@ -87,7 +87,7 @@ class ServerHooks:
         return "stopped by the protocol"
 
     # -- payloads
-    def check_payload(self, payload: Tensors) -> None:
+    def check_payload(self, rnd: int, payload: Tensors) -> None:
         """Raise ``wire.PayloadError`` to drop a payload the generic checks accept."""
 
     # -- round reports (what ``aggregate`` did to single payloads comes back with its aggregate: ``Aggregated``)

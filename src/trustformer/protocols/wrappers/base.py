@@ -50,8 +50,8 @@ class ProtocolWrapper(FederatedProtocol):
     def client_payload(self, session: ClientSession) -> tuple[Tensors, Phases]:
         return self.inner.client_payload(session)
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
-        return self.inner.aggregate(payloads, num_examples)
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        return self.inner.aggregate(rnd, payloads, num_examples)
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         return self.inner.client_apply(session, aggregate)
@@ -81,8 +81,8 @@ class InnerServerHooks(ServerHooks):
     def stop_reason(self) -> str:
         return self.inner.server().stop_reason()
 
-    def check_payload(self, payload: Tensors) -> None:
-        self.inner.server().check_payload(payload)
+    def check_payload(self, rnd: int, payload: Tensors) -> None:
+        self.inner.server().check_payload(rnd, payload)
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         return self.inner.server().exchange_done(rnd, delivered)

@@ -52,8 +52,8 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
 
     state_attrs = ("reference",)  # server: the last aggregate, what the next round's payloads are decoded against
-    # server: the layout (from expected_payload), the round, and its reference computed once per round
-    scratch_attrs = ("initial", "view_spec", "rest_spec", "round", "_reference_round", "_round_reference")
+    # server: the layout (from expected_payload), and the reference of the round last decoded (computed once a round)
+    scratch_attrs = ("initial", "view_spec", "rest_spec", "_reference_round", "_round_reference")
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
@@ -68,7 +68,6 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.rest_spec: TensorSpec = {}  # server: payload arrays that travel uncoded
         self.initial: Tensors = {}
         self.reference: Tensors | None = None  # server: the last aggregate (when it has the payload's layout)
-        self.round = 0
 
     # ------------------------------------------------------------------ layout
     def _per_row(self, shape: Sequence[int]) -> bool:
@@ -151,28 +150,24 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.rest_spec = {n: spec[n] for n in rest}
         return {**self.rest_spec, **coded_spec(self.view_spec, self.bits, self.scale, CODES, GRID)}
 
-    def participants(self, rnd, clients, exchange):
-        self.round = rnd
-        return self.inner.server().participants(rnd, clients, exchange)
-
-    def _server_reference(self) -> Tensors:
-        """The reference of this round's payloads (computed once per round)."""
-        if getattr(self, "_reference_round", None) != self.round:
-            reference = self.inner.coding().server_payload_reference(self.round)
+    def _server_reference(self, rnd: int) -> Tensors:
+        """The reference of round ``rnd``'s payloads (computed once per round)."""
+        if getattr(self, "_reference_round", None) != rnd:
+            reference = self.inner.coding().server_payload_reference(rnd)
             if reference is None:
                 reference = self._default_reference(self.reference or self.initial, self.view_spec, self.initial)
-            self._reference_round, self._round_reference = self.round, reference
+            self._reference_round, self._round_reference = rnd, reference
         return self._round_reference
 
-    def decode(self, payload: Tensors) -> Tensors:
-        """A client's payload as the protocol sent it: reference + dequantized difference (PayloadError if
-        malformed)."""
-        reference = self._server_reference()
+    def decode(self, rnd: int, payload: Tensors) -> Tensors:
+        """A client's payload of round ``rnd`` as the protocol sent it: reference + dequantized difference
+        (PayloadError if malformed)."""
+        reference = self._server_reference(rnd)
         view = decode(payload[CODES], payload[GRID], self.view_spec, reference, self.bits, self.scale, "coded payload")
         return self.inner.coding().coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
 
-    def check_payload(self, payload: Tensors) -> None:
-        self.inner.server().check_payload(self.decode(payload))
+    def check_payload(self, rnd: int, payload: Tensors) -> None:
+        self.inner.server().check_payload(rnd, self.decode(rnd, payload))
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         if delivered is not None:  # what the clients hold: the next round's payloads are coded against it
@@ -180,8 +175,8 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self._reference_round = -1
         return self.inner.server().exchange_done(rnd, delivered)
 
-    def aggregate(self, payloads, num_examples):
-        return self.inner.aggregate([self.decode(p) for p in payloads], num_examples)
+    def aggregate(self, rnd, payloads, num_examples):
+        return self.inner.aggregate(rnd, [self.decode(rnd, p) for p in payloads], num_examples)
 
 
 __all__ = ["CODES", "GRID", "CodedPayload"]

@@ -75,7 +75,7 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # delivered (error feedback), and the latest coded messages (each with the round it applies to and the round
     # it starts from) while they are fewer bytes than it
     state_attrs = ("delivered", "delivered_round", "residual", "recent")
-    scratch_attrs = ("initial", "round")  # the identical initial model (expected_payload); the round
+    scratch_attrs = ("initial",)  # the identical initial model (expected_payload)
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
         super().__init__(inner)
@@ -85,7 +85,6 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.residual: Tensors = {}
         self.recent: list[dict] = []
         self.initial: Tensors = {}
-        self.round = 0
 
     # ------------------------------------------------------------------ layout and reference (both ends)
     def _view(self, state: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
@@ -118,32 +117,26 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.initial = {n: t.detach().clone() for n, t in initial.items()}
         return self.inner.expected_payload(initial)
 
-    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
-        self.round = rnd
-        return self.inner.server().participants(rnd, clients, exchange)
-
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """The layers inside are handed what the clients decoded, not the coded message."""
         return self.inner.server().exchange_done(rnd, self.delivered if delivered is not None else None)
 
-    def server_reference(self, view: Tensors) -> Tensors:
-        """What this round's coded difference is taken from (the error-feedback point: the delivered state)."""
+    def server_reference(self, rnd: int, view: Tensors) -> Tensors:
+        """What round ``rnd``'s coded difference is taken from (the error-feedback point: the delivered state)."""
         shapes = {n: tuple(t.shape) for n, t in view.items()}
-        return self._reference(
-            self.inner.coding().server_payload_reference(self.round), self.delivered, self.initial, shapes
-        )
+        return self._reference(self.inner.coding().server_payload_reference(rnd), self.delivered, self.initial, shapes)
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
-        inner = self.inner.aggregate(payloads, num_examples)
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        inner = self.inner.aggregate(rnd, payloads, num_examples)
         started = time.perf_counter()
         view, rest = self._view(inner.tensors, self.initial)
-        reference = self.server_reference(view)
+        reference = self.server_reference(rnd, view)
         feedback = self.inner.coding().stable_payload_layout()
         exact = self.exact_model(view)  # no residual is kept without feedback
         # round to nearest where the residual makes up for the bias, else unbiased (seeded) stochastic rounding
         generator = None
         if not feedback:
-            generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "download", self.round))
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "download", rnd))
         codes, grid = [], []
         for name, tensor in exact.items():
             target = tensor - (reference[name].double() if name in reference else 0.0)
@@ -156,9 +149,9 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         shapes = {n: tuple(t.shape) for n, t in view.items()}
         decoded = decode(message[CODES], message[GRID], shapes, reference, self.bits, self.scale)
         self.residual = {n: (exact[n] - decoded[n].double()).float() for n in exact} if feedback else {}
-        self._remember(message)
+        self._remember(rnd, message)
         self.delivered = self.inner.coding().coding_unview(decoded, rest, self.initial)
-        self.delivered_round = self.round
+        self.delivered_round = rnd
         return replace(
             inner, tensors=message, phases={**inner.phases, "download_code_s": time.perf_counter() - started}
         )
@@ -171,13 +164,13 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             residual = {}
         return {n: t.detach().double() + (residual[n].double() if residual else 0.0) for n, t in view.items()}
 
-    def _remember(self, message: Tensors) -> None:
+    def _remember(self, rnd: int, message: Tensors) -> None:
         """Keep this round's message for catch-ups while the kept ones weigh less than the delivered state; none
         where the difference is from the protocol's own reference (a client that missed it cannot decode it)."""
-        if self.inner.coding().server_payload_reference(self.round) is not None:
+        if self.inner.coding().server_payload_reference(rnd) is not None:
             self.recent = []
             return
-        self.recent.append({"from": self.delivered_round, "round": self.round, "message": dict(message)})
+        self.recent.append({"from": self.delivered_round, "round": rnd, "message": dict(message)})
         full = nbytes(self.delivered) if self.delivered else nbytes(message) * 32 // self.bits
         while self.recent and sum(nbytes(m["message"]) for m in self.recent) >= full:
             self.recent.pop(0)

@@ -120,8 +120,8 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
     state_attrs = ("ledger", "clip", "clip_history")
-    # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); the round and its fields
-    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "_round", "canaries")
+    # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); an audit's canaries
+    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "canaries")
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -130,7 +130,6 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.ledger: PrivacyLedger | None = None  # server side, from server_begin
         self.population = 0
         self.dim = 0  # a sparse update's model dimension, from expected_payload
-        self._round = 0
         # adaptive clipping (server): the bound C_t of the next round, sigma_Delta and sigma_b (from server_begin)
         self.clip = privacy.clip_norm
         self.update_sigma = 0.0
@@ -250,7 +249,6 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         assert self.ledger is not None, "server_begin was not called"
         if not exchange:
             return list(clients)
-        self._round = rnd
         p = self.privacy
         if p.on_exceed == "stop" and self.ledger.epsilon_with(1) > p.epsilon:
             return None
@@ -278,34 +276,34 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         """qN: the expected number of participants (McMahan et al. 2018, estimator f_f)."""
         return self.privacy.sampling_rate * self.population
 
-    def noise_seed(self) -> int | None:
-        """This round's noise seed: None (the OS's randomness) unless ``privacy.noise_source =
+    def noise_seed(self, rnd: int) -> int | None:
+        """Round ``rnd``'s noise seed: None (the OS's randomness) unless ``privacy.noise_source =
         "seeded-not-private"``."""
-        return derive_seed(self.cfg.seed, "dp-noise", self._round) if self.seeded else None
+        return derive_seed(self.cfg.seed, "dp-noise", rnd) if self.seeded else None
 
-    def count_seed(self) -> int | None:
-        """This round's seed of the count noise (adaptive clipping): None (the OS's randomness) unless seeded."""
-        return derive_seed(self.cfg.seed, "dp-clip-count", self._round) if self.seeded else None
+    def count_seed(self, rnd: int) -> int | None:
+        """Round ``rnd``'s seed of the count noise (adaptive clipping): None (the OS's randomness) unless seeded."""
+        return derive_seed(self.cfg.seed, "dp-clip-count", rnd) if self.seeded else None
 
-    def adapt_clip(self, norms: Sequence[float]) -> float:
+    def adapt_clip(self, rnd: int, norms: Sequence[float]) -> float:
         """Andrew et al. 2021, Alg. 1: b̃ = (#{‖Δ_k‖ ≤ C_t} + N(0, σ_b²)) / (qN), then the geometric update
         C_{t+1} = C_t · exp(−η_C (b̃ − γ)); returns b̃."""
         p = self.privacy
         count = float(unclipped_count(norms, self.clip))
         if self.count_stddev > 0:
-            count += float(gaussian_noise((), self.count_stddev, noise_generator(self.count_seed())))
+            count += float(gaussian_noise((), self.count_stddev, noise_generator(self.count_seed(rnd))))
         fraction = count / self.denominator()
         self.clip = geometric_clip_update(self.clip, fraction, p.target_quantile, p.clip_lr)
         return fraction
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         """Alg. 1 server: (Σ clip(Δ_k) + N(0, σ²C² I)) / (qN), dense or sparse. Adaptive clipping: clipped to C_t,
         noise σ_Δ·C_t, then C moves (:meth:`adapt_clip`)."""
         assert self.ledger is not None, "server_begin was not called"
         started = time.perf_counter()
         if self.canaries is not None:  # an audit's canary updates, clipped as a client clips its update
-            payloads = self.canaries.payloads(self._round, payloads, lambda u: self.clip_update(u)[0])
-        p, generator = self.privacy, noise_generator(self.noise_seed())
+            payloads = self.canaries.payloads(rnd, payloads, lambda u: self.clip_update(u)[0])
+        p, generator = self.privacy, noise_generator(self.noise_seed(rnd))
         bound, sigma = (self.clip, self.update_sigma) if self.adaptive else (p.clip_norm, self.ledger.noise_multiplier)
         noise: dict[str, Any] = dict(
             clip_norm=bound, noise_multiplier=sigma, denominator=self.denominator(), generator=generator
@@ -326,18 +324,18 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         fields: dict[str, float | None] = {}
         if self.adaptive:
             norms = [global_norm({VALUES: q[VALUES]} if INDICES in q else q) for q in payloads]
-            fraction = self.adapt_clip(norms)
+            fraction = self.adapt_clip(rnd, norms)
             self.clip_history.append(bound)
             log.info(
                 "round %d: clip bound %.4g, noised unclipped share %.4g, next bound %.4g",
-                self._round,
+                rnd,
                 bound,
                 fraction,
                 self.clip,
             )
             fields = {"dp_clip_norm": bound, "dp_unclipped_fraction": fraction}
         if self.canaries is not None:
-            self.canaries.released(self._round, out)
+            self.canaries.released(rnd, out)
         return Aggregated(out, {"aggregate_s": time.perf_counter() - started}, fields=fields)
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:

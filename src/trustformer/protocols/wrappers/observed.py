@@ -54,9 +54,9 @@ class ObservedProtocol(ProtocolWrapper):
         )
         return payload, phases
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         self.observer.server_received([dict(p) for p in payloads], list(num_examples))
-        result = self.inner.aggregate(payloads, num_examples)
+        result = self.inner.aggregate(rnd, payloads, num_examples)
         self.observer.server_aggregated(result.tensors)
         return result
 

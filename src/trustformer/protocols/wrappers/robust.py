@@ -114,7 +114,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._start_round = 0  # the round whose aggregate _start is (0: the initial model)
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         started = time.perf_counter()
         report = _Report()
         payloads, report.positions = self._bounded(list(payloads), report)
@@ -122,7 +122,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self._aggregations += 1
         inner = Aggregated({})
         if self.aggregator == "mean":
-            inner = self.inner.aggregate(payloads, num_examples)
+            inner = self.inner.aggregate(rnd, payloads, num_examples)
             aggregate, phases = inner.tensors, inner.phases
         elif self.aggregator in UPDATE_RULES:
             aggregate, phases = self._update_rule(payloads, num_examples, report)

@@ -77,8 +77,8 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.dim = sum(t.numel() for t in initial.values())
         return self.inner.expected_payload(initial)
 
-    def aggregate(self, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
-        inner = self.inner.aggregate(payloads, num_examples)
+    def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
+        inner = self.inner.aggregate(rnd, payloads, num_examples)
         started = time.perf_counter()
         out = self._model_step(inner.tensors) if self.kind == "model" else self._update_step(inner.tensors)
         return replace(inner, tensors=out, phases={**inner.phases, "server_opt_s": time.perf_counter() - started})
