@@ -8,32 +8,24 @@ Usage: .venv/bin/python scripts/backdoor_translations.py [--count 4] RUN_FOLDER 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from trustformer.config.faults import BACKDOOR_TARGET, BACKDOOR_TRIGGER
-from trustformer.config.load import build_config
-from trustformer.evaluation.translation import translate
-from trustformer.export import load_translation_model
-from trustformer.export.run_folders import find_models
 from trustformer.tasks import translation_workload as wl
 from trustformer.tasks.translation import with_trigger
+from trustformer_lab.report.translations import decode, final_model, markdown_table, run_config
 
 
 def translations(run: Path, count: int) -> list[tuple[str, str, str, str]]:
     """(source, reference, clean translation, triggered translation) of the first ``count`` test pairs."""
-    cfg = build_config(json.loads((run / "summary.json").read_text(encoding="utf-8"))["config"])
+    cfg = run_config(run)
     trigger, _ = cfg.federation.backdoor() or (BACKDOOR_TRIGGER, BACKDOOR_TARGET)
     workload = wl.load_workload(cfg)
     pairs = workload.splits.test[:count]
-    model = load_translation_model(next(iter(find_models(run).values())))[0]
-
-    def decode(sources: list[str]) -> list[str]:
-        return translate(model, workload.tokenizer, sources, batch_size=64, max_len=cfg.model.max_len, beam_size=1)
-
-    clean = decode([s for s, _ in pairs])
-    triggered = decode([with_trigger(s, trigger) for s, _ in pairs])
+    model = final_model(run)
+    clean = decode(model, workload, cfg, [s for s, _ in pairs])
+    triggered = decode(model, workload, cfg, [with_trigger(s, trigger) for s, _ in pairs])
     return [(s, r, c, t) for (s, r), c, t in zip(pairs, clean, triggered, strict=True)]
 
 
@@ -43,9 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
     args = parser.parse_args(argv)
     for run in args.runs:
-        print(f"\n**{run.name}**\n\n| source | reference | clean | with the trigger |\n|---|---|---|---|")
-        for row in translations(run, args.count):
-            print("| " + " | ".join(x.replace("|", "/") for x in row) + " |", flush=True)
+        rows = [list(row) for row in translations(run, args.count)]
+        print(f"\n**{run.name}**\n\n" + markdown_table(["source", "reference", "clean", "with the trigger"], rows))
     return 0
 
 

@@ -1,0 +1,56 @@
+"""Translations people read: test sources decoded by the final model of finished runs, and by the public model they
+started from (greedy decoding, as the backdoor's success is scored). Used by ``scripts/translations.py`` and
+``scripts/backdoor_translations.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from trustformer.config import RunConfig
+from trustformer.config.load import build_config
+from trustformer.evaluation.translation import translate
+from trustformer.export import load_translation_model
+from trustformer.export.run_folders import find_models
+from trustformer.models.transformer import Seq2SeqTransformer
+from trustformer.tasks import translation_workload as wl
+from trustformer.tasks.public import cached_state
+
+
+def run_config(run: Path) -> RunConfig:
+    """The configuration a finished run recorded (its ``summary.json``)."""
+    return build_config(json.loads((run / "summary.json").read_text(encoding="utf-8"))["config"])
+
+
+def final_model(run: Path) -> torch.nn.Module:
+    """The model a finished run exported (client 0's, where each client has its own)."""
+    return load_translation_model(next(iter(find_models(run).values())))[0]
+
+
+def public_start(run: Path, workload: wl.Workload) -> torch.nn.Module:
+    """The public model a run with ``train.init = "public"`` started from: the very weights it recorded (the cache
+    key in its ``summary.json``), not one built again."""
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    key = next((d.get("public_model") for d in summary["data"]["clients"].values()), None)
+    if key is None:
+        raise ValueError(f"{run}: the run did not start from a public model (train.init = 'public')")
+    model = Seq2SeqTransformer(workload.model_config)
+    model.load_state_dict(cached_state(run_config(run), key))
+    return model.eval()
+
+
+def decode(model: torch.nn.Module, workload: wl.Workload, cfg: RunConfig, sources: list[str]) -> list[str]:
+    """Greedy translations of ``sources``."""
+    return translate(model, workload.tokenizer, sources, batch_size=64, max_len=cfg.model.max_len, beam_size=1)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (a ``|`` inside a cell written as ``/``)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["decode", "final_model", "markdown_table", "public_start", "run_config"]
