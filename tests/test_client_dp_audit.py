@@ -267,7 +267,7 @@ def test_canaries_are_drawn_by_the_wrappers_draw_at_its_rate(tmp_path, monkeypat
     inside = [i for i, c in enumerate(hook.included) if c]
     dp = _wrapper(tmp_path, {"privacy.sampling_rate": 0.5}, hook)
     for rnd in range(1, 41):
-        assert set(dp.participants(rnd, [0, 1, 2], True)) <= {0, 1, 2}
+        assert set(dp.participants(rnd, [0, 1, 2], True).clients) <= {0, 1, 2}
         assert set(hook.drawn[rnd]) <= set(inside)
     from trustformer_lab.attack.client_dp_audit import FIRST_CANARY
 
@@ -309,7 +309,7 @@ def test_canaries_are_summed_and_noised_as_clients(tmp_path):
     planted, plain = _wrapper(tmp_path, values, hook), _wrapper(tmp_path, values)
     real = _updates(3, seed=1)
     for rnd in range(1, 6):
-        chosen = planted.participants(rnd, [0, 1, 2], True)
+        chosen = planted.participants(rnd, [0, 1, 2], True).clients
         if not chosen or not hook.drawn[rnd]:
             continue
         release = planted.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors
@@ -323,8 +323,8 @@ def test_canaries_are_summed_and_noised_as_clients(tmp_path):
     out = _canaries(5, included=False)
     with_out, without = _wrapper(tmp_path, values, out), _wrapper(tmp_path, values)
     for rnd in range(1, 6):
-        chosen = with_out.participants(rnd, [0, 1, 2], True)
-        assert chosen == without.participants(rnd, [0, 1, 2], True)
+        chosen = with_out.participants(rnd, [0, 1, 2], True).clients
+        assert chosen == without.participants(rnd, [0, 1, 2], True).clients
         if chosen:
             a = with_out.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors
             b = without.aggregate(rnd, real[: len(chosen)], [1] * len(chosen)).tensors

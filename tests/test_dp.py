@@ -198,7 +198,7 @@ def test_client_sampling_comes_from_os_randomness():
         )
         protocol = get_protocol(cfg)
         protocol.server_begin(3)
-        return [tuple(protocol.participants(r, [0, 1, 2], True)) for r in range(1, 41)]
+        return [tuple(protocol.participants(r, [0, 1, 2], True).clients) for r in range(1, 41)]
 
     assert choices("os") != choices("os")
     assert choices("seeded-not-private") == choices("seeded-not-private")

@@ -229,7 +229,7 @@ def optimizer_input(protocol, payloads, monkeypatch) -> dict[str, torch.Tensor] 
     server = protocol.server()
     server.server_begin(3)
     protocol.expected_payload({n: torch.zeros_like(t) for n, t in payloads[0].items()})
-    assert server.participants(1, [0, 1, 2], True) == [0, 1, 2]
+    assert server.participants(1, [0, 1, 2], True).clients == [0, 1, 2]
     protocol.aggregate(1, payloads, [1, 1, 1])
     assert len(seen) <= 1
     return seen[0] if seen else None

@@ -112,10 +112,10 @@ def run_round(server: Server, checkpoints: Checkpointer, rnd: int, nodes: list[i
     hooks = protocol.server()
     if not protocol.run_round(io):
         chosen = hooks.participants(rnd, [io.client(n) for n in nodes], io.exchange)  # 1. select (by client id)
-        if chosen is None:
-            io.stop(hooks.stop_reason())
+        if chosen.stop is not None:
+            io.stop(chosen.stop)
             return False
-        participants = io.prepare([n for n in nodes if io.client(n) in set(chosen)], sampled=hooks.samples_clients())
+        participants = io.prepare([n for n in nodes if io.client(n) in set(chosen.clients)], sampled=chosen.sampled)
         catching_up = protocol.catching_up()  # 2. train
         models = io.behind(participants, catching_up.catch_up(), catching_up.catch_up_from)
         payloads = io.train(participants, payload=io.exchange, models=models)

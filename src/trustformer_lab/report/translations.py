@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from trustformer.config import RunConfig
 from trustformer.config.load import build_config
 from trustformer.evaluation.translation import translate
@@ -24,12 +22,12 @@ def run_config(run: Path) -> RunConfig:
     return build_config(json.loads((run / "summary.json").read_text(encoding="utf-8"))["config"])
 
 
-def final_model(run: Path) -> torch.nn.Module:
+def final_model(run: Path) -> Seq2SeqTransformer:
     """The model a finished run exported (client 0's, where each client has its own)."""
     return load_translation_model(next(iter(find_models(run).values())))[0]
 
 
-def public_start(run: Path, workload: wl.Workload) -> torch.nn.Module:
+def public_start(run: Path, workload: wl.Workload) -> Seq2SeqTransformer:
     """The public model a run with ``train.init = "public"`` started from: the very weights it recorded (the cache
     key in its ``summary.json``), not one built again."""
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
@@ -41,7 +39,7 @@ def public_start(run: Path, workload: wl.Workload) -> torch.nn.Module:
     return model.eval()
 
 
-def decode(model: torch.nn.Module, workload: wl.Workload, cfg: RunConfig, sources: list[str]) -> list[str]:
+def decode(model: Seq2SeqTransformer, workload: wl.Workload, cfg: RunConfig, sources: list[str]) -> list[str]:
     """Greedy translations of ``sources``."""
     return translate(model, workload.tokenizer, sources, batch_size=64, max_len=cfg.model.max_len, beam_size=1)
 

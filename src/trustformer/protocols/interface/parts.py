@@ -32,7 +32,7 @@ import torch
 from ...config import RunConfig
 from ...core.shared import LocalStep, Tensors, derive_seed
 from ...wire import TensorSpec, spec_of
-from .session import ClientSession, Phases
+from .session import ClientSession, Phases, Selection
 
 
 class LocalTraining:
@@ -70,21 +70,14 @@ class ServerHooks:
         """Once, before round 1 (and before a resumed run's state is loaded); raising ValueError refuses to
         start (e.g. the privacy budget)."""
 
-    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
-        """The clients that take part in round ``rnd`` (None: stop the run before it, ``stop_reason`` says
-        why): every client, or ``federation.clients_per_round`` of them drawn from the run seed and the round."""
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
+        """Who takes part in round ``rnd`` (:class:`~.session.Selection`; its ``stop`` ends the run before it):
+        every client, or ``federation.clients_per_round`` of them drawn from the run seed and the round."""
         k = self.cfg.federation.clients_per_round
         if not k or k >= len(clients):
-            return list(clients)
-        return sorted(random.Random(derive_seed(self.cfg.seed, "clients-per-round", rnd)).sample(sorted(clients), k))
-
-    def samples_clients(self) -> bool:
-        """Whether ``participants`` may leave clients out (their lines then say ``sampled``)."""
-        return bool(self.cfg.federation.clients_per_round)
-
-    def stop_reason(self) -> str:
-        """Why ``participants`` returned None."""
-        return "stopped by the protocol"
+            return Selection(list(clients), sampled=bool(k))
+        drawn = random.Random(derive_seed(self.cfg.seed, "clients-per-round", rnd)).sample(sorted(clients), k)
+        return Selection(sorted(drawn), sampled=True)
 
     # -- payloads
     def check_payload(self, rnd: int, payload: Tensors) -> None:

@@ -52,4 +52,15 @@ class Aggregated:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-__all__ = ["Aggregated", "ClientSession", "Phases"]
+@dataclass(frozen=True)
+class Selection:
+    """Who takes part in a round (``ServerHooks.participants``): the client ids, whether the selection may leave
+    clients out (their lines then say ``sampled``), and ``stop``: why the run ends before this round (no clients),
+    e.g. a privacy budget spent."""
+
+    clients: list[int]
+    sampled: bool = False
+    stop: str | None = None
+
+
+__all__ = ["Aggregated", "ClientSession", "Phases", "Selection"]

@@ -17,7 +17,7 @@ from ...core.shared import Tensors
 from ...wire import TensorSpec
 from ..interface.base import FederatedProtocol, P, RoundMessages
 from ..interface.parts import CatchUp, ServerHooks
-from ..interface.session import Aggregated, ClientSession, Phases
+from ..interface.session import Aggregated, ClientSession, Phases, Selection
 
 
 class ProtocolWrapper(FederatedProtocol):
@@ -72,14 +72,8 @@ class InnerServerHooks(ServerHooks):
     def server_begin(self, num_clients: int) -> None:
         self.inner.server().server_begin(num_clients)
 
-    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         return self.inner.server().participants(rnd, clients, exchange)
-
-    def samples_clients(self) -> bool:
-        return self.inner.server().samples_clients()
-
-    def stop_reason(self) -> str:
-        return self.inner.server().stop_reason()
 
     def check_payload(self, rnd: int, payload: Tensors) -> None:
         self.inner.server().check_payload(rnd, payload)

@@ -54,6 +54,7 @@ from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
 from ...wire import PayloadError, TensorSpec
 from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
+from ..interface.session import Selection
 from ..interface.spec import ProtocolSpec
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_releases, planned_sigma
@@ -242,35 +243,29 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         """``privacy.noise_source = "seeded-not-private"``: noise and sampling recomputable from the run seed."""
         return self.privacy.noise_source == "seeded-not-private"
 
-    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> list[int] | None:
+    def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         """Exchange rounds: Poisson client sampling with rate q (the OS's randomness; the run seed and round
-        only with ``noise_source = "seeded-not-private"``); None when the next release would exceed the target
-        ε and ``on_exceed = 'stop'``. Rounds without an exchange: every client."""
+        only with ``noise_source = "seeded-not-private"``); the run stops when the next release would exceed the
+        target ε and ``on_exceed = 'stop'``. Rounds without an exchange: every client."""
         assert self.ledger is not None, "server_begin was not called"
         if not exchange:
-            return list(clients)
+            return Selection(list(clients), sampled=True)
         p = self.privacy
         if p.on_exceed == "stop" and self.ledger.epsilon_with(1) > p.epsilon:
-            return None
+            stop = (
+                f"privacy budget: one more exchange round would spend epsilon = "
+                f"{self.ledger.epsilon_with(1):.4g} > privacy.epsilon = {p.epsilon:g}"
+            )
+            return Selection([], sampled=True, stop=stop)
         hook = self.canaries
         rng = (
             random.Random(derive_seed(self.cfg.seed, "client-sampling", rnd)) if self.seeded else random.SystemRandom()
         )
         drawn = poisson_sample(list(clients) if hook is None else hook.candidates(rnd, clients), p.sampling_rate, rng)
-        return drawn if hook is None else hook.sampled(rnd, drawn)
-
-    def samples_clients(self) -> bool:
-        return True
+        return Selection(drawn if hook is None else hook.sampled(rnd, drawn), sampled=True)
 
     def catch_up(self) -> None:
         return None  # every client receives every aggregate
-
-    def stop_reason(self) -> str:
-        assert self.ledger is not None
-        return (
-            f"privacy budget: one more exchange round would spend epsilon = "
-            f"{self.ledger.epsilon_with(1):.4g} > privacy.epsilon = {self.privacy.epsilon:g}"
-        )
 
     def denominator(self) -> float:
         """qN: the expected number of participants (McMahan et al. 2018, estimator f_f)."""
