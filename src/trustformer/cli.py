@@ -54,8 +54,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging(quiet=args.quiet or not cfg.runtime.progress)
     from .engine import run
     from .tasks.checks import check_metrics
+    from .tasks.dp_advice import dp_advice
 
     check_metrics(cfg)  # before any training, not after it
+    if advice := dp_advice(cfg):
+        print(f"trustformer: note: {advice}", file=sys.stderr)
     try:
         summary = run(cfg)
     except KeyboardInterrupt:
