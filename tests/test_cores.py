@@ -10,6 +10,7 @@ import time
 import pytest
 
 from trustformer.runtime import cores
+from trustformer.runtime.node import torch_threads
 
 STAT = """cpu  300 0 100 600 0 0 0 0 0 0
 cpu0 100 0 50 350 0 0 0 0 0 0
@@ -32,7 +33,7 @@ def test_busy_cores_counts_the_share_of_each_cpu_in_use():
 
 
 def test_a_configured_thread_count_is_kept():
-    assert cores.torch_threads(3) == 3
+    assert torch_threads(3) == 3
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads the kernel's CPU counters (/proc/stat, Linux)")

@@ -48,8 +48,7 @@ from ..flower_internals import (
 )
 from ..registry import protocol_spec
 from ..runtime import diagnostics
-from ..runtime.cores import torch_threads
-from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store
+from ..runtime.node import check_resumable, keeps_state_on_disk, node_defaults, release_memory_store, torch_threads
 from ..secure.provision import provisioned
 from ..tasks.run import load_task
 

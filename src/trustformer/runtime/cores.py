@@ -9,12 +9,10 @@ window before training starts; where those counters do not exist, every core is 
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
 PROC_STAT = Path("/proc/stat")
 WINDOW_S = 0.25  # long enough for a busy core to show, short enough to pay once per process
 IDLE_FIELDS = (3, 4)  # idle, iowait in a /proc/stat "cpu" line's counters
@@ -67,28 +65,4 @@ def free_cores(window_s: float = WINDOW_S) -> tuple[int, float]:
     return max(1, len(cpus) - round(busy)), busy
 
 
-_chosen: int | None = None  # decided once per process: later, this process's own training would count as busy
-
-
-def torch_threads(configured: int) -> int:
-    """``runtime.threads``, or for 0 the free cores (:func:`free_cores`), decided once per process and logged when
-    busy cores leave fewer threads than cores."""
-    global _chosen
-    if configured:
-        return configured
-    if _chosen is None:
-        threads, busy = free_cores()
-        usable = len(usable_cores())
-        if threads < usable:
-            log.warning(
-                "runtime.threads = 0: %.1f of %d cores are busy with other processes; training on %d thread(s), since "
-                "a torch thread on a busy core stalls the others (set runtime.threads to choose)",
-                busy,
-                usable,
-                threads,
-            )
-        _chosen = threads
-    return _chosen
-
-
-__all__ = ["busy_cores", "cpu_times", "free_cores", "torch_threads", "usable_cores"]
+__all__ = ["busy_cores", "cpu_times", "free_cores", "usable_cores"]

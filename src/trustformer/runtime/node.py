@@ -17,10 +17,35 @@ from ..core.shared import ALL_SHARDS
 from ..tasks.run import initial_tensors
 from ..wire import FederationError
 from .checkpoint import CheckpointError, check_same_run, read_checkpoint, run_key
-from .cores import torch_threads
+from .cores import free_cores, usable_cores
 from .store import DiskStore, MemoryStore
 
+log = logging.getLogger(__name__)
 DEPLOYED_PROCESSES = ("flwr-serverapp", "flwr-clientapp")  # Flower starts one per run / message
+
+
+_chosen_threads: int | None = None  # decided once per process: later, its own training would count as busy
+
+
+def torch_threads(configured: int) -> int:
+    """``runtime.threads``, or for 0 the free cores (``cores.py``: a torch thread on a busy core stalls the others),
+    decided once per process and logged when busy cores leave fewer threads than cores."""
+    global _chosen_threads
+    if configured:
+        return configured
+    if _chosen_threads is None:
+        threads, busy = free_cores()
+        usable = len(usable_cores())
+        if threads < usable:
+            log.warning(
+                "runtime.threads = 0: %.1f of %d cores are busy with other processes; training on %d thread(s), since "
+                "a torch thread on a busy core stalls the others (set runtime.threads to choose)",
+                busy,
+                usable,
+                threads,
+            )
+        _chosen_threads = threads
+    return _chosen_threads
 
 
 def process_setup(cfg: RunConfig, log_file: Path | None = None) -> None:
@@ -139,6 +164,7 @@ def node_setting(cfg: RunConfig, context: Context, key: str) -> str | None:
 
 
 __all__ = [
+    "torch_threads",
     "DEPLOYED_PROCESSES",
     "process_setup",
     "client_id",
