@@ -204,6 +204,32 @@ def test_client_sampling_comes_from_os_randomness():
     assert choices("seeded-not-private") == choices("seeded-not-private")
 
 
+def test_seeded_noise_is_drawn_for_the_round_the_release_is_of(tmp_path):
+    """With ``noise_source = "seeded-not-private"`` each round's noise comes from the run seed and the round handed
+    to ``aggregate``: the same round again gives the same release, another round other noise (noise repeated across
+    rounds would cancel in the difference of two releases)."""
+    from trustformer.config import load_config
+    from trustformer.protocols import get_protocol
+
+    cfg = load_config(
+        "tiny",
+        None,
+        {
+            "out": str(tmp_path),
+            "federation.strategy": "dp-fedavg",
+            "privacy.noise_source": "seeded-not-private",
+            "privacy.noise_multiplier": 1.0,
+            "privacy.on_exceed": "continue",
+        },
+    )
+    protocol = get_protocol(cfg)
+    protocol.server_begin(3)
+    zeros = [{"w": torch.zeros(50)} for _ in range(3)]
+    release = {rnd: protocol.aggregate(rnd, zeros, [1, 1, 1]).tensors["w"] for rnd in (1, 2)}
+    assert torch.equal(protocol.aggregate(1, zeros, [1, 1, 1]).tensors["w"], release[1])
+    assert not torch.allclose(release[1], release[2])
+
+
 # ------------------------------------------------------------------------------- sparsification
 
 
