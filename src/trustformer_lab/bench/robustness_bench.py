@@ -30,7 +30,8 @@ defaults), ``tight`` (the bound at 1.5× and refusal at 2× the round's median d
 the configuration refuses for this many clients, e.g. Krum with fewer than 2f + 3, is left out with its reason),
 ``root_finetune`` (one epoch of the server's clean fine-tuning on its root data after the mean, with the default
 bound), ``flame+root_finetune``, ``rlr`` (the robust learning rate alone, no bound) and ``rlr+secagg`` (the same under
-secure aggregation: the server sees only the sum of the updates and the sum of their signs).
+secure aggregation: the server sees only the sum of the updates and the sum of their signs), ``default+tee`` (the
+default bound inside the attested aggregator of ``secure.mode = "tee"``, where the server itself sees no payload).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "clip_noise": {"robust.aggregator": "clip_noise"},
     "rlr": {"robust.aggregator": "rlr", "robust.bound": "none"},  # the robust learning rate alone
     "rlr+secagg": {"robust.aggregator": "rlr", "robust.bound": "none", "secure.mode": "secagg"},
+    "default+tee": {"secure.mode": "tee"},  # the default bound, inside the attested aggregator that opens each payload
     "rlr+bound": {"robust.aggregator": "rlr"},  # the robust learning rate after the default norm bound
     "root_finetune": {"robust.root_finetune": 1},
     "flame+root_finetune": {"robust.aggregator": "flame", "robust.root_finetune": 1},
