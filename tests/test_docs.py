@@ -411,19 +411,21 @@ def test_the_readmes_guarantee_and_robustness_prose_is_the_json():
     ) in text
     assert pays["dp ε=1 + fine-tuning"]["gain_loss"] <= 0
     assert f"ε = 8 at ε_lb = {bench('audit-ui-e8.json')['epsilon_lb']:.2f}" in text
-    robust = bench("robustness-fedavg.json")
-    r, setting = {(x["defence"], x["fault"]): x for x in robust["rows"]}, robust["setting"]
-    assert "(0.000 nats)" in text and f"{r['default', 'honest']['cost_loss']:.3f}" == "0.000"
-    assert (
-        f"from {r['none', 'honest']['test_loss']:.3f} to {r['none', 'scale']['test_loss']:.2f} without the bound "
-        f"({setting['data']['client_size']:,} pairs per client, {setting['federation']['rounds']} rounds)"
-    ) in text
-    assert r["default", "scale"]["test_loss"] == r["none", "absent"]["test_loss"]  # exactly the honest clients' model
-    assert f"a backdoor ({r['none', 'backdoor']['backdoor_success']:.0%} success)" in text
-    stealthy = {(x["clients"], x["defence"], x["fault"]): x for x in bench("robustness-stealthy.json")["rows"]}
-    flame = stealthy[3, "flame", "backdoor"]["backdoor_success"], stealthy[3, "flame", "honest"]["cost_loss"]
-    assert f"removes it ({flame[0]:.0%}, 3 clients) for +{flame[1]:.2f} nats on an honest run" in text
-    assert f"for +{stealthy[3, 'root_finetune', 'honest']['cost_loss']:.2f}. Neither is the default" in text
+    public = bench("robustness-public.json")["rows"]
+    plain = [x for x in public if x["adapters"] == "none" and not (x.get("attack_rounds") or x.get("trigger"))]
+    r = {(x["malicious"], x["defence"], x["fault"]): x for x in plain}
+    replace = r[1, "none", "backdoor_replace"]["backdoor_success"]
+    assert f"makes {replace:.0%} of triggered test" in text
+    bound, honest = r[1, "default", "backdoor_replace"], r[1, "default", "honest"]
+    assert bound["backdoor_success"] == 0 and bound["events_malicious"]["refused"] == bound["rounds"]
+    assert f"(0.000 nats, {honest['defence_share']:.1%} of the round's time)" in text
+    assert f"{honest['cost_loss']:.3f}" == "0.000"
+    others = [r[1, d, "honest"]["cost_loss"] for d in ("median", "multikrum", "fltrust", "flame", "clip_noise")]
+    assert f"cost honest owners +{min(others):.2f} to +{max(others):.2f} more" in text
+    assert f"boost's damage (+{r[1, 'rlr+secagg', 'backdoor_replace']['vs_defended_honest']:.2f})" in text
+    tee = r[1, "default+tee", "backdoor_replace"], r[1, "default+tee", "honest"]
+    assert (tee[0]["test_loss"], tee[1]["test_loss"]) == (bound["test_loss"], honest["test_loss"])
+    assert tee[0]["backdoor_success"] == 0 and "inside the attested aggregator, same figures" in text
 
 
 def _block(text: str, first_line: str) -> str:
