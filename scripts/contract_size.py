@@ -43,13 +43,16 @@ def main() -> None:
     print(
         f"hand forwards: {sum(map(len, forwards.values()))} ({', '.join(f'{k} {len(v)}' for k, v in forwards.items())})"
     )
-    scratch = set()
+    declared: dict[str, set[tuple[str, str]]] = {"scratch_attrs": set(), "start_attrs": set()}
     for info in pkgutil.walk_packages(protocols.__path__, "trustformer.protocols."):
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == module.__name__ and "scratch_attrs" in cls.__dict__:
-                scratch.update((cls.__name__, a) for a in cls.__dict__["scratch_attrs"])
-    print(f"scratch attributes: {len(scratch)}")
+            for which, found in declared.items():
+                if cls.__module__ == module.__name__ and which in cls.__dict__:
+                    found.update((cls.__name__, a) for a in cls.__dict__[which])
+    scratch = sorted(f"{c}.{a}" for c, a in declared["scratch_attrs"])
+    print(f"scratch attributes: {len(scratch)} ({', '.join(scratch)})")
+    print(f"start attributes (set only in server_begin, checked): {len(declared['start_attrs'])}")
     raised = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()

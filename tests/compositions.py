@@ -10,6 +10,7 @@ the matrix follows the specs' ``refuses`` and the config's checks without a hand
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -132,8 +133,10 @@ def _changes_protocol(base: dict[str, Any], values: dict[str, Any]) -> bool:
     return _protocol_fingerprint(base) != _protocol_fingerprint({**base, **values})
 
 
-def compositions(max_options: int = 2) -> list[Composition]:
-    """Every protocol alone, with each option, and with every pair of options on different axes, where accepted."""
+@functools.cache
+def compositions(max_options: int = 2) -> tuple[Composition, ...]:
+    """Every protocol alone, with each option, and with every pair of options on different axes, where accepted
+    (built once per process: the test modules share it)."""
     out: list[Composition] = []
     choices = [(axis, label, values) for axis, options in AXES.items() for label, values in options.items()]
     for strategy in PROTOCOLS:
@@ -154,7 +157,7 @@ def compositions(max_options: int = 2) -> list[Composition]:
                     overrides.update(values)
                 if _accepted(overrides):
                     out.append(Composition(strategy, tuple(label for _a, label, _v in combo), overrides))
-    return out
+    return tuple(out)
 
 
 def sample(matrix: list[Composition], count: int, seed: int, always: tuple[str, ...] = ()) -> list[Composition]:

@@ -102,3 +102,12 @@ def session_of(model: Any, state: Mapping[str, Any] | None = None, rnd: int = 1)
         protocol_state=dict(state or {}),
         label_smoothing=0.0,
     )
+
+
+def begin_server(protocol: Any, initial: Mapping[str, torch.Tensor], clients: int = 3) -> Any:
+    """``protocol``'s server half started as the runtime starts it (``server().server_begin``): the identical initial
+    model ``initial`` and ``clients`` clients; returns the protocol."""
+    from trustformer.protocols.interface.session import ServerStart
+
+    protocol.server().server_begin(ServerStart(dict(initial), clients))
+    return protocol

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers import begin_server
 
 from trustformer.config import load_config
 from trustformer.core import dp as core_dp
@@ -225,8 +226,7 @@ def _wrapper(tmp_path, values: dict, hook=None) -> wrapper_dp.DifferentialPrivac
             protocol = make_protocol(cfg)
     while not isinstance(protocol, wrapper_dp.DifferentialPrivacy):
         protocol = protocol.inner
-    protocol.server_begin(3)
-    return protocol
+    return begin_server(protocol, {"w": torch.zeros(1)})
 
 
 def _updates(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:

@@ -5,7 +5,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import jsonl, tiny_config
+from helpers import begin_server, jsonl, tiny_config
 
 from trustformer.config import ConfigError
 from trustformer.core.shared import trainable_tensors
@@ -95,6 +95,7 @@ def test_error_feedback_keeps_what_was_not_sent(tmp_path):
     residuals = {n: t for n, t in session.protocol_state.items() if n.startswith("coded/residual/")}
     assert residuals and any(float(t.abs().max()) > 0 for t in residuals.values())
     server = make_protocol(cfg)
+    begin_server(server, trainable_tensors(task.initial_model()))
     spec = server.expected_payload(trainable_tensors(task.initial_model()))
     assert {n: tuple(payload[n].shape) for n in payload} == {n: s for n, (s, _d) in spec.items()}
     decoded = server.decode(1, payload)

@@ -84,7 +84,7 @@ def test_a_catch_up_in_float32_decoded_against_the_wrong_reference_is_seen(tmp_p
     def stale(self, session, model):
         return self.inner.catching_up().client_start_from(session, model)  # the held state is not refreshed
 
-    monkeypatch.setattr(CodedDownload, "catch_up_from", lambda self, version: None)  # always the full state
+    monkeypatch.setattr(CodedDownload, "missed_messages", lambda self, version: None)  # always the full state
     monkeypatch.setattr(CodedDownload, "client_start_from", stale)
     cfg, _summary = run(tmp_path, "stale", **{"federation.download_bits": 2, "federation.clients_per_round": 2})
     monkeypatch.setattr(CodedDownload, "client_start_from", original)
@@ -118,7 +118,7 @@ def test_a_client_that_missed_rounds_replays_the_coded_messages_when_they_are_fe
     values = {"federation.download_bits": 2, "federation.clients_per_round": 1, "federation.rounds": 6}
     cfg, replayed = run(tmp_path, "replayed", **values)
     assert not _some_client_differs(cfg)
-    monkeypatch.setattr(CodedDownload, "catch_up_from", lambda self, version: None)
+    monkeypatch.setattr(CodedDownload, "missed_messages", lambda self, version: None)
     full_cfg, full = run(tmp_path, "full", **values)
     assert replayed["test_loss"] == full["test_loss"]
     assert all(

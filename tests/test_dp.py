@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import begin_server
 
 from trustformer.core.accounting import epsilon_after, solve_noise_multiplier
 from trustformer.core.dp import (
@@ -196,8 +197,7 @@ def test_client_sampling_comes_from_os_randomness():
                 "privacy.noise_source": source,
             },
         )
-        protocol = get_protocol(cfg)
-        protocol.server_begin(3)
+        protocol = begin_server(get_protocol(cfg), {"w": torch.zeros(1)})
         return [tuple(protocol.participants(r, [0, 1, 2], True).clients) for r in range(1, 41)]
 
     assert choices("os") != choices("os")
@@ -222,8 +222,7 @@ def test_seeded_noise_is_drawn_for_the_round_the_release_is_of(tmp_path):
             "privacy.on_exceed": "continue",
         },
     )
-    protocol = get_protocol(cfg)
-    protocol.server_begin(3)
+    protocol = begin_server(get_protocol(cfg), {"w": torch.zeros(50)})
     zeros = [{"w": torch.zeros(50)} for _ in range(3)]
     release = {rnd: protocol.aggregate(rnd, zeros, [1, 1, 1]).tensors["w"] for rnd in (1, 2)}
     assert torch.equal(protocol.aggregate(1, zeros, [1, 1, 1]).tensors["w"], release[1])

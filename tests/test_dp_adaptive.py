@@ -8,7 +8,7 @@ import dp_accounting
 import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
-from helpers import Crash, crash_at, jsonl, tiny_config
+from helpers import Crash, begin_server, crash_at, jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core.dp import geometric_clip_update, noise_generator, update_noise_multiplier
@@ -30,9 +30,7 @@ def _wrapper(clients: int, q: float, **privacy):
         "privacy.sampling_rate": q,
         **{f"privacy.{k}": v for k, v in privacy.items()},
     }
-    protocol = get_protocol(load_config("tiny", None, values))
-    protocol.server_begin(clients)
-    return protocol
+    return begin_server(get_protocol(load_config("tiny", None, values)), {"w": torch.zeros(50)}, clients)
 
 
 def _updates(norms, dim: int = 50, seed: int = 0):

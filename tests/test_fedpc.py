@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import jsonl, tiny_config
+from helpers import begin_server, jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import ternary
@@ -39,7 +39,7 @@ def master(tmp_path, sign="paper", **overrides):
     cfg = tiny(tmp_path, "m", **{"fedpc.sign": sign, "fedpc.master_lr": 0.5, "fedpc.beta": 0.25, **overrides})
     protocol = get_protocol(cfg)
     initial = {"w": torch.zeros(5)}
-    protocol.expected_payload(initial)
+    begin_server(protocol, initial)
     protocol.last = dict(initial)
     return protocol
 

@@ -49,8 +49,8 @@ def test_the_wrapper_forwards_the_core_in_plain_code_and_reaches_the_inner_parts
     class Inner(FederatedProtocol, CatchUp):
         spec = ProtocolSpec(name="inner", factory=lambda cfg: None, summary="x")
 
-        def catch_up(self):
-            return (7, {})
+        def catch_up(self, version):
+            return {"version": version}
 
     class Outer(ProtocolWrapper):
         pass
@@ -60,7 +60,7 @@ def test_the_wrapper_forwards_the_core_in_plain_code_and_reaches_the_inner_parts
 
     inner = Inner(Cfg())
     outer = Outer(inner)
-    assert type(outer) is Outer and outer.catching_up() is inner and outer.catching_up().catch_up() == (7, {})
+    assert type(outer) is Outer and outer.catching_up() is inner and outer.catching_up().catch_up(7) == {"version": 7}
     assert outer.coding().stable_payload_layout() and outer.training().local_step(None) is None
     assert server_state(outer) == {"class": "Outer", "state": {}, "inner": {"class": "Inner", "state": {}}}
 
@@ -110,7 +110,7 @@ def test_a_part_method_on_a_class_without_the_part_is_refused_at_definition():
     with pytest.raises(TypeError, match=r"Forgot defines catch_up \(a method of CatchUp\)"):
 
         class Forgot(FederatedProtocol):
-            def catch_up(self):
+            def catch_up(self, version):
                 return None
 
 
@@ -142,6 +142,50 @@ def test_undeclared_server_state_is_refused_at_definition():
         def aggregate(self, rnd, payloads, num_examples):
             self.total = len(payloads)
             return {}, {}
+
+
+def test_start_attributes_are_set_in_server_begin_only_and_the_payload_layout_sets_none():
+    """What the server derives from the initial model and the population is set once, in ``server_begin`` (or a helper
+    only it calls); ``expected_payload``, which both halves call, returns a layout and sets nothing. Planted: a start
+    attribute reset in ``aggregate``, a helper that ``aggregate`` calls too, and the layout keeping the dimension."""
+    from trustformer.protocols.interface.parts import ServerHooks
+    from trustformer.protocols.interface.state import UndeclaredStateError
+
+    class Started(FederatedProtocol, ServerHooks):  # accepted: server_begin and a helper only it calls
+        start_attrs = ("dim", "layout")
+
+        def server_begin(self, start):
+            self.dim = sum(t.numel() for t in start.initial.values())
+            self._fix_layout(start.initial)
+
+        def _fix_layout(self, initial):
+            self.layout = sorted(initial)
+
+    with pytest.raises(
+        UndeclaredStateError, match=r"Reset.aggregate\(\) sets self.dim, which .*Reset declares in start_attrs"
+    ):
+
+        class Reset(Started):
+            def aggregate(self, rnd, payloads, num_examples):
+                self.dim = 0
+                return {}, {}
+
+    with pytest.raises(UndeclaredStateError, match=r"Shared._fix_layout\(\) sets self.layout"):
+
+        class Shared(Started):
+            def _fix_layout(self, initial):
+                self.layout = sorted(initial)
+
+            def aggregate(self, rnd, payloads, num_examples):
+                self._fix_layout(payloads[0])
+                return {}, {}
+
+    with pytest.raises(UndeclaredStateError, match=r"Keeps.expected_payload\(\) sets self.dim, but expected_payload"):
+
+        class Keeps(Started):
+            def expected_payload(self, initial):
+                self.dim = sum(t.numel() for t in initial.values())
+                return {}
 
 
 def test_a_client_method_that_reads_server_state_is_refused_at_definition():
@@ -297,3 +341,58 @@ def test_the_specs_are_what_the_configuration_reads():
 
     assert tuple(config.STRATEGIES) == tuple(PROTOCOLS)
     assert [s.name for s in protocol_specs()] == list(PROTOCOLS)
+
+
+def started_layers(protocol, initial):
+    """The layers of ``protocol`` (every wrapper and the protocol inside) that subclass ``ServerHooks``, and those of
+    them that ``server_begin`` on the outermost reached."""
+    from trustformer.protocols.interface.parts import ServerHooks
+    from trustformer.protocols.interface.session import ServerStart
+
+    layers, layer, reached = [], protocol, []
+    while layer is not None:
+        if isinstance(layer, ServerHooks):
+            layers.append(layer)
+        layer = getattr(layer, "inner", None)
+    for layer in layers:
+        original = layer.server_begin
+        layer.server_begin = lambda start, _original=original, _layer=layer: (reached.append(_layer), _original(start))
+    protocol.server().server_begin(ServerStart(initial, 3))
+    return layers, reached
+
+
+def test_every_layer_of_every_composition_is_started_and_a_wrapper_that_forgets_its_inner_is_seen(monkeypatch):
+    """``server_begin`` on the outermost wrapper reaches every layer that has server hooks, in every composition the
+    configuration accepts (tests/compositions.py; one per distinct stack of layer classes). Planted: a wrapper whose
+    ``server_begin`` does not hand ``start`` on (DP's, the defences')."""
+    from compositions import compositions
+
+    from trustformer.config import load_config
+    from trustformer.protocols import make_protocol
+    from trustformer.protocols.wrappers.dp import DifferentialPrivacy
+    from trustformer.protocols.wrappers.robust import RobustAggregation
+    from trustformer.tasks.run import initial_tensors
+
+    stacks = {}
+    for composition in compositions():
+        cfg = load_config("tiny", None, {**composition.overrides, "out": ""})
+        layer, classes = make_protocol(cfg), []
+        while layer is not None:
+            classes.append(type(layer))
+            layer = getattr(layer, "inner", None)
+        stacks.setdefault(tuple(classes), (composition.label, cfg))
+
+    def missed():
+        out = []
+        for label, cfg in stacks.values():
+            layers, reached = started_layers(make_protocol(cfg), initial_tensors(cfg))
+            out += [f"{label}: {type(x).__name__}" for x in layers if not any(x is r for r in reached)]
+        return out
+
+    assert len(stacks) > 20 and not missed()
+    with monkeypatch.context() as planted:
+        planted.setattr(DifferentialPrivacy, "server_begin", lambda self, start: None)
+        assert any(": FedAvgUpdates" in m or ": FedAvg" in m for m in missed())
+    with monkeypatch.context() as planted:
+        planted.setattr(RobustAggregation, "server_begin", lambda self, start: None)
+        assert any(": Trustformer" in m for m in missed())

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import jsonl, tiny_config
+from helpers import begin_server, jsonl, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import defences
@@ -52,7 +52,7 @@ def planted_round(seed=0):
 def server_aggregate(tmp_path):
     cfg = tiny(tmp_path, **{"federation.clients": 10})
     protocol = make_protocol(cfg)
-    protocol.expected_payload({"w": torch.zeros(DIM)})
+    begin_server(protocol, {"w": torch.zeros(DIM)})
     result = protocol.aggregate(1, planted_round(), [1] * (HONEST + ATTACKER))
     return result.tensors["w"], result.events
 

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import Quadratic, jsonl, session_of, tiny_config
+from helpers import Quadratic, begin_server, jsonl, session_of, tiny_config
 
 from trustformer.config import ConfigError
 from trustformer.engine.inprocess import run_in_process
@@ -48,7 +48,7 @@ def test_option_two_control_variate_is_the_mean_raw_gradient_and_matches_the_pap
 @pytest.mark.parametrize("per_round, share", [(0, 1.0), (2, 2 / 3)])
 def test_the_server_adds_the_share_of_clients_times_the_weighted_mean_of_the_controls(tmp_path, per_round, share):
     protocol = bare(make_protocol(tiny(tmp_path, **{"federation.clients_per_round": per_round})))
-    protocol.server_begin(3)
+    begin_server(protocol, {"w": torch.tensor([0.0])})
     first = {"w": torch.tensor([1.0]), CONTROL + "w": torch.tensor([3.0])}
     second = {"w": torch.tensor([4.0]), CONTROL + "w": torch.tensor([-3.0])}
     out = protocol.aggregate(1, [first, second], [1, 2]).tensors

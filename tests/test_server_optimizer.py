@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import Crash, crash_at, forget_process, tiny_config
+from helpers import Crash, begin_server, crash_at, forget_process, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.config.sections import SERVER_OPTIMIZER_DEFAULTS
@@ -113,7 +113,7 @@ def test_each_optimizer_steps_as_flowers_strategy_over_three_rounds(tmp_path, na
     rng = np.random.default_rng(0)
     shapes = {"a": (3, 4), "b": (5,)}
     initial = {n: rng.normal(size=s) for n, s in shapes.items()}
-    protocol.expected_payload({n: torch.from_numpy(v) for n, v in initial.items()})
+    begin_server(protocol, {n: torch.from_numpy(v) for n, v in initial.items()})
     strategy = flower_strategy(name, list(initial.values()))
     sizes = [30, 10, 20]
     for rnd in (1, 2, 3):
@@ -226,9 +226,7 @@ def optimizer_input(protocol, payloads, monkeypatch) -> dict[str, torch.Tensor] 
         return real(delta, moments, opt)
 
     monkeypatch.setattr(wrapper, "server_step", spy)
-    server = protocol.server()
-    server.server_begin(3)
-    protocol.expected_payload({n: torch.zeros_like(t) for n, t in payloads[0].items()})
+    server = begin_server(protocol, {n: torch.zeros_like(t) for n, t in payloads[0].items()}).server()
     assert server.participants(1, [0, 1, 2], True).clients == [0, 1, 2]
     protocol.aggregate(1, payloads, [1, 1, 1])
     assert len(seen) <= 1
@@ -381,7 +379,7 @@ def test_a_sparse_update_under_client_sampling_catches_up_to_the_optimizers_mode
     )
     protocol = make_protocol(cfg)
     initial = {"w": torch.linspace(-1, 1, 20)}
-    protocol.expected_payload(initial)
+    begin_server(protocol, initial)
 
     class Holder(torch.nn.Module):
         def __init__(self):
@@ -400,9 +398,9 @@ def test_a_sparse_update_under_client_sampling_catches_up_to_the_optimizers_mode
         assert set(step) == {"values"} and step["values"].numel() == 20  # Adam's step is dense
         client.client_apply(session, step)
         protocol.server().exchange_done(rnd, step)
-    held = protocol.catching_up().catch_up()
-    assert held is not None and held[0] == 2
-    assert torch.equal(held[1]["w"], session.model.w.detach())
+    assert protocol.catching_up().catch_up(2) is None  # a client of round 2 holds x_2 already
+    held = protocol.catching_up().catch_up(1)
+    assert held is not None and torch.equal(held["w"], session.model.w.detach())
 
 
 # ------------------------------------------------------------------------------------- refusals

@@ -83,6 +83,13 @@ class PrivacyConfig:
     # tensor and never repeats, and a second accountant (PLD) agrees with the reported epsilon; a failed check stops
     # the run. Results per client in summary.json (privacy.clients.*.checks). false: off (debugging only)
     checks: bool = True
+    # unit = record, noise = local: DP-SGD in a k-dimensional subspace of the trained weights, estimated every round
+    # from the gradients of public pairs at the model the owner holds (Zhou et al. 2021, "Bypassing the ambient
+    # dimension"; the projection of GEP, Yu et al. 2021): each record's gradient is projected onto it before
+    # clipping, and the noisy sum after the noise (post-processing: the same sigma and epsilon), so the noise that
+    # reaches the model has k dimensions instead of every trained weight's. 0 = off (core/subspace.py)
+    subspace_dim: int = 0
+    subspace_pairs: int = 256  # subspace_dim > 0: the public pairs whose per-pair gradients span the subspace
 
     def validate(self) -> None:
         check_choice("privacy.unit", self.unit, PRIVACY_UNITS)
@@ -115,6 +122,29 @@ class PrivacyConfig:
         if self.finetune == "dp" and self.unit != "record":
             raise ConfigError("privacy.finetune = 'dp' applies to privacy.unit = 'record' (DP-SGD fine-tuning)")
         self._validate_distributed()
+        self._validate_subspace()
+
+    def _validate_subspace(self) -> None:
+        """The public subspace: record-level DP-SGD with local noise, fewer directions than public pairs."""
+        check_at_least("privacy.subspace_dim", self.subspace_dim, 0)
+        check_at_least("privacy.subspace_pairs", self.subspace_pairs, 1)
+        if not self.subspace_dim:
+            return
+        if self.unit != "record" or self.noise != "local":
+            raise ConfigError(
+                f"privacy.subspace_dim = {self.subspace_dim} projects DP-SGD's per-record gradients: it needs "
+                "privacy.unit = 'record' and privacy.noise = 'local' (or privacy.subspace_dim = 0)"
+            )
+        if self.subspace_dim > self.subspace_pairs:
+            raise ConfigError(
+                f"privacy.subspace_dim = {self.subspace_dim} directions cannot come from privacy.subspace_pairs = "
+                f"{self.subspace_pairs} public gradients: raise privacy.subspace_pairs or lower privacy.subspace_dim"
+            )
+        if self.audit_canaries:
+            raise ConfigError(
+                "privacy.audit_canaries with privacy.subspace_dim > 0: the gradient canaries are planted outside the "
+                "public subspace, which would project them away; audit with privacy.subspace_dim = 0"
+            )
 
     def _validate_distributed(self) -> None:
         """Distributed noise: DP-SGD's record level only (client-level distributed noise is not built)."""

@@ -43,6 +43,7 @@ from torch import nn
 from . import grad_canaries
 from .banded_noise import BandedNoise
 from .grad_canaries import Canaries
+from .subspace import Subspace
 
 if TYPE_CHECKING:
     from .dp_watch import StepChecks
@@ -188,9 +189,11 @@ def _clip_records(
     make_batch: Callable[[torch.Tensor], Batch],
     example_losses: ExampleLosses,
     physical_batch: int,
+    subspace: Subspace | None = None,
 ) -> tuple[float, int]:
     """The drawn records through Opacus' per-record clipping into ``p.summed_grad``, in physical batches (each record
-    clipped once): (the sum of their losses, how many)."""
+    clipped once; ``subspace``: each record's gradient projected onto it first): (the sum of their losses, how
+    many)."""
     loss_sum, seen = 0.0, 0
     pieces = list(torch.split(indices, physical_batch)) if len(indices) else []
     for j, piece in enumerate(pieces):
@@ -199,9 +202,38 @@ def _clip_records(
                 grad_canaries.set_grad_sample(p, None)
         losses = example_losses(model, *make_batch(piece))
         losses.mean().backward()
+        if subspace is not None:
+            _project_records(params, subspace)
         dp_optimizer.clip_and_accumulate()
         loss_sum, seen = loss_sum + float(losses.detach().sum()), seen + len(piece)
     return loss_sum, seen
+
+
+def _basis(subspace: Callable[[], Subspace] | None, params: dict[str, nn.Parameter]) -> Subspace | None:
+    """The public subspace of this run of steps (from public pairs, at the model before them), over the trained
+    tensors."""
+    basis = subspace() if subspace is not None else None
+    if basis is not None and list(basis.shapes) != list(params):
+        raise ValueError(f"the subspace covers {list(basis.shapes)}, the trained tensors are {list(params)}")
+    return basis
+
+
+def _project_records(params: dict[str, nn.Parameter], subspace: Subspace) -> None:
+    """Each record's gradient (Opacus' ``p.grad_sample`` rows) replaced by its projection onto ``subspace``, before the
+    clipping (``core/subspace.py``)."""
+    held = {n: getattr(p, "grad_sample", None) for n, p in params.items()}  # an attribute Opacus adds
+    rows = next(g for g in held.values() if g is not None).shape[0]
+    samples = {n: g if g is not None else torch.zeros((rows, *params[n].shape)) for n, g in held.items()}
+    projected = subspace.unflatten(subspace.project(subspace.flatten(samples, batch=True)), batch=True)
+    for n, p in params.items():
+        grad_canaries.set_grad_sample(p, projected[n].to(p.dtype))
+
+
+def _project_release(params: dict[str, nn.Parameter], subspace: Subspace) -> None:
+    """The step's release (``p.grad``: the noisy clipped sum ÷ B) projected onto ``subspace``: post-processing."""
+    grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params.items()}
+    for n, g in subspace.unflatten(subspace.project(subspace.flatten(grads))).items():
+        params[n].grad = g.to(params[n].dtype)
 
 
 def _release(
@@ -211,9 +243,10 @@ def _release(
     noise: torch.Generator,
     checks: StepChecks | None,
     release_log: ReleaseReader | None,
+    basis: Subspace | None = None,
 ) -> None:
     """The step's release: N(0, σ²C²) (or its banded correlation) on the clipped sum, ÷ B, watched by the checks
-    (the noise as it was added) and logged (what the optimizer receives)."""
+    (the noise as it was added) and logged; then, with a public ``basis``, projected onto it (post-processing)."""
     if banded is None:
         dp_optimizer.add_noise()
     else:
@@ -223,6 +256,8 @@ def _release(
     dp_optimizer.scale_grad()  # ÷ B, the expected batch
     if release_log is not None:
         release_log.released()
+    if basis is not None:
+        _project_release(params, basis)
 
 
 def _add_penalty(
@@ -254,6 +289,7 @@ def dp_sgd(
     banded: BandedNoise | None = None,
     checks: StepChecks | None = None,
     release_log: ReleaseReader | None = None,
+    subspace: Callable[[], Subspace] | None = None,
 ) -> dict[str, float]:
     """``steps`` DP-SGD steps on ``model`` with the client's ``optimizer`` (see the module docstring).
 
@@ -263,12 +299,14 @@ def dp_sgd(
     held at once (a Poisson batch is processed in pieces, each record clipped once); ``banded`` correlates each
     step's noise with the earlier steps' (``core/banded_noise.py``); ``checks`` watches the draws, the clipping,
     the noise and the optimizer's steps (``core/dp_checks.py``); ``release_log`` (audit runs) keeps each step's
-    release at the canaries' coordinates (``core/release_log.py``). Returns the mean training loss over the records
-    seen, the steps, the records drawn and the time."""
+    release at the canaries' coordinates (``core/release_log.py``); ``subspace`` (called once, before the steps) a
+    public subspace each record's gradient and each release are projected onto (``core/subspace.py``). Returns the
+    mean training loss over the records seen, the steps, the records drawn and the time."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
     params = _trainable(model)
+    basis = _basis(subspace, params)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
     dp_optimizer = DPOptimizer(
         optimizer,
@@ -294,7 +332,7 @@ def dp_sgd(
             offsets: dict[str, torch.Tensor] = _ascend(params, last_grad, sam_rho) if sam_rho > 0 and last_grad else {}
             dp_optimizer.zero_grad(set_to_none=True)
             loss, count = _clip_records(
-                model, dp_optimizer, params, indices, make_batch, example_losses, physical_batch
+                model, dp_optimizer, params, indices, make_batch, example_losses, physical_batch, basis
             )
             loss_sum, seen = loss_sum + loss, seen + count
             if release_log is not None:  # the records' clipped sum, before any canary joins it
@@ -310,7 +348,7 @@ def dp_sgd(
             with torch.no_grad():
                 for n, e in offsets.items():
                     params[n].sub_(e)
-            _release(dp_optimizer, params, banded, noise, checks, release_log)
+            _release(dp_optimizer, params, banded, noise, checks, release_log, basis)
             if sam_rho > 0:
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if penalty is not None:

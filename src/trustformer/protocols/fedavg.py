@@ -16,7 +16,7 @@ from .interface.base import (
     assign_tensors,
     trainable_tensors,
 )
-from .interface.parts import CatchUp, ServerHooks
+from .interface.parts import CatchUp, ServerHooks, newer
 from .interface.spec import ProtocolSpec
 
 
@@ -48,8 +48,8 @@ class FedAvg(FederatedProtocol, ServerHooks, CatchUp):
             self.latest = (rnd, delivered)  # what a client left out must catch up to: the state the others hold
         return {}
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        return self.latest
+    def catch_up(self, version: int) -> Tensors | None:
+        return newer(self.latest, version)
 
     def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases:
         started = time.perf_counter()

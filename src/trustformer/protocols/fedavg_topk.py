@@ -28,12 +28,13 @@ from .interface.base import (
     FederatedProtocol,
     LocalStep,
     Phases,
+    ServerStart,
     Tensors,
     assign_tensors,
     held_global,
     trainable_tensors,
 )
-from .interface.parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks
+from .interface.parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, newer
 from .interface.spec import ProtocolSpec
 
 INDICES, VALUES = "indices", "values"
@@ -73,7 +74,7 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
     )
     # server, client sampling: the global model clients left out catch up to, and the round it is from
     state_attrs = ("global_model", "latest_round")
-    scratch_attrs = ("dim",)  # the model's dimension, from expected_payload
+    start_attrs = ("dim",)  # the model's dimension (server_begin)
 
     def __init__(
         self, cfg: RunConfig, *, keep: float | None = None, error_feedback: bool | None = None, local_step=None
@@ -145,14 +146,16 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
 
     # ------------------------------------------------------------------------------ server
 
+    def server_begin(self, start: ServerStart) -> None:
+        if self.cfg.federation.clients_per_round and self.global_model is None:
+            self.global_model = {n: t.detach().clone() for n, t in start.initial.items()}
+        self.dim = sum(t.numel() for t in start.initial.values())
+
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """``indices`` (int32) and ``values`` (float32) of ceil(keep·d) coordinates, d the model's dimension."""
-        if self.cfg.federation.clients_per_round and self.global_model is None:
-            self.global_model = {n: t.detach().clone() for n, t in initial.items()}
-        self.dim = sum(t.numel() for t in initial.values())
-        kept = keep_count(self.dim, self.keep)
-        index = str(torch.empty(0, dtype=index_dtype(self.dim)).numpy().dtype)
-        return {INDICES: ((kept,), index), VALUES: ((kept,), "float32")}
+        dim = sum(t.numel() for t in initial.values())
+        index = str(torch.empty(0, dtype=index_dtype(dim)).numpy().dtype)
+        return {INDICES: ((keep_count(dim, self.keep),), index), VALUES: ((keep_count(dim, self.keep),), "float32")}
 
     def check_payload(self, rnd: int, payload: Tensors) -> None:
         """Strictly increasing indices within the model's dimension, one value each."""
@@ -192,8 +195,9 @@ class FedAvgTopK(FederatedProtocol, LocalTraining, ServerHooks, CatchUp, Payload
     def stable_payload_layout(self) -> bool:
         return False  # the values sent are other coordinates every round (their own error feedback covers the rest)
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        return (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
+    def catch_up(self, version: int) -> Tensors | None:
+        held = (self.latest_round, self.global_model) if self.global_model is not None and self.latest_round else None
+        return newer(held, version)
 
 
 SPEC = FedAvgTopK.spec

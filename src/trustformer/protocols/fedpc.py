@@ -57,6 +57,7 @@ from .interface.base import (
     ClientSession,
     FederatedProtocol,
     RoundMessages,
+    ServerStart,
     Tensors,
     assign_tensors,
     held_global,
@@ -147,7 +148,8 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
 
     # master: updates done, P^{t-1} and P^{t-2}, each worker's last cost, every epoch's pilot
     state_attrs = ("epoch", "last", "before", "costs", "pilots")
-    scratch_attrs = ("dim", "model_spec", "total_examples")  # from expected_payload; the epoch's S
+    start_attrs = ("dim", "model_spec")  # the initial model's layout and parameter count (server_begin)
+    scratch_attrs = ("total_examples",)  # the epoch's S
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -222,11 +224,13 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
 
     # ------------------------------------------------------------------------------ master
 
+    def server_begin(self, start: ServerStart) -> None:
+        self.model_spec = self.expected_payload(start.initial)
+        self.dim = sum(t.numel() for t in start.initial.values())
+
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """The pilot's payload: the whole model (the ternary vectors' spec: :meth:`ternary_spec`)."""
-        self.model_spec = spec_of(initial)
-        self.dim = sum(t.numel() for t in initial.values())
-        return self.model_spec
+        return spec_of(initial)
 
     def ternary_spec(self) -> TensorSpec:
         return {TERNARY: ((ternary.packed_length(self.dim),), "uint8")}
@@ -247,8 +251,6 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
 
     def run_round(self, io: RoundMessages) -> bool:
         """Report → choose the pilot → request model and ternary vectors → Eq. 3 → every worker adopts P^t."""
-        if not self.model_spec:
-            self.expected_payload(io.initial())
         if self.last is None:
             self.last = {n: t.clone() for n, t in io.initial().items()}
         nodes = io.prepare(io.nodes)

@@ -25,7 +25,7 @@ from ..core.aggregation import weighted_mean
 from ..core.shared import LocalStep, clipped_gradients
 from ..wire import TensorSpec, spec_of
 from .fedavg import FedAvg
-from .interface.base import Aggregated, ClientSession, Phases, Tensors, assign_tensors, trainable_tensors
+from .interface.base import Aggregated, ClientSession, Phases, ServerStart, Tensors, assign_tensors, trainable_tensors
 from .interface.parts import LocalTraining
 from .interface.spec import ProtocolSpec
 
@@ -88,12 +88,12 @@ class Scaffold(FedAvg, LocalTraining):
         summary="FedAvg with control variates c (server) and c_i (clients) that correct client drift (2020)",
     )
     state_attrs = ("control",)  # c, the server's control variate (FedAvg's latest beside it)
-    scratch_attrs = ("clients",)  # N, from server_begin
+    start_attrs = ("clients",)  # N (server_begin)
     control: Tensors | None = None
     clients = 0
 
-    def server_begin(self, num_clients: int) -> None:
-        self.clients = num_clients
+    def server_begin(self, start: ServerStart) -> None:
+        self.clients = start.clients
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         return spec_of(with_controls(initial))

@@ -76,7 +76,7 @@ from ..core.centroids import (
 from ..core.kmeans import choose_initial_rows, cluster_layers
 from ..core.shared import derive_seed
 from ..wire import TensorSpec, pack_flat, unpack_flat
-from .interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
+from .interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, ServerStart, Tensors
 from .interface.parts import PayloadCoding, ServerHooks
 from .interface.spec import ProtocolSpec
 
@@ -167,7 +167,7 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
 
     # server, payload coding: the public reference model every party derives from the aggregates (advance_public)
     state_attrs = ("public",)
-    scratch_attrs = ("_initial",)  # the initial model (expected_payload)
+    start_attrs = ("_initial",)  # the initial model (server_begin)
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -187,8 +187,8 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
         self.public: Tensors = {}  # server, payload coding: the public state (reference model, memberships)
         self._initial: Tensors = {}
 
-    def line_fields(self) -> dict[str, float]:
-        return {"beta": self.beta}
+    def server_begin(self, start: ServerStart) -> None:
+        self._initial = start.initial
 
     def server_summary(self) -> dict[str, float]:
         return {"beta": self.beta}
@@ -211,7 +211,6 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         """One flat array: Σ k·f values over the exchanged tensors, in the parameters' dtype."""
-        self._initial = initial
         total = sum(k * f for k, f in self.clusters(initial).values())
         dtype = str(torch.empty(0, dtype=next(iter(initial.values())).dtype).numpy().dtype)
         return {PAYLOAD: ((total,), dtype)}
@@ -412,12 +411,9 @@ class Trustformer(FederatedProtocol, ServerHooks, PayloadCoding):
         return {}
 
     # ------------------------------------------------------------------ payload coding (protocols/wrappers/coding.py)
-    def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
-        """The centroids as one k×f matrix per layer (one coding grid per centroid)."""
-        return self.unpack_payload(payload, initial)
-
-    def coded_names(self, payload: Tensors) -> set[str]:
-        return {PAYLOAD}
+    def coding_view(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
+        """The centroids as one k×f matrix per layer (one coding grid per centroid); nothing else is sent."""
+        return self.unpack_payload(payload, initial), {n: t for n, t in payload.items() if n != PAYLOAD}
 
     def coding_unview(self, view: Tensors, rest: Tensors, initial: Tensors) -> Tensors:
         return {**rest, PAYLOAD: pack_flat([view[n] for n in self.clusters(initial)])}

@@ -124,22 +124,14 @@ class RoundIO:
         """Add ``fields`` to every line of the round."""
         self.fields.update(fields)
 
-    def behind(
-        self,
-        nodes: list[int],
-        held: tuple[int, Tensors] | None,
-        cheaper: Callable[[int], Tensors | None] | None = None,
-    ) -> dict[int, Tensors] | None:
-        """For catch-up (``held`` = the round of the protocol's last global model and the model): each of ``nodes``
-        whose client last applied an aggregate before that round, with what it must start from: ``cheaper(version)``
-        of the round its state is from where that gives something (the missed coded downloads), else the model."""
-        if held is None:
-            return None
+    def behind(self, nodes: list[int], catch_up: Callable[[int], Tensors | None]) -> dict[int, Tensors]:
+        """For catch-up: each of ``nodes`` for which the protocol's ``catch_up(version)`` of the round its client's
+        state is from (the last aggregate it applied; 0: the initial model) gives a model to start from, with it."""
         models = {}
         for n in nodes:
-            version = self.synced.get(self.clients[n], 0)
-            if version < held[0]:
-                models[n] = (cheaper(version) if cheaper is not None else None) or held[1]
+            model = catch_up(self.synced.get(self.clients[n], 0))
+            if model is not None:
+                models[n] = model
         return models
 
     def event(self, **fields: Any) -> None:
@@ -327,7 +319,6 @@ class RoundIO:
                 row["sampled"] = node in self.sampled
             row.update(self.fields)
             self.link.finish_row(self.rnd, node, row)
-            row.update(self.report.line_fields())
             self.server.recorder.record(row)
 
 

@@ -21,7 +21,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import RunConfig
-from ..protocols import get_protocol
+from ..protocols import bare, get_protocol
+from ..protocols.interface.session import ServerStart
 from ..recording.recorder import RunRecorder
 from ..secure.channel import secure_link
 from ..tasks.results import FINAL_METRICS, task_summary, under
@@ -46,7 +47,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     protocol, fed = get_protocol(cfg), cfg.federation
     nodes = Nodes(grid, cfg, node_wait_s)
     try:
-        protocol.server().server_begin(nodes.expected)
+        protocol.server().server_begin(ServerStart(initial_tensors(cfg), nodes.expected))
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
@@ -110,14 +111,15 @@ def run_round(server: Server, checkpoints: Checkpointer, rnd: int, nodes: list[i
     protocol, fed = server.protocol, server.cfg.federation
     io = RoundIO(server, rnd, nodes, exchange=protocol.spec.exchanges and rnd % fed.agg_every == 0)
     hooks = protocol.server()
-    if not protocol.run_round(io):
+    # a round of the protocol's own is the innermost protocol's: the wrappers act on it through io.aggregate, which
+    # goes through the outermost
+    if not bare(protocol).run_round(io):
         chosen = hooks.participants(rnd, [io.client(n) for n in nodes], io.exchange)  # 1. select (by client id)
         if chosen.stop is not None:
             io.stop(chosen.stop)
             return False
         participants = io.prepare([n for n in nodes if io.client(n) in set(chosen.clients)], sampled=chosen.sampled)
-        catching_up = protocol.catching_up()  # 2. train
-        models = io.behind(participants, catching_up.catch_up(), catching_up.catch_up_from)
+        models = io.behind(participants, protocol.catching_up().catch_up)  # 2. train
         payloads = io.train(participants, payload=io.exchange, models=models)
         io.require("train")
         aggregate = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from ..core.dpsgd import RecordDP, calibrate, dp_sgd, sample_rate
 from ..core.grad_canaries import Canaries
 from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
+from ..core.subspace import Subspace, example_gradients, public_basis
 from ..data.batching import pad_sequences
 from .dp_canaries import canaries_of_group, save_release
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
@@ -180,12 +181,14 @@ def train(
     lr: float | None = None,
     federation_sizes: tuple[int, ...] = (),
     client: int | None = None,
+    public: list | None = None,
 ) -> dict[str, float]:
     """One round of DP-SGD local training (or, with ``finetune_epochs``, DP fine-tuning at the constant ``lr``
     after the last round); returns the usual training metrics plus σ, q, the client's DP steps so far and the ε
     they spent (``record_epsilon``, Opacus' RDP accountant). Under distributed noise a round is one plain SGD step
     with this owner's share of the noise (:func:`distributed_step`). ``canaries``: the audit's, planted here.
-    ``privacy.checks``: the run so far is checked after the steps (:func:`check_run`), ``client`` named if one fails."""
+    ``privacy.checks``: the run so far is checked after the steps (:func:`check_run`), ``client`` named if one fails.
+    ``public``: encoded public pairs, whose gradients span the subspace of ``privacy.subspace_dim`` (needed then)."""
     _ready()
     if distributed(cfg) and not finetune_epochs:
         return distributed_step(
@@ -221,6 +224,7 @@ def train(
         planted,
         checks=watched,
         release_log=log,
+        public=public,
     )
     save_release(cfg, log, client)
     out = _with_accounting(out, dp, done + steps, optimizer)
@@ -318,19 +322,16 @@ def run_steps(
     *,
     checks: dp_checks.StepChecks | None = None,
     release_log: ReleaseLog | None = None,
+    public: list | None = None,
 ):
-    """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources."""
+    """``steps`` DP-SGD steps of ``dp`` on ``pairs`` (``core/dpsgd.py``), from the client's random sources; in the
+    subspace of ``public``'s gradients where ``privacy.subspace_dim`` > 0 (:func:`public_subspace`)."""
     _ready()
     t = cfg.train
     device = next(model.parameters()).device
     pad_id = model.config.pad_id
 
-    def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = [pairs[int(i)] for i in indices]
-        return (
-            pad_sequences([s for s, _ in chosen], pad_id).to(device),
-            pad_sequences([g for _, g in chosen], pad_id).to(device),
-        )
+    make_batch = make_pairs_batch(pairs, pad_id, device)
 
     def example_losses(m: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         net: Any = m  # the translation model
@@ -338,6 +339,13 @@ def run_steps(
 
     sampler, noise = generators(cfg, seed)
     torch.manual_seed(seed)  # dropout masks
+    subspace = None
+    if cfg.privacy.subspace_dim:
+        if not public:
+            raise ValueError("privacy.subspace_dim > 0 needs public pairs to estimate the subspace from")
+        subspace = partial(
+            public_subspace, cfg, model, public, example_losses, make_pairs_batch(public, pad_id, device)
+        )
     return dp_sgd(
         model,
         optimizer,
@@ -355,7 +363,36 @@ def run_steps(
         banded=banded,
         checks=checks,
         release_log=release_log,
+        subspace=subspace,
     )
+
+
+def make_pairs_batch(pairs: list, pad_id: int, device: torch.device):
+    """``make_batch`` of DP-SGD over ``pairs``: the padded (sources, targets) of the records at ``indices``."""
+
+    def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = [pairs[int(i)] for i in indices]
+        return (
+            pad_sequences([s for s, _ in chosen], pad_id).to(device),
+            pad_sequences([g for _, g in chosen], pad_id).to(device),
+        )
+
+    return make_batch
+
+
+def public_subspace(cfg: RunConfig, model, public: list, example_losses, make_batch) -> Subspace:
+    """The top ``privacy.subspace_dim`` directions of the per-pair gradients of the first ``privacy.subspace_pairs``
+    public pairs at ``model`` as it is now (before this round's steps; ``core/subspace.py``). Public data and the
+    model (a release) only: it spends no ε."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    count = min(cfg.privacy.subspace_pairs, len(public))
+    was_training = model.training
+    model.eval()
+    try:
+        grads = example_gradients(params, lambda i: example_losses(model, *make_batch(torch.tensor([i])))[0], count)
+    finally:
+        model.train(was_training)
+    return Subspace(public_basis(grads, cfg.privacy.subspace_dim), {n: p.shape for n, p in params.items()})
 
 
 def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:

@@ -55,6 +55,7 @@ class TranslationTask:
         self.cfg = cfg
         self.workload = wl.load_workload(cfg)
         self._canaries = None
+        self._subspace_pairs: list | None = None  # privacy.subspace_dim: the public pairs the subspace comes from
 
     # data
     def shard(self, client: int, train_file: str = "") -> list[tuple[list[int], list[int]]]:
@@ -203,6 +204,7 @@ class TranslationTask:
                 canaries=dp_canaries.canaries_of_client(self.cfg, self.audit_canaries(), client),
                 federation_sizes=self.shard_sizes(),
                 client=client,
+                public=self.subspace_pairs(),
             )
         return wl.train_local(self.cfg, _s2s(model), optimizer, shard, seed=seed, step=step)
 
@@ -266,6 +268,19 @@ class TranslationTask:
     def shard_sizes(self) -> tuple[int, ...]:
         """Every client's training pairs (the run's partition, which every party derives alike)."""
         return tuple(len(self.workload.shard(c)) for c in range(self.cfg.federation.clients))
+
+    def subspace_pairs(self) -> list | None:
+        """The first ``privacy.subspace_pairs`` public pairs, encoded, whose gradients span DP-SGD's subspace
+        (``privacy.subspace_dim`` > 0; else None); the same on every client."""
+        if not self.cfg.privacy.subspace_dim:
+            return None
+        if self._subspace_pairs is None:
+            from .public import public_pairs
+
+            self._subspace_pairs = self._encode(
+                public_pairs(self.cfg, self.workload)[0][: self.cfg.privacy.subspace_pairs]
+            )
+        return self._subspace_pairs
 
     def audit_canaries(self):
         """The audit's gradient canaries (``privacy.audit_canaries``; ``tasks/dp_canaries.py``), placed by the initial

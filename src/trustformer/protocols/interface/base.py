@@ -15,8 +15,9 @@ sees the payload (``coding()``: :class:`PayloadCoding`). A protocol subclasses t
 their methods; the hook then returns the protocol itself.
 
 What a protocol holds on the server across rounds it declares in ``state_attrs`` (saved in every checkpoint,
-restored on resume: ``state.server_state``) and what it recomputes in ``scratch_attrs`` (``state.py``; an
-undeclared attribute is refused when the class is defined). What a protocol is (its name, its config section, what
+restored on resume: ``state.server_state``), what it derives once before round 1 in ``start_attrs``, and what it
+uses within a round in ``scratch_attrs`` (``state.py``; an undeclared attribute is refused when the class is
+defined). What a protocol is (its name, its config section, what
 it composes with) is its :class:`ProtocolSpec` (``spec.py``). Wrapping a protocol (``protocols/wrappers/``:
 differential privacy, robust aggregation, payload coding, the attack harness's observer) subclasses
 :class:`~trustformer.protocols.wrappers.base.ProtocolWrapper`, which forwards the core hooks to ``self.inner`` and
@@ -34,7 +35,7 @@ from ...config import RunConfig
 from ...core.shared import LocalStep, Tensors, assign_tensors, trainable_tensors
 from ...wire import TensorSpec, spec_of
 from .parts import CatchUp, LocalTraining, PayloadCoding, ServerHooks, misplaced_part_methods
-from .session import Aggregated, ClientSession, Phases
+from .session import Aggregated, ClientSession, Phases, Selection, ServerStart
 from .spec import ProtocolSpec
 from .state import check_client_half, check_declared
 
@@ -53,12 +54,7 @@ class RoundMessages(Protocol):
     def client(self, node: int) -> int: ...
     def initial(self) -> Tensors: ...
     def prepare(self, participants: list[int], *, sampled: bool = False) -> list[int]: ...
-    def behind(
-        self,
-        nodes: list[int],
-        held: tuple[int, Tensors] | None,
-        cheaper: Callable[[int], Tensors | None] | None = None,
-    ) -> dict[int, Tensors] | None: ...
+    def behind(self, nodes: list[int], catch_up: Callable[[int], Tensors | None]) -> dict[int, Tensors]: ...
     def train(
         self,
         nodes: list[int],
@@ -89,13 +85,14 @@ class FederatedProtocol:
     Required: ``spec`` (its :class:`~trustformer.protocols.interface.spec.ProtocolSpec`), and for a protocol that
     exchanges, ``client_payload``, ``aggregate`` and ``client_apply``. Everything else has a default; ``cfg`` and
     ``name`` come with the object. Server-side attributes kept across rounds are declared in ``state_attrs``,
-    those recomputed every round or at start in ``scratch_attrs`` (``state.py``); that includes what the methods of
-    a part the protocol subclasses set.
+    those derived once before round 1 (``server_begin``) in ``start_attrs``, those used within a round in
+    ``scratch_attrs`` (``state.py``); that includes what the methods of a part the protocol subclasses set.
     """
 
     spec: ProtocolSpec  # the class declares it; a wrapper or an instance may refine it (DP: its baseline's)
     state_attrs: ClassVar[tuple[str, ...]] = ()  # kept across rounds: saved in every checkpoint
-    scratch_attrs: ClassVar[tuple[str, ...]] = ()  # set within a round, or derived again at every start
+    start_attrs: ClassVar[tuple[str, ...]] = ()  # derived once in server_begin from the initial model, the population
+    scratch_attrs: ClassVar[tuple[str, ...]] = ()  # set within a round, or built at its first use
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -129,7 +126,8 @@ class FederatedProtocol:
 
     def run_round(self, io: RoundMessages) -> bool:
         """A round of the protocol's own, as messages over ``io`` (FedPC, Phong); returns whether it ran one. The
-        default runs nothing and returns False: the runtime's standard round runs (``runtime/server.py:run_round``)."""
+        default runs nothing and returns False: the runtime's standard round runs (``runtime/server.py:run_round``).
+        The runtime calls it on the innermost protocol; wrappers act on such a round through ``io.aggregate``."""
         return False
 
     # ------------------------------------------------------------------ the optional parts (``parts.py``)
@@ -217,7 +215,9 @@ __all__ = [
     "Phases",
     "ProtocolSpec",
     "RoundMessages",
+    "Selection",
     "ServerHooks",
+    "ServerStart",
     "Tensors",
     "assign_tensors",
     "hooks",

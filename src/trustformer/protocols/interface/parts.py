@@ -32,7 +32,7 @@ import torch
 from ...config import RunConfig
 from ...core.shared import LocalStep, Tensors, derive_seed
 from ...wire import TensorSpec, spec_of
-from .session import ClientSession, Phases, Selection
+from .session import ClientSession, Phases, Selection, ServerStart
 
 
 class LocalTraining:
@@ -66,9 +66,11 @@ class ServerHooks:
         self.cfg = cfg
 
     # -- client selection
-    def server_begin(self, num_clients: int) -> None:
-        """Once, before round 1 (and before a resumed run's state is loaded); raising ValueError refuses to
-        start (e.g. the privacy budget)."""
+    def server_begin(self, start: ServerStart) -> None:
+        """Once, before round 1 (and before a resumed run's state is loaded): what the server half derives from the
+        initial model and the population (:class:`~.session.ServerStart`) it sets here, in attributes declared in
+        ``start_attrs`` (``state.py``); raising ValueError refuses to start (e.g. the privacy budget). A wrapper
+        that overrides it hands ``start`` to its inner protocol too."""
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         """Who takes part in round ``rnd`` (:class:`~.session.Selection`; its ``stop`` ends the run before it):
@@ -93,10 +95,6 @@ class ServerHooks:
         ``aggregate``."""
         return {}
 
-    def line_fields(self) -> dict[str, Any]:
-        """Fields added to every line of every round (e.g. Trustformer's β)."""
-        return {}
-
     def server_summary(self) -> dict[str, Any]:
         """Extra top-level fields of summary.json (e.g. ``privacy``)."""
         return {}
@@ -111,14 +109,10 @@ class CatchUp:
 
         def client_apply(self, session: ClientSession, aggregate: Tensors) -> Phases: ...
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        """The global model a client that missed exchanges receives with its next ``train`` message, and the
-        round it is from; None: a client left out continues from its own state."""
-        return None
-
-    def catch_up_from(self, version: int) -> Tensors | None:
-        """A cheaper catch-up for a client whose state is from round ``version`` (the download coding's missed coded
-        messages); None: it gets :meth:`catch_up`'s model."""
+    def catch_up(self, version: int) -> Tensors | None:
+        """What a client whose state is from round ``version`` (0: the initial model) receives with its next ``train``
+        message, to adopt before training; None: it holds the current state, or a client left out continues from its
+        own state (the default). :func:`newer` answers it from the protocol's last global model."""
         return None
 
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
@@ -135,13 +129,11 @@ class PayloadCoding:
     """How payload coding sees the payload (``wrappers/coding.py`` uploads, ``wrappers/download.py`` downloads);
     the defaults: the payload's float arrays, coded as they are, against the coding layer's own reference."""
 
-    def coding_view(self, payload: Tensors, initial: Tensors) -> Tensors:
-        """The payload's values to code, as named float tensors (default: its float arrays as they are)."""
-        return {n: t for n, t in payload.items() if t.is_floating_point()}
-
-    def coded_names(self, payload: Tensors) -> set[str]:
-        """The payload arrays :meth:`coding_view` covers (the others travel as they are)."""
-        return {n for n, t in payload.items() if t.is_floating_point()}
+    def coding_view(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
+        """The payload's values to code, as named float tensors, and the payload arrays that travel as they are
+        (default: its float arrays as they are; the others)."""
+        floats = {n: t for n, t in payload.items() if t.is_floating_point()}
+        return floats, {n: t for n, t in payload.items() if n not in floats}
 
     def coding_unview(self, view: Tensors, rest: Tensors, initial: Tensors) -> Tensors:
         """Inverse of :meth:`coding_view`: the payload from its decoded values and its uncoded arrays."""
@@ -159,6 +151,12 @@ class PayloadCoding:
     def stable_payload_layout(self) -> bool:
         """Whether a payload coordinate means the same thing every round (then coding errors are fed back)."""
         return True
+
+
+def newer(held: tuple[int, Tensors] | None, version: int) -> Tensors | None:
+    """``held`` = (the round it is from, the global model): the model, for a client whose state is from an earlier
+    round ``version``; else None (nothing held, or the client is current)."""
+    return held[1] if held is not None and version < held[0] else None
 
 
 PARTS: tuple[type, ...] = (LocalTraining, ServerHooks, CatchUp, PayloadCoding)
@@ -181,4 +179,4 @@ def misplaced_part_methods(cls: type) -> list[str]:
     ]
 
 
-__all__ = ["PARTS", "CatchUp", "LocalTraining", "PayloadCoding", "ServerHooks", "misplaced_part_methods"]
+__all__ = ["PARTS", "CatchUp", "LocalTraining", "PayloadCoding", "ServerHooks", "misplaced_part_methods", "newer"]

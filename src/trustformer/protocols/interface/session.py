@@ -53,6 +53,15 @@ class Aggregated:
 
 
 @dataclass(frozen=True)
+class ServerStart:
+    """What the server half knows before round 1, before any client speaks (``ServerHooks.server_begin``): the
+    identical initial model's trainable tensors and the population, the number of clients the run expects."""
+
+    initial: Tensors
+    clients: int
+
+
+@dataclass(frozen=True)
 class Selection:
     """Who takes part in a round (``ServerHooks.participants``): the client ids, whether the selection may leave
     clients out (their lines then say ``sampled``), and ``stop``: why the run ends before this round (no clients),
@@ -63,4 +72,4 @@ class Selection:
     stop: str | None = None
 
 
-__all__ = ["Aggregated", "ClientSession", "Phases", "Selection"]
+__all__ = ["Aggregated", "ClientSession", "Phases", "Selection", "ServerStart"]

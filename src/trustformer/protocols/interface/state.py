@@ -6,13 +6,18 @@ A protocol (or wrapper) class lists its attributes in two tuples:
   layer's last aggregate, a DP accountant). They are saved in every round's checkpoint and restored on resume.
   A value is a tensor, a number, a string, ``None``, or a dict / list / tuple of those; an object with
   ``state_dict()`` and ``load_state_dict()`` (the PyTorch convention) is saved through them.
-- ``scratch_attrs``: what is set and used within one round, or derived again from the configuration and the
-  identical initial model (``expected_payload``) at every start. Never saved.
+- ``start_attrs``: what the server half derives once, before round 1, from the identical initial model and the
+  population (``ServerHooks.server_begin``, handed a ``ServerStart``), and never changes: the model's dimension,
+  the coded layout, DP's σ. Set only in ``server_begin`` (or a helper only it calls); never saved, derived again at
+  every start.
+- ``scratch_attrs``: what is set and used within one round (a per-round cache), or built at its first use. Never
+  saved.
 
 Two checks keep a new attribute from becoming a silent resume bug:
 
 - at class definition (:func:`check_declared`): every ``self.X = ...`` (also ``+=``, ``self.X[k] = ...``) in a
-  method other than ``__init__`` must name a declared attribute;
+  method other than ``__init__`` must name a declared attribute; a ``start_attrs`` one only in ``server_begin``, and
+  ``expected_payload``, which both halves call, sets none;
 - at every checkpoint (:func:`undeclared_changes`): an attribute declared in neither tuple that changed since the
   previous checkpoint (an in-place mutation that the first check cannot see) is an error.
 """
@@ -29,7 +34,9 @@ import torch
 
 from ...errors import TrustformerError
 
-STATE, SCRATCH = "state_attrs", "scratch_attrs"
+STATE, START, SCRATCH = "state_attrs", "start_attrs", "scratch_attrs"
+DECLARED = (STATE, START, SCRATCH)
+PURE_METHODS = frozenset({"expected_payload"})  # called on both halves: a layout from the configuration, no state
 ALWAYS_FIXED = frozenset({"cfg", "spec", "inner"})  # the configuration, the spec, a wrapper's inner protocol
 
 
@@ -67,26 +74,57 @@ def _self_targets(node: ast.AST) -> list[str]:
     return out
 
 
+def _start_only(methods: list[ast.FunctionDef | ast.AsyncFunctionDef]) -> set[str]:
+    """``server_begin`` and the methods of the class that only it calls, directly or through another such method."""
+    callers: dict[str, set[str]] = {m.name: set() for m in methods}
+    for method in methods:
+        for call in _self_uses(method)[1]:
+            if call in callers:
+                callers[call].add(method.name)
+    only = {"server_begin"}
+    changed = True
+    while changed:
+        changed = False
+        for name, by in callers.items():
+            if name not in only and by and by <= only:
+                only.add(name)
+                changed = True
+    return only
+
+
 def check_declared(cls: type) -> None:
     """Raise :class:`UndeclaredStateError` when a method of ``cls`` other than ``__init__`` sets an attribute of
-    ``self`` that ``cls`` declares neither in ``state_attrs`` nor in ``scratch_attrs``."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):  # defined where there is no source (an interactive session): nothing to scan
+    ``self`` that ``cls`` declares in none of ``state_attrs``, ``start_attrs`` and ``scratch_attrs``; a
+    ``start_attrs`` one outside ``server_begin`` and the helpers only it calls; or any attribute in
+    ``expected_payload``."""
+    methods = _methods(cls)
+    if not methods:  # defined where there is no source (an interactive session): nothing to scan
         return
-    allowed = set(declared(cls, STATE)) | set(declared(cls, SCRATCH)) | ALWAYS_FIXED
-    tree = ast.parse(source)
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for method in body:
-        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "__init__":
+    start = set(declared(cls, START))
+    allowed = set(declared(cls, STATE)) | set(declared(cls, SCRATCH)) | start | ALWAYS_FIXED
+    start_only = _start_only(methods)
+    for method in methods:
+        if method.name == "__init__":
             continue
         for node in ast.walk(method):
             for name in _self_targets(node):
+                if method.name in PURE_METHODS:
+                    raise UndeclaredStateError(
+                        f"{cls.__qualname__}.{method.name}() sets self.{name}, but {method.name} runs on both halves "
+                        "and returns a layout only: derive server state in server_begin (start_attrs)"
+                    )
                 if name not in allowed:
                     raise UndeclaredStateError(
                         f"{cls.__qualname__}.{method.name}() sets self.{name}, which {cls.__qualname__} declares "
-                        f"neither in {STATE} (kept across rounds: saved in every checkpoint, restored on resume) "
-                        f"nor in {SCRATCH} (used within one round, or derived again at start)"
+                        f"in none of {STATE} (kept across rounds: saved in every checkpoint, restored on resume), "
+                        f"{START} (derived once in server_begin) and {SCRATCH} (used within one round, or built at "
+                        "its first use)"
+                    )
+                if name in start and method.name not in start_only:
+                    raise UndeclaredStateError(
+                        f"{cls.__qualname__}.{method.name}() sets self.{name}, which {cls.__qualname__} declares in "
+                        f"{START}: those are derived once, in server_begin (or a helper only it calls); declare it "
+                        f"in {STATE} if the run changes it"
                     )
 
 
@@ -125,7 +163,7 @@ def server_written(cls: type) -> set[str]:
     """The declared attributes (state or scratch) that a method of ``cls`` or a base other than ``__init__`` sets:
     what the server half changes as the run goes. One set only in ``__init__`` is configuration, equal on both
     halves."""
-    names = set(declared(cls, STATE)) | set(declared(cls, SCRATCH))
+    names = {n for which in DECLARED for n in declared(cls, which)}
     written: set[str] = set()
     for klass in cls.__mro__:
         for method in _methods(klass):
@@ -254,7 +292,7 @@ def _digest(value: Any, hasher: Any, depth: int = 0) -> None:
 
 def fingerprint(protocol: Any) -> dict[str, str]:
     """A digest of every attribute of ``protocol`` that its class declares neither as state nor as scratch."""
-    skip = set(declared(type(protocol), STATE)) | set(declared(type(protocol), SCRATCH)) | ALWAYS_FIXED
+    skip = {n for which in DECLARED for n in declared(type(protocol), which)} | ALWAYS_FIXED
     out = {}
     for name, value in vars(protocol).items():
         if name in skip:
@@ -274,6 +312,7 @@ def undeclared_changes(before: dict[str, str], protocol: Any) -> list[str]:
 __all__ = [
     "CLIENT_METHODS",
     "SCRATCH",
+    "START",
     "ServerStateReadError",
     "check_client_half",
     "STATE",

@@ -15,9 +15,9 @@ from typing import Any
 
 from ...core.shared import Tensors
 from ...wire import TensorSpec
-from ..interface.base import FederatedProtocol, P, RoundMessages
+from ..interface.base import FederatedProtocol, P
 from ..interface.parts import CatchUp, ServerHooks
-from ..interface.session import Aggregated, ClientSession, Phases, Selection
+from ..interface.session import Aggregated, ClientSession, Phases, Selection, ServerStart
 
 
 class ProtocolWrapper(FederatedProtocol):
@@ -36,11 +36,6 @@ class ProtocolWrapper(FederatedProtocol):
         while isinstance(inner, ProtocolWrapper):
             inner = inner.inner
         return inner
-
-    def run_round(self, io: RoundMessages) -> bool:
-        # a protocol's own round (FedPC, Phong) calls io.aggregate, which goes through the server's protocol object:
-        # the outermost wrapper
-        return self.inner.run_round(io)
 
     def _part(self, kind: type[P], default: Callable[[FederatedProtocol], P]) -> P:
         # a part this wrapper does not subclass is its inner protocol's (built there, defaults included)
@@ -69,8 +64,8 @@ class InnerServerHooks(ServerHooks):
 
     inner: FederatedProtocol
 
-    def server_begin(self, num_clients: int) -> None:
-        self.inner.server().server_begin(num_clients)
+    def server_begin(self, start: ServerStart) -> None:
+        self.inner.server().server_begin(start)
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         return self.inner.server().participants(rnd, clients, exchange)
@@ -80,9 +75,6 @@ class InnerServerHooks(ServerHooks):
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         return self.inner.server().exchange_done(rnd, delivered)
-
-    def line_fields(self) -> dict[str, Any]:
-        return self.inner.server().line_fields()
 
     def server_summary(self) -> dict[str, Any]:
         return self.inner.server().server_summary()
@@ -94,11 +86,8 @@ class InnerCatchUp(CatchUp):
 
     inner: FederatedProtocol
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        return self.inner.catching_up().catch_up()
-
-    def catch_up_from(self, version: int) -> Tensors | None:
-        return self.inner.catching_up().catch_up_from(version)
+    def catch_up(self, version: int) -> Tensors | None:
+        return self.inner.catching_up().catch_up(version)
 
     def client_start_from(self, session: ClientSession, model: Tensors) -> Phases:
         return self.inner.catching_up().client_start_from(session, model)

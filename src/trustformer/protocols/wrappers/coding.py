@@ -40,7 +40,7 @@ from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
 from ...errors import UncheckedConfigError
 from ...wire import TensorSpec
-from ..interface.base import ClientSession, FederatedProtocol, Phases
+from ..interface.base import ClientSession, FederatedProtocol, Phases, ServerStart
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .coded_arrays import coded_spec, decode, per_row
 
@@ -52,8 +52,8 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
 
     state_attrs = ("reference",)  # server: the last aggregate, what the next round's payloads are decoded against
-    # server: the layout (from expected_payload), and the reference of the round last decoded (computed once a round)
-    scratch_attrs = ("initial", "view_spec", "rest_spec", "_reference_round", "_round_reference")
+    start_attrs = ("initial", "view_spec", "rest_spec")  # server: the initial model and the layout (server_begin)
+    scratch_attrs = ("_reference_round", "_round_reference")  # the reference of the round last decoded (once a round)
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
@@ -74,8 +74,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return per_row(shape, self.scale)
 
     def _split(self, payload: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
-        view = self.inner.coding().coding_view(payload, initial)
-        return view, {n: t for n, t in payload.items() if n not in self.inner.coding().coded_names(payload)}
+        return self.inner.coding().coding_view(payload, initial)
 
     def _default_reference(
         self, held: Tensors | None, view_shapes: dict[str, tuple[int, ...]], initial: Tensors
@@ -85,7 +84,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         if held is None:
             return {}
         try:
-            view = self.inner.coding().coding_view(held, initial)
+            view, _rest = self.inner.coding().coding_view(held, initial)
         except (KeyError, ValueError, RuntimeError):
             return {}
         same = set(view) == set(view_shapes) and all(tuple(view[n].shape) == view_shapes[n] for n in view)
@@ -141,14 +140,21 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             session.protocol_state[REFERENCE + name] = tensor.detach().clone()
 
     # ------------------------------------------------------------------ server
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        self.initial = {n: t.detach().clone() for n, t in initial.items()}
+    def server_begin(self, start: ServerStart) -> None:
+        self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
+        self.view_spec, self.rest_spec = self._layout(start.initial)
+        self.inner.server().server_begin(start)
+
+    def _layout(self, initial: Tensors) -> tuple[dict[str, tuple[int, ...]], TensorSpec]:
+        """The shapes of the coded view's tensors, and the payload arrays that travel uncoded."""
         spec = self.inner.expected_payload(initial)
         zeros = {n: torch.zeros(shape, dtype=getattr(torch, dtype)) for n, (shape, dtype) in spec.items()}
         view, rest = self._split(zeros, initial)
-        self.view_spec = {n: tuple(t.shape) for n, t in view.items()}
-        self.rest_spec = {n: spec[n] for n in rest}
-        return {**self.rest_spec, **coded_spec(self.view_spec, self.bits, self.scale, CODES, GRID)}
+        return {n: tuple(t.shape) for n, t in view.items()}, {n: spec[n] for n in rest}
+
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
+        view_spec, rest_spec = self._layout(initial)
+        return {**rest_spec, **coded_spec(view_spec, self.bits, self.scale, CODES, GRID)}
 
     def _server_reference(self, rnd: int) -> Tensors:
         """The reference of round ``rnd``'s payloads (computed once per round)."""

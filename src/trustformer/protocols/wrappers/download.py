@@ -26,7 +26,7 @@ Layers inside are handed the decoded state as what the clients received (``excha
 reference, FedAvg's catch-up model, Trustformer's public reference and the defences' last aggregate follow what the
 clients hold. A client that missed exchanges (client sampling, a dropout) is caught up with its next ``train``
 message, exactly and with its bytes counted: with the coded messages it missed, which it decodes in turn as every
-synced client did (:meth:`CodedDownload.catch_up_from`), when they are fewer bytes than the delivered state and the
+synced client did (:meth:`CodedDownload.missed_messages`), when they are fewer bytes than the delivered state and the
 server still keeps them; else with the delivered state in float32.
 """
 
@@ -41,7 +41,7 @@ import torch
 from ...core import quantize as q
 from ...core.shared import Tensors, derive_seed
 from ...wire import PayloadError, TensorSpec
-from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases
+from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, ServerStart
 from . import coded_arrays
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .coded_arrays import per_row
@@ -75,7 +75,7 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # delivered (error feedback), and the latest coded messages (each with the round it applies to and the round
     # it starts from) while they are fewer bytes than it
     state_attrs = ("delivered", "delivered_round", "residual", "recent")
-    scratch_attrs = ("initial",)  # the identical initial model (expected_payload)
+    start_attrs = ("initial",)  # the identical initial model (server_begin)
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row") -> None:
         super().__init__(inner)
@@ -88,8 +88,7 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # ------------------------------------------------------------------ layout and reference (both ends)
     def _view(self, state: Tensors, initial: Tensors) -> tuple[Tensors, Tensors]:
-        view = self.inner.coding().coding_view(state, initial)
-        return view, {n: t for n, t in state.items() if n not in self.inner.coding().coded_names(state)}
+        return self.inner.coding().coding_view(state, initial)
 
     def _shapes(self, spec: TensorSpec, initial: Tensors) -> tuple[dict[str, tuple[int, ...]], Tensors]:
         zeros = {n: torch.zeros(shape, dtype=getattr(torch, dtype)) for n, (shape, dtype) in spec.items()}
@@ -105,7 +104,7 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             if not candidate:
                 continue
             try:
-                view = self.inner.coding().coding_view(candidate, initial)
+                view, _rest = self.inner.coding().coding_view(candidate, initial)
             except (KeyError, ValueError, RuntimeError):
                 continue
             if set(view) == set(shapes) and all(tuple(view[n].shape) == shapes[n] for n in view):
@@ -113,9 +112,9 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return {}
 
     # ------------------------------------------------------------------ server
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        self.initial = {n: t.detach().clone() for n, t in initial.items()}
-        return self.inner.expected_payload(initial)
+    def server_begin(self, start: ServerStart) -> None:
+        self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
+        self.inner.server().server_begin(start)
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """The layers inside are handed what the clients decoded, not the coded message."""
@@ -175,26 +174,25 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         while self.recent and sum(nbytes(m["message"]) for m in self.recent) >= full:
             self.recent.pop(0)
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
-        """The delivered state, in float32: as the model to adopt where the protocol catches clients up, else only
-        to refresh the state a client holds (the protocol's own state then stays the client's)."""
-        inner = self.inner.catching_up().catch_up()
+    def catch_up(self, version: int) -> Tensors | None:
+        """For a client whose state is from before the delivered round: the coded messages it missed
+        (:meth:`missed_messages`), else the delivered state in float32: as the model to adopt where the protocol
+        catches clients up, else only to refresh the state a client holds (the protocol's own state then stays the
+        client's)."""
+        inner = self.inner.catching_up().catch_up(version)
         if self.delivered is None:
             return inner
-        if inner is not None:
-            return self.delivered_round, {n: t.clone() for n, t in self.delivered.items()}
-        return self.delivered_round, {REFRESH + n: t.clone() for n, t in self.delivered.items()}
+        if version >= self.delivered_round:
+            return None
+        if inner is None:
+            return {REFRESH + n: t.clone() for n, t in self.delivered.items()}
+        return self.missed_messages(version) or {n: t.clone() for n, t in self.delivered.items()}
 
-    def catch_up_from(self, version: int) -> Tensors | None:
+    def missed_messages(self, version: int) -> Tensors | None:
         """The coded messages a client whose state is from round ``version`` missed, in order, when the server keeps
-        them all and they are fewer bytes than the delivered state; else None (the delivered state in float32)."""
+        them all and they are fewer bytes than the delivered state; else None."""
         missed = [m for m in self.recent if m["round"] > version]
-        if (
-            not missed
-            or missed[0]["from"] != version
-            or self.inner.catching_up().catch_up() is None
-            or self.delivered is None
-        ):
+        if not missed or missed[0]["from"] != version or self.delivered is None:
             return None
         if sum(nbytes(m["message"]) for m in missed) >= nbytes(self.delivered):
             return None

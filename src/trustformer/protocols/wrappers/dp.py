@@ -52,9 +52,9 @@ from ...core.dp import (
 )
 from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
-from ...wire import PayloadError, TensorSpec
+from ...wire import PayloadError
 from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors
-from ..interface.session import Selection
+from ..interface.session import Selection, ServerStart
 from ..interface.spec import ProtocolSpec
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .dp_adaptive import adaptive_noise, adaptive_refusal, check_adaptive_clipping, planned_releases, planned_sigma
@@ -121,8 +121,8 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
     state_attrs = ("ledger", "clip", "clip_history")
-    # fixed again by server_begin (N, σ_Δ, σ_b) or expected_payload (the dimension); an audit's canaries
-    scratch_attrs = ("population", "update_sigma", "count_stddev", "dim", "canaries")
+    start_attrs = ("population", "update_sigma", "count_stddev", "dim")  # N, σ_Δ, σ_b, the dimension (server_begin)
+    scratch_attrs = ("canaries",)  # an audit's canaries
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -130,7 +130,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.privacy = privacy
         self.ledger: PrivacyLedger | None = None  # server side, from server_begin
         self.population = 0
-        self.dim = 0  # a sparse update's model dimension, from expected_payload
+        self.dim = 0  # a sparse update's model dimension, from server_begin
         # adaptive clipping (server): the bound C_t of the next round, sigma_Delta and sigma_b (from server_begin)
         self.clip = privacy.clip_norm
         self.update_sigma = 0.0
@@ -171,18 +171,16 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # ------------------------------------------------------------------------------ server
 
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        self.dim = sum(t.numel() for t in initial.values())
-        return self.inner.expected_payload(initial)
-
     def planned_releases(self) -> int:
         """Exchange rounds of the run, each one release (σ is solved for them)."""
         return planned_releases(self.cfg)
 
-    def server_begin(self, num_clients: int) -> None:
+    def server_begin(self, start: ServerStart) -> None:
         """Fix σ (given, or solved for the planned rounds) and check the budget before round 1."""
+        self.inner.server().server_begin(start)
         p = self.privacy
-        self.population = num_clients
+        self.population = start.clients
+        self.dim = sum(t.numel() for t in start.initial.values())
         planned = self.planned_releases()
         solved = p.noise_multiplier < 0
         sigma = planned_sigma(self.cfg, planned)
@@ -264,7 +262,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         drawn = poisson_sample(list(clients) if hook is None else hook.candidates(rnd, clients), p.sampling_rate, rng)
         return Selection(drawn if hook is None else hook.sampled(rnd, drawn), sampled=True)
 
-    def catch_up(self) -> None:
+    def catch_up(self, version: int) -> None:
         return None  # every client receives every aggregate
 
     def denominator(self) -> float:

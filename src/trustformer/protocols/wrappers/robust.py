@@ -54,8 +54,17 @@ from ...core.robust import (
 )
 from ...core.shared import derive_seed
 from ...errors import UncheckedConfigError
-from ...wire import FederationError, spec_of
-from ..interface.base import Aggregated, ClientSession, FederatedProtocol, Phases, Tensors, held_global
+from ...wire import FederationError, TensorSpec, spec_of
+from ..interface.base import (
+    Aggregated,
+    ClientSession,
+    FederatedProtocol,
+    Phases,
+    ServerStart,
+    Tensors,
+    held_global,
+)
+from ..interface.parts import newer
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 
 log = logging.getLogger(__name__)
@@ -89,11 +98,7 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # model), so a resumed run checks directions as the uninterrupted one; the aggregations done (the seed of the
     # defences' noise and of FLTrust's root training), FLTrust's root optimizer state and the fine-tuning pass's
     state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer", "_finetune_optimizer")
-    scratch_attrs = (
-        "_holds_last_aggregate",
-        "_root_update",
-        "_finetune_training",
-    )  # whether the round's aggregate is a whole model; the trainings on root data, built at their first use
+    scratch_attrs = ("_root_update", "_finetune_training")  # the trainings on root data, built at their first use
 
     def __init__(
         self, inner: FederatedProtocol, bound: str, aggregator: str, root_training: RootTraining | None = None
@@ -110,7 +115,6 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.rlr_threshold = self.settings.rlr_threshold_for(cfg.federation.clients_per_round or cfg.federation.clients)
         # rlr under secure aggregation: each client sends its update's signs beside its payload (summed unseen)
         self.signs_sent = aggregator == "rlr" and cfg.secure.mode in ("secagg", "tee+secagg")
-        self._holds_last_aggregate = False  # the round's aggregate is a whole model (payloads are whole models)
         self._start_round = 0  # the round whose aggregate _start is (0: the initial model)
         self._start: Tensors | None = None  # whole-model payloads: the model the round's clients started from
 
@@ -132,8 +136,6 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             started_pass = time.perf_counter()
             aggregate = self._fine_tuned(aggregate, report)
             phases = {**phases, "root_finetune_s": time.perf_counter() - started_pass}
-        # whole models: exchange_done keeps what the clients received as the next round's start
-        self._holds_last_aggregate = self._start is not None and set(aggregate) == set(self._start)
         return Aggregated(
             aggregate,
             {**phases, "robust_s": time.perf_counter() - started},
@@ -142,19 +144,19 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         )
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
-        if self._holds_last_aggregate and delivered is not None:  # the next round starts from what they received
+        if delivered is not None and self._start is not None and set(delivered) == set(self._start):
+            # whole models: the next round starts from what the clients received
             self._start = {n: t.detach().clone() for n, t in delivered.items()}
-        if self._start is not None and self._holds_last_aggregate:
             self._start_round = rnd
         return self.inner.server().exchange_done(rnd, delivered)
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
+    def catch_up(self, version: int) -> Tensors | None:
         """Client sampling under a robust rule: the protocol's own mean did not make the global model, this wrapper
         did; a client left out catches up to the last aggregate (whole-model payloads)."""
         if self.aggregator != "mean" and self.cfg.federation.clients_per_round and self._start_round:
             assert self._start is not None
-            return self._start_round, self._start
-        return self.inner.catching_up().catch_up()
+            return newer((self._start_round, self._start), version)
+        return self.inner.catching_up().catch_up(version)
 
     def _bounded(self, payloads: list[Tensors], report: _Report) -> tuple[list[Tensors], list[int]]:
         """The payloads to aggregate (clipped where their deviation exceeds the bound) and their positions in
@@ -332,9 +334,12 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return {"event": "rlr_reversed", "reversed_share": share, "reason": reason}
 
     # ------------------------------------------------------------------ rlr's signs, sent by each client (secagg)
-    def expected_payload(self, initial: Tensors):
+    def server_begin(self, start: ServerStart) -> None:
         if self._start is None:  # the model every client starts round 1 from
-            self._start = {n: t.detach().clone() for n, t in initial.items()}
+            self._start = {n: t.detach().clone() for n, t in start.initial.items()}
+        self.inner.server().server_begin(start)
+
+    def expected_payload(self, initial: Tensors) -> TensorSpec:
         spec = self.inner.expected_payload(initial)
         if self.signs_sent:
             spec = {**spec, **spec_of({SIGN + n: t.float() for n, t in initial.items() if t.is_floating_point()})}

@@ -35,8 +35,8 @@ import torch
 from ...core.dp import flatten, unflatten
 from ...core.server_opt import Moments, ServerOptimizer, server_step
 from ...errors import UncheckedConfigError
-from ...wire import TensorSpec
-from ..interface.base import Aggregated, FederatedProtocol, Tensors
+from ..interface.base import Aggregated, FederatedProtocol, ServerStart, Tensors
+from ..interface.parts import newer
 from .base import InnerCatchUp, InnerServerHooks, ProtocolWrapper
 from .dp import DifferentialPrivacy
 
@@ -49,7 +49,7 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # x_t where the server holds it (None: the initial model) and the round it is from; the optimizer's moments
     # (float64) and its step count t
     state_attrs = ("model", "model_round", "first_moment", "second_moment", "steps")
-    scratch_attrs = ("initial", "dim")  # from expected_payload: the identical initial model, its dimension
+    start_attrs = ("initial", "dim")  # the identical initial model, its dimension (server_begin)
 
     def __init__(self, inner: FederatedProtocol, opt: ServerOptimizer) -> None:
         super().__init__(inner)
@@ -72,10 +72,10 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     # ------------------------------------------------------------------------------ the step
 
-    def expected_payload(self, initial: Tensors) -> TensorSpec:
-        self.initial = {n: t.detach().clone() for n, t in initial.items()}
-        self.dim = sum(t.numel() for t in initial.values())
-        return self.inner.expected_payload(initial)
+    def server_begin(self, start: ServerStart) -> None:
+        self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
+        self.dim = sum(t.numel() for t in start.initial.values())
+        self.inner.server().server_begin(start)
 
     def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         inner = self.inner.aggregate(rnd, payloads, num_examples)
@@ -88,7 +88,7 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         if self.model is not None:
             return self.model
         if not self.initial:
-            raise RuntimeError("the server optimizer has no initial model: expected_payload was not called")
+            raise RuntimeError("the server optimizer has no initial model: server_begin was not called")
         return self.initial
 
     def _step(self, delta: Tensors) -> Tensors:
@@ -129,12 +129,12 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
             self.model_round = rnd
         return self.inner.server().exchange_done(rnd, delivered)
 
-    def catch_up(self) -> tuple[int, Tensors] | None:
+    def catch_up(self, version: int) -> Tensors | None:
         """Update aggregates under client sampling: a client left out catches up to x_t (the protocol's own catch-up
         model would be its mean updates' sum, not the steps'). Whole models: the protocol's, which follows x_t."""
         if self.kind == "update" and self.holds_model and self.model is not None and self.model_round:
-            return self.model_round, self.model
-        return self.inner.catching_up().catch_up()
+            return newer((self.model_round, self.model), version)
+        return self.inner.catching_up().catch_up(version)
 
     def server_summary(self) -> dict[str, Any]:
         return {**self.inner.server().server_summary(), "server_optimizer": self.summary()}
