@@ -81,4 +81,18 @@ def example_gradients(
     return torch.stack(rows) if rows else torch.zeros((0, sum(p.numel() for p in params.values())))
 
 
-__all__ = ["Subspace", "example_gradients", "public_basis"]
+def public_subspace(model: torch.nn.Module, loss_of: Callable[[int], torch.Tensor], count: int, k: int) -> Subspace:
+    """The top ``k`` directions of the gradients of ``count`` public examples (``loss_of(i)``: example i's loss) at
+    ``model`` as it is now, over its trained tensors; computed in eval mode (no dropout). Public data and the model (a
+    release) only: it spends no ε."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    was_training = model.training
+    model.eval()
+    try:
+        gradients = example_gradients(params, loss_of, count)
+    finally:
+        model.train(was_training)
+    return Subspace(public_basis(gradients, k), {n: p.shape for n, p in params.items()})
+
+
+__all__ = ["Subspace", "example_gradients", "public_basis", "public_subspace"]

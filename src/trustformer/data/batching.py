@@ -21,7 +21,7 @@ from torch import Tensor
 from trustformer.data.tokenizer import Tokenizer
 from trustformer.data.tsv import Pair
 
-__all__ = ["EncodedPair", "encode_pairs", "make_batches", "make_token_batches", "pad_sequences"]
+__all__ = ["EncodedPair", "encode_pairs", "indexed_batches", "make_batches", "make_token_batches", "pad_sequences"]
 
 EncodedPair = tuple[list[int], list[int]]
 
@@ -122,3 +122,17 @@ def make_token_batches(
         tgt = pad_sequences([encoded[i][1] for i in chunk], pad_id)
         batches.append((src, tgt))
     return batches
+
+
+def indexed_batches(pairs: Sequence[EncodedPair], pad_id: int, device: torch.device | str = "cpu"):
+    """A function of record indices giving the padded (sources, targets) of those ``pairs`` on ``device`` (DP-SGD's
+    Poisson batches, the public pairs of its subspace)."""
+
+    def batch(indices: Tensor) -> tuple[Tensor, Tensor]:
+        chosen = [pairs[int(i)] for i in indices]
+        return (
+            pad_sequences([s for s, _ in chosen], pad_id).to(device),
+            pad_sequences([g for _, g in chosen], pad_id).to(device),
+        )
+
+    return batch

@@ -26,8 +26,8 @@ from ..core.dpsgd import RecordDP, calibrate, dp_sgd, sample_rate
 from ..core.grad_canaries import Canaries
 from ..core.release_log import ReleaseLog
 from ..core.shared import derive_seed
-from ..core.subspace import Subspace, example_gradients, public_basis
-from ..data.batching import pad_sequences
+from ..core.subspace import public_subspace
+from ..data.batching import indexed_batches
 from .dp_canaries import canaries_of_group, save_release
 from .optim import AdamWBiasCorrected, lr_at, optimizer_steps, set_lr
 from .record_dp_checks import check_run, finetune_under_dp, watch
@@ -331,7 +331,7 @@ def run_steps(
     device = next(model.parameters()).device
     pad_id = model.config.pad_id
 
-    make_batch = make_pairs_batch(pairs, pad_id, device)
+    make_batch = indexed_batches(pairs, pad_id, device)
 
     def example_losses(m: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         net: Any = m  # the translation model
@@ -343,9 +343,12 @@ def run_steps(
     if cfg.privacy.subspace_dim:
         if not public:
             raise ValueError("privacy.subspace_dim > 0 needs public pairs to estimate the subspace from")
-        subspace = partial(
-            public_subspace, cfg, model, public, example_losses, make_pairs_batch(public, pad_id, device)
-        )
+        public_batch, count = indexed_batches(public, pad_id, device), min(cfg.privacy.subspace_pairs, len(public))
+
+        def loss_of(i: int) -> torch.Tensor:  # public pair i's loss
+            return example_losses(model, *public_batch(torch.tensor([i])))[0]
+
+        subspace = partial(public_subspace, model, loss_of, count, cfg.privacy.subspace_dim)
     return dp_sgd(
         model,
         optimizer,
@@ -365,34 +368,6 @@ def run_steps(
         release_log=release_log,
         subspace=subspace,
     )
-
-
-def make_pairs_batch(pairs: list, pad_id: int, device: torch.device):
-    """``make_batch`` of DP-SGD over ``pairs``: the padded (sources, targets) of the records at ``indices``."""
-
-    def make_batch(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = [pairs[int(i)] for i in indices]
-        return (
-            pad_sequences([s for s, _ in chosen], pad_id).to(device),
-            pad_sequences([g for _, g in chosen], pad_id).to(device),
-        )
-
-    return make_batch
-
-
-def public_subspace(cfg: RunConfig, model, public: list, example_losses, make_batch) -> Subspace:
-    """The top ``privacy.subspace_dim`` directions of the per-pair gradients of the first ``privacy.subspace_pairs``
-    public pairs at ``model`` as it is now (before this round's steps; ``core/subspace.py``). Public data and the
-    model (a release) only: it spends no ε."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    count = min(cfg.privacy.subspace_pairs, len(public))
-    was_training = model.training
-    model.eval()
-    try:
-        grads = example_gradients(params, lambda i: example_losses(model, *make_batch(torch.tensor([i])))[0], count)
-    finally:
-        model.train(was_training)
-    return Subspace(public_basis(grads, cfg.privacy.subspace_dim), {n: p.shape for n, p in params.items()})
 
 
 def _with_accounting(out: dict[str, float], dp: RecordDP, spent: int, optimizer) -> dict[str, float]:

@@ -39,6 +39,27 @@ def public_start(run: Path, workload: wl.Workload) -> Seq2SeqTransformer:
     return model.eval()
 
 
+def owner_fine_tuned(
+    model: Seq2SeqTransformer, run: Path, client: int, *, epochs: int = 1, rate: float = 0.1
+) -> Seq2SeqTransformer:
+    """A copy of ``model`` after owner ``client``'s free fine-tuning on its own shard, as ``trustformer bench
+    finetune RUN --epochs 1 --rate 0.1`` runs it (its seed included): of the public start, the control of
+    ``scripts/dp_pays.py``. The fine-tuned model stays with its owner in a run; it is rebuilt here to be read."""
+    import copy
+    import dataclasses
+
+    from trustformer.core.shared import derive_seed
+    from trustformer.tasks.run import load_task
+
+    cfg = run_config(run)
+    cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, finetune="free"))
+    task = load_task(cfg)
+    tuned = copy.deepcopy(model)
+    seed = derive_seed(cfg.seed, "finetune", client, cfg.federation.rounds)
+    task.finetune(tuned, task.shard(client), epochs=epochs, lr_scale=rate, seed=seed)
+    return tuned.eval()
+
+
 def decode(model: Seq2SeqTransformer, workload: wl.Workload, cfg: RunConfig, sources: list[str]) -> list[str]:
     """Greedy translations of ``sources``."""
     return translate(model, workload.tokenizer, sources, batch_size=64, max_len=cfg.model.max_len, beam_size=1)
@@ -51,4 +72,4 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["decode", "final_model", "markdown_table", "public_start", "run_config"]
+__all__ = ["decode", "final_model", "markdown_table", "owner_fine_tuned", "public_start", "run_config"]
