@@ -236,6 +236,18 @@ def _project_release(params: dict[str, nn.Parameter], subspace: Subspace) -> Non
         params[n].grad = g.to(params[n].dtype)
 
 
+def _step(optimizer: torch.optim.Optimizer, params: dict[str, nn.Parameter], basis: Subspace | None) -> None:
+    """The optimizer's step; with a public ``basis``, the move it makes projected onto it (post-processing), so that an
+    adaptive optimizer's per-coordinate scaling (Adam's) does not spread the step over every weight again."""
+    before = basis.flatten({n: p.detach() for n, p in params.items()}).clone() if basis is not None else None
+    optimizer.step()
+    if basis is not None and before is not None:
+        after = basis.flatten({n: p.detach() for n, p in params.items()})
+        with torch.no_grad():
+            for n, value in basis.unflatten(before + basis.project(after - before)).items():
+                params[n].copy_(value)
+
+
 def _release(
     dp_optimizer: Any,
     params: dict[str, nn.Parameter],
@@ -353,7 +365,7 @@ def dp_sgd(
                 last_grad = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if penalty is not None:
                 _add_penalty(model, params, penalty)
-            optimizer.step()
+            _step(optimizer, params, basis)
     finally:
         if checks is not None:
             checks.detach()

@@ -4,12 +4,13 @@ gradient subspace identification"; the projection of GEP, Yu et al. 2021, "Do no
 The noise of DP-SGD grows with the number of trained weights d; the signal does not. Where public data is at hand,
 the gradients of public examples at the current model span a k-dimensional subspace (their top-k right singular
 vectors, an orthonormal basis V, d × k) where most of the private gradients' signal lies. Each record's gradient g_i
-is replaced by its projection V Vᵀ g_i before it is clipped to C, and after the Gaussian noise is added to the
-clipped sum, the noisy sum is projected again: V Vᵀ (Σ clip(V Vᵀ g_i) + N(0, σ²C² I_d)). The first projection
-changes the function each record goes through (still norm ≤ C after clipping: the sensitivity is unchanged); the
-second is post-processing of the release. V depends on public data and on the model, itself a release. So the
-mechanism, the σ and the ε are DP-SGD's; the noise that reaches the model is N(0, σ²C² V Vᵀ): k dimensions instead
-of d.
+is replaced by its projection V Vᵀ g_i before it is clipped to C; after the Gaussian noise is added to the clipped
+sum, the noisy sum is projected again, V Vᵀ (Σ clip(V Vᵀ g_i) + N(0, σ²C² I_d)); and so is the optimizer's move,
+which an adaptive optimizer (Adam: a per-coordinate scaling) would otherwise spread over every weight again. The
+first projection changes the function each record goes through (still norm ≤ C after clipping: the sensitivity is
+unchanged); the others are post-processing of the release. V depends on public data and on the model, itself a
+release. So the mechanism, the σ and the ε are DP-SGD's; the noise that reaches the model lies in k dimensions
+instead of d.
 """
 
 from __future__ import annotations
