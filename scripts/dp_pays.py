@@ -165,6 +165,12 @@ def measured(args: argparse.Namespace, label: str, seed: int) -> dict[str, dict[
         }[(r["start"], min(r["epochs"], 1))]
         found[name] = {
             "records_per_owner": records_per_owner(out),
+            "owners": int(summary["clients"]),
+            # wall time: the run's (training, exchanges, evaluation), plus the owners' fine-tuning on a fine-tuned row
+            "wall_s": None
+            if r["start"] == "public" and not r["epochs"]  # the public start, trained once and cached
+            else (float(summary["time_s"]["total"]) if r["start"] == "run" else 0.0)
+            + (float(r["seconds"]) if r["epochs"] else 0.0),
             "loss": r["test_loss"],
             "own_loss": r["own_loss"],
             "bleu": r["test_bleu"],
@@ -219,7 +225,7 @@ def curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if len(fitted) >= 2:
             xs, ys = [math.log(p["records_per_owner"]) for p in fitted], [p["share"] for p in fitted]
             mx, my = mean(xs), mean(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
             a = my - slope * mx
             half = math.exp((0.5 - a) / slope) if slope > 0 else None
             entry["fit"] = {"share": "a + b ln(records per owner)", "a": a, "b": slope, "records_at_half": half}
@@ -274,8 +280,10 @@ def assemble(args: argparse.Namespace, labels: list[str], seeds: list[int]) -> d
         for key in ("loss", "own_loss", "bleu", "own_bleu", "chrf"):
             row[key] = mean(r[key] for r in by_seed.values())
             row[f"{key}_per_seed"] = [by_seed[s][key] for s in sorted(by_seed)]
-        for key in ("records_per_owner", "epsilon", "server_optimizer", "own_loss_per_owner", "run_folder"):
+        for key in ("records_per_owner", "owners", "epsilon", "server_optimizer", "own_loss_per_owner", "run_folder"):
             row[key] = first[key]
+        walls = [r["wall_s"] for r in by_seed.values() if r.get("wall_s") is not None]
+        row["wall_s"] = mean(walls) if walls else None
         rows.append(row)
     by_name = {r["run"]: r for r in rows}
     for r in rows:
