@@ -578,6 +578,26 @@ def test_the_dp_pays_table_of_privacy_md_is_dp_pays_json():
     assert check_table(rows, pays, columns, names=lambda cells: next(keys)) == 66
 
 
+def test_the_subspace_and_owners_tables_of_privacy_md_are_their_json():
+    text = (ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
+
+    def gain(key):
+        return lambda r: r[key] if r["run"] == "control" or r["run"].endswith("fine-tuning") else None
+
+    columns = {
+        "test loss": "loss",
+        "own loss": "own_loss",
+        "BLEU": "bleu",
+        "gain (test)": gain("gain_loss"),
+        "gain (own)": gain("gain_own_loss"),
+        "wall s": "wall_s",
+    }
+    subspace = table(text, "| row | test loss | own loss | BLEU | gain (test) |")
+    assert check_table(subspace, by_run("dp-pays-subspace-seed1.json"), columns) == 42
+    owners = table(text, "| row | test loss | own loss | BLEU | wall s |")
+    assert check_table(owners, by_run("dp-pays-owners.json"), columns) == 24
+
+
 def test_the_robustness_table_is_the_bench_json():
     text = (ROOT / "docs" / "robustness.md").read_text(encoding="utf-8")
     measured = {}
