@@ -111,3 +111,22 @@ def begin_server(protocol: Any, initial: Mapping[str, torch.Tensor], clients: in
 
     protocol.server().server_begin(ServerStart(dict(initial), clients))
     return protocol
+
+
+def dp_steps(model: Any, optimizer: Any, src: torch.Tensor, tgt: torch.Tensor, dp: Any, steps: int = 1, **extra: Any):
+    """``steps`` DP-SGD steps (``core/dpsgd.py``) of ``dp`` on the records (``src``, ``tgt``) of a translation model,
+    from seeded draws and noise; ``extra``: more keyword arguments of ``dp_sgd``."""
+    from trustformer.core import dpsgd
+
+    return dpsgd.dp_sgd(
+        model,
+        optimizer,
+        len(src),
+        lambda idx: (src[idx], tgt[idx]),
+        lambda m, s, t: m.pair_losses(s, t),
+        dp=dp,
+        steps=steps,
+        sampler=torch.Generator().manual_seed(0),
+        noise=torch.Generator().manual_seed(0),
+        **extra,
+    )

@@ -541,6 +541,20 @@ def test_the_benchmarks_download_table_and_prose_are_download_json():
     assert f"public model alone is at test loss {loss:.3f} (gain {gain:.2f}) and BLEU {bleu:.1f}" in prose
 
 
+def _dp_pays_gain(key: str):
+    """A dp-pays row's share of FedAvg's gain, shown for the control and the fine-tuned rows only."""
+    return lambda r: r[key] if r["run"] == "control" or r["run"].endswith("fine-tuning") else None
+
+
+DP_PAYS_COLUMNS = {
+    "test loss": "loss",
+    "own loss": "own_loss",
+    "BLEU": "bleu",
+    "gain (test)": _dp_pays_gain("gain_loss"),
+    "gain (own)": _dp_pays_gain("gain_own_loss"),
+}
+
+
 def test_the_dp_pays_table_of_privacy_md_is_dp_pays_json():
     text = (ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
     pays = by_run("dp-pays.json")
@@ -563,17 +577,7 @@ def test_the_dp_pays_table_of_privacy_md_is_dp_pays_json():
         ]
     )
 
-    def gain(key):
-        return lambda r: r[key] if r["run"] == "control" or r["run"].endswith("fine-tuning") else None
-
-    columns = {
-        "ε": "epsilon",
-        "test loss": "loss",
-        "own loss": "own_loss",
-        "BLEU": "bleu",
-        "gain (test)": gain("gain_loss"),
-        "gain (own)": gain("gain_own_loss"),
-    }
+    columns = {"ε": "epsilon", **DP_PAYS_COLUMNS}
     rows = table(text, "| run (3,000 pairs per owner) |")
     assert check_table(rows, pays, columns, names=lambda cells: next(keys)) == 66
 
@@ -581,17 +585,7 @@ def test_the_dp_pays_table_of_privacy_md_is_dp_pays_json():
 def test_the_subspace_and_owners_tables_of_privacy_md_are_their_json():
     text = (ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
 
-    def gain(key):
-        return lambda r: r[key] if r["run"] == "control" or r["run"].endswith("fine-tuning") else None
-
-    columns = {
-        "test loss": "loss",
-        "own loss": "own_loss",
-        "BLEU": "bleu",
-        "gain (test)": gain("gain_loss"),
-        "gain (own)": gain("gain_own_loss"),
-        "wall s": "wall_s",
-    }
+    columns = {**DP_PAYS_COLUMNS, "wall s": "wall_s"}
     subspace = table(text, "| row | test loss | own loss | BLEU | gain (test) |")
     assert check_table(subspace, by_run("dp-pays-subspace-seed1.json"), columns) == 42
     owners = table(text, "| row | test loss | own loss | BLEU | wall s |")

@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import dp_steps, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import dpsgd
@@ -273,18 +273,7 @@ def test_physical_pieces_of_a_poisson_batch_give_the_same_step():
         model = _model()
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         dp = dpsgd.RecordDP(noise_multiplier=0.0, clip_norm=0.05, expected_batch=6, sample_rate=1.0, delta=1e-5)
-        dpsgd.dp_sgd(
-            model,
-            optimizer,
-            6,
-            lambda idx: (src[idx], tgt[idx]),
-            lambda m, s, t: m.pair_losses(s, t),
-            dp=dp,
-            steps=1,
-            sampler=torch.Generator().manual_seed(0),
-            noise=torch.Generator().manual_seed(0),
-            physical_batch=piece,
-        )
+        dp_steps(model, optimizer, src, tgt, dp, physical_batch=piece)
         steps.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-7)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import dp_steps, tiny_config
 
 from trustformer.config import ConfigError, load_config
 from trustformer.core import dpsgd
@@ -74,18 +74,7 @@ def _steps(
         noise_multiplier=noise_multiplier, clip_norm=clip_norm, expected_batch=4, sample_rate=1.0, delta=1e-5
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if adam else torch.optim.SGD(model.parameters(), lr=1.0)
-    dpsgd.dp_sgd(
-        model,
-        optimizer,
-        4,
-        lambda idx: (src[idx], tgt[idx]),
-        lambda m, s, t: m.pair_losses(s, t),
-        dp=dp,
-        steps=steps,
-        sampler=torch.Generator().manual_seed(0),
-        noise=torch.Generator().manual_seed(0),
-        subspace=(lambda: subspace) if subspace is not None else None,
-    )
+    dp_steps(model, optimizer, src, tgt, dp, steps, subspace=(lambda: subspace) if subspace is not None else None)
     move = start - torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if adam:
         return move, torch.cat([optimizer.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
