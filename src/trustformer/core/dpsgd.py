@@ -223,7 +223,7 @@ def _project_records(params: dict[str, nn.Parameter], subspace: Subspace) -> Non
     clipping (``core/subspace.py``)."""
     held = {n: getattr(p, "grad_sample", None) for n, p in params.items()}  # an attribute Opacus adds
     rows = next(g for g in held.values() if g is not None).shape[0]
-    samples = {n: g if g is not None else torch.zeros((rows, *params[n].shape)) for n, g in held.items()}
+    samples = {n: g if g is not None else params[n].new_zeros((rows, *params[n].shape)) for n, g in held.items()}
     projected = subspace.unflatten(subspace.project(subspace.flatten(samples, batch=True)), batch=True)
     for n, p in params.items():
         grad_canaries.set_grad_sample(p, projected[n].to(p.dtype))
