@@ -43,7 +43,7 @@ def main() -> None:
     print(
         f"hand forwards: {sum(map(len, forwards.values()))} ({', '.join(f'{k} {len(v)}' for k, v in forwards.items())})"
     )
-    declared: dict[str, set[tuple[str, str]]] = {"scratch_attrs": set(), "start_attrs": set()}
+    declared: dict[str, set[tuple[str, str]]] = {"scratch_attrs": set(), "start_attrs": set(), "hook_attrs": set()}
     for info in pkgutil.walk_packages(protocols.__path__, "trustformer.protocols."):
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
@@ -53,6 +53,8 @@ def main() -> None:
     scratch = sorted(f"{c}.{a}" for c, a in declared["scratch_attrs"])
     print(f"scratch attributes: {len(scratch)} ({', '.join(scratch)})")
     print(f"start attributes (set only in server_begin, checked): {len(declared['start_attrs'])}")
+    hooks = sorted(f"{c}.{a}" for c, a in declared["hook_attrs"])
+    print(f"hook attributes (set only in __init__, checked): {len(hooks)} ({', '.join(hooks)})")
     raised = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()

@@ -105,11 +105,12 @@ def session_of(model: Any, state: Mapping[str, Any] | None = None, rnd: int = 1)
 
 
 def begin_server(protocol: Any, initial: Mapping[str, torch.Tensor], clients: int = 3) -> Any:
-    """``protocol``'s server half started as the runtime starts it (``server().server_begin``): the identical initial
-    model ``initial`` and ``clients`` clients; returns the protocol."""
+    """``protocol``'s server half started as the runtime starts it (``start_server``: every layer's ``server_begin``,
+    innermost first): the identical initial model ``initial`` and ``clients`` clients; returns the protocol."""
+    from trustformer.protocols import start_server
     from trustformer.protocols.interface.session import ServerStart
 
-    protocol.server().server_begin(ServerStart(dict(initial), clients))
+    start_server(protocol, ServerStart(dict(initial), clients))
     return protocol
 
 

@@ -51,7 +51,7 @@ def test_eq3_first_epoch_and_after(tmp_path, sign):
     pilot = {"w": torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])}
     t1 = {"ternary": ternary.pack(torch.tensor([1, -1, 0, 1, 1]))}
     t2 = {"ternary": ternary.pack(torch.tensor([1, 1, 0, -1, 0]))}
-    protocol.total_examples = 10  # S: pilot 5, workers 3 and 2
+    # S = 10: pilot 5, workers 3 and 2
     new = protocol.aggregate(1, [t1, pilot, t2], [3, 5, 2]).tensors
     vote = 0.3 * torch.tensor([1.0, -1, 0, 1, 1]) + 0.2 * torch.tensor([1.0, 1, 0, -1, 0])
     assert torch.allclose(new["w"], pilot["w"] - s * 0.5 * vote)  # t = 1: Q* − α0 Σ p_k T_k

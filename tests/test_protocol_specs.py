@@ -99,10 +99,11 @@ def test_a_wrapper_base_forwards_every_method_of_its_part_and_a_forgotten_one_is
     from trustformer.protocols.wrappers import base
 
     inner_base = getattr(base, f"Inner{part}")
-    assert unforwarded(getattr(parts, part), inner_base) == []
+    walked = list(base.EVERY_LAYER) if part == "ServerHooks" else []  # the runtime calls them on every layer
+    assert unforwarded(getattr(parts, part), inner_base) == walked
     forgotten = sorted(n for n in vars(inner_base) if not n.startswith("_"))[0]
     monkeypatch.delattr(inner_base, forgotten)  # the planted bug: one forward left out
-    assert unforwarded(getattr(parts, part), inner_base) == [forgotten]
+    assert unforwarded(getattr(parts, part), inner_base) == sorted([*walked, forgotten])
 
 
 def test_a_part_method_on_a_class_without_the_part_is_refused_at_definition():
@@ -186,6 +187,40 @@ def test_start_attributes_are_set_in_server_begin_only_and_the_payload_layout_se
             def expected_payload(self, initial):
                 self.dim = sum(t.numel() for t in initial.values())
                 return {}
+
+
+def test_a_hook_is_set_in_init_only_and_no_product_protocol_keeps_scratch():
+    """An outside object handed in at construction (``hook_attrs``: an observer, an audit's canaries) is set in
+    ``__init__`` only: planted, a method that swaps it. And no protocol or wrapper of the product hands state from one
+    hook to the next through ``scratch_attrs``: what it keeps is state, derived once (start) or a value."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import trustformer.protocols as protocols
+    from trustformer.protocols.interface.state import SCRATCH, UndeclaredStateError
+
+    class Watched(FederatedProtocol):  # accepted: the hook set in __init__
+        hook_attrs = ("observer",)
+
+        def __init__(self, cfg, observer=None):
+            super().__init__(cfg)
+            self.observer = observer
+
+    with pytest.raises(UndeclaredStateError, match=r"Swapped.aggregate\(\) sets self.observer, .* hook_attrs"):
+
+        class Swapped(Watched):
+            def aggregate(self, rnd, payloads, num_examples):
+                self.observer = None
+                return {}, {}
+
+    scratch = set()
+    for info in pkgutil.walk_packages(protocols.__path__, "trustformer.protocols."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and cls.__dict__.get(SCRATCH):
+                scratch |= {f"{cls.__name__}.{a}" for a in cls.__dict__[SCRATCH]}
+    assert not scratch, f"scratch attributes in the product's protocols: {sorted(scratch)}"
 
 
 def test_a_client_method_that_reads_server_state_is_refused_at_definition():
@@ -344,8 +379,9 @@ def test_the_specs_are_what_the_configuration_reads():
 
 
 def started_layers(protocol, initial):
-    """The layers of ``protocol`` (every wrapper and the protocol inside) that subclass ``ServerHooks``, and those of
-    them that ``server_begin`` on the outermost reached."""
+    """The layers of ``protocol`` (every wrapper and the protocol inside) that subclass ``ServerHooks``, innermost
+    first, and those that the runtime's start (``start_server``) reached, in the order reached."""
+    from trustformer.protocols import start_server
     from trustformer.protocols.interface.parts import ServerHooks
     from trustformer.protocols.interface.session import ServerStart
 
@@ -357,20 +393,23 @@ def started_layers(protocol, initial):
     for layer in layers:
         original = layer.server_begin
         layer.server_begin = lambda start, _original=original, _layer=layer: (reached.append(_layer), _original(start))
-    protocol.server().server_begin(ServerStart(initial, 3))
-    return layers, reached
+    start_server(protocol, ServerStart(initial, 3))
+    return layers[::-1], reached
 
 
-def test_every_layer_of_every_composition_is_started_and_a_wrapper_that_forgets_its_inner_is_seen(monkeypatch):
-    """``server_begin`` on the outermost wrapper reaches every layer that has server hooks, in every composition the
-    configuration accepts (tests/compositions.py; one per distinct stack of layer classes). Planted: a wrapper whose
-    ``server_begin`` does not hand ``start`` on (DP's, the defences')."""
+def test_every_layer_of_every_composition_is_started_once_innermost_first(monkeypatch):
+    """The runtime's start reaches every layer that has server hooks exactly once, innermost first, in every
+    composition the configuration accepts (tests/compositions.py; one per distinct stack of layer classes), and the
+    summary holds every layer's fields. Planted: a start that calls the outermost layer only (what a wrapper that
+    does not hand ``start`` on used to leave), a wrapper that still forwards ``server_begin`` (its inner is started
+    twice), and a summary of the outermost layer only."""
     from compositions import compositions
 
     from trustformer.config import load_config
     from trustformer.protocols import make_protocol
+    from trustformer.protocols.interface.session import ServerStart
+    from trustformer.protocols.wrappers import base
     from trustformer.protocols.wrappers.dp import DifferentialPrivacy
-    from trustformer.protocols.wrappers.robust import RobustAggregation
     from trustformer.tasks.run import initial_tensors
 
     stacks = {}
@@ -382,17 +421,32 @@ def test_every_layer_of_every_composition_is_started_and_a_wrapper_that_forgets_
             layer = getattr(layer, "inner", None)
         stacks.setdefault(tuple(classes), (composition.label, cfg))
 
-    def missed():
+    def wrong():
         out = []
         for label, cfg in stacks.values():
             layers, reached = started_layers(make_protocol(cfg), initial_tensors(cfg))
-            out += [f"{label}: {type(x).__name__}" for x in layers if not any(x is r for r in reached)]
+            if [id(x) for x in reached] != [id(x) for x in layers]:
+                out.append(f"{label}: {[type(x).__name__ for x in reached]}")
         return out
 
-    assert len(stacks) > 20 and not missed()
+    def summaries_short():
+        out = []
+        for label, cfg in stacks.values():
+            protocol = make_protocol(cfg)
+            base.start_server(protocol, ServerStart(initial_tensors(cfg), 3))
+            own = {k for hooks in base.server_layers(protocol) for k in hooks.server_summary()}
+            if not own <= set(base.server_summary(protocol)):
+                out.append(label)
+        return out
+
+    assert len(stacks) > 20 and not wrong() and not summaries_short()
     with monkeypatch.context() as planted:
-        planted.setattr(DifferentialPrivacy, "server_begin", lambda self, start: None)
-        assert any(": FedAvgUpdates" in m or ": FedAvg" in m for m in missed())
+        planted.setattr(base, "server_layers", lambda protocol: [protocol.server()])
+        assert wrong()
     with monkeypatch.context() as planted:
-        planted.setattr(RobustAggregation, "server_begin", lambda self, start: None)
-        assert any(": Trustformer" in m for m in missed())
+        forward = lambda self, start: self.inner.server().server_begin(start)  # noqa: E731
+        planted.setattr(DifferentialPrivacy, "server_begin", forward)
+        assert any("dp" in m for m in wrong())
+    with monkeypatch.context() as planted:
+        planted.setattr(base, "server_summary", lambda protocol: protocol.server().server_summary())
+        assert summaries_short()

@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..errors import UncheckedConfigError
 from ..registry import PROTOCOLS, protocol_spec
 from .interface.base import ClientSession, FederatedProtocol
-from .wrappers.base import bare
+from .wrappers.base import bare, server_summary, start_server
 from .wrappers.observed import ObservedProtocol, ProtocolObserver
 from .wrappers.robust import with_defences
 from .wrappers.server_optimizer import with_server_optimizer
@@ -92,6 +92,8 @@ __all__ = [
     "ProtocolObserver",
     "active_observer",
     "bare",
+    "server_summary",
+    "start_server",
     "get_protocol",
     "make_protocol",
     "observe",

@@ -149,7 +149,6 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
     # master: updates done, P^{t-1} and P^{t-2}, each worker's last cost, every epoch's pilot
     state_attrs = ("epoch", "last", "before", "costs", "pilots")
     start_attrs = ("dim", "model_spec")  # the initial model's layout and parameter count (server_begin)
-    scratch_attrs = ("total_examples",)  # the epoch's S
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -163,7 +162,6 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         self.before: Tensors | None = None  # P^{t-2}
         self.costs: dict[int, float] = {}  # client -> C_k of its last reported epoch
         self.pilots: list[int | None] = []  # the pilot client of every epoch
-        self.total_examples = 0  # S of the epoch being aggregated
 
     # ------------------------------------------------------------------------------ worker
 
@@ -262,7 +260,6 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         for n, (_size, cost) in reports.items():
             self.costs[io.client(n)] = cost
             io.note(n, goodness=scores[n])
-        self.total_examples = sum(size for size, _cost in reports.values())
         pilot: int | None = order[0]
         want = {
             n: ({"want": "model"} if n == pilot else {"want": TERNARY, "epoch": self.epoch + 1, "beta": self.p.beta})
@@ -312,15 +309,16 @@ class FedPC(FederatedProtocol, LocalTraining, ServerHooks):
         return True
 
     def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
-        """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S); ``run_round`` keeps
-        the result as the master's P^t."""
+        """Eq. 3 from the pilot's model and the others' ternary vectors (p_k = S_k / S, S over the payloads
+        aggregated, the pilot's included: a worker whose vector did not arrive leaves the others' weights whole);
+        ``run_round`` keeps the result as the master's P^t."""
         started = time.perf_counter()
         assert self.last is not None and self.dim, "run_round sets the master's model first"
         pilot = [p for p in payloads if TERNARY not in p]
         if len(pilot) > 1:
             raise PayloadError("more than one full model in one FedPC update")
         base = flatten(pilot[0]).double() if pilot else flatten(self.last).double()
-        total = float(self.total_examples or sum(num_examples))
+        total = float(sum(num_examples))
         vote = torch.zeros_like(base)
         for payload, size in zip(payloads, num_examples, strict=True):
             if TERNARY in payload:

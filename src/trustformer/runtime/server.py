@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import RunConfig
-from ..protocols import bare, get_protocol
+from ..protocols import bare, get_protocol, server_summary, start_server
 from ..protocols.interface.session import ServerStart
 from ..recording.recorder import RunRecorder
 from ..secure.channel import secure_link
@@ -47,7 +47,7 @@ def run_federation(grid: Grid, cfg: RunConfig, *, node_wait_s: float | None = No
     protocol, fed = get_protocol(cfg), cfg.federation
     nodes = Nodes(grid, cfg, node_wait_s)
     try:
-        protocol.server().server_begin(ServerStart(initial_tensors(cfg), nodes.expected))
+        start_server(protocol, ServerStart(initial_tensors(cfg), nodes.expected))
     except ValueError as exc:
         raise FederationError(f"{protocol.name} refuses to start: {exc}") from exc
     recorder = RunRecorder(cfg.out, total_rounds=fed.rounds, tracker=open_tracker(cfg))
@@ -173,7 +173,7 @@ def finish_run(
     recorder, protocol = server.recorder, server.protocol
     per_client, models = final_evaluation(cfg, server, nodes, rounds_run)
     order = sorted(per_client)
-    extra: dict[str, Any] = {**protocol.server().server_summary(), "round_time_s": checkpoints.round_s}
+    extra: dict[str, Any] = {**server_summary(protocol), "round_time_s": checkpoints.round_s}
     if models:
         extra["models"] = {str(c): models[c] for c in order if c in models}
     if cfg.privacy.unit == "record":  # what each client's DP-SGD spent (tasks/record_dp.py)

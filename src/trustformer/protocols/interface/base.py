@@ -86,13 +86,15 @@ class FederatedProtocol:
     exchanges, ``client_payload``, ``aggregate`` and ``client_apply``. Everything else has a default; ``cfg`` and
     ``name`` come with the object. Server-side attributes kept across rounds are declared in ``state_attrs``,
     those derived once before round 1 (``server_begin``) in ``start_attrs``, those used within a round in
-    ``scratch_attrs`` (``state.py``); that includes what the methods of a part the protocol subclasses set.
+    ``scratch_attrs``, an outside object handed in at construction in ``hook_attrs`` (``state.py``); that includes
+    what the methods of a part the protocol subclasses set.
     """
 
     spec: ProtocolSpec  # the class declares it; a wrapper or an instance may refine it (DP: its baseline's)
     state_attrs: ClassVar[tuple[str, ...]] = ()  # kept across rounds: saved in every checkpoint
     start_attrs: ClassVar[tuple[str, ...]] = ()  # derived once in server_begin from the initial model, the population
     scratch_attrs: ClassVar[tuple[str, ...]] = ()  # set within a round, or built at its first use
+    hook_attrs: ClassVar[tuple[str, ...]] = ()  # an observer or audit hook handed in at construction (__init__ only)
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

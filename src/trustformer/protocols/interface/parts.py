@@ -69,8 +69,8 @@ class ServerHooks:
     def server_begin(self, start: ServerStart) -> None:
         """Once, before round 1 (and before a resumed run's state is loaded): what the server half derives from the
         initial model and the population (:class:`~.session.ServerStart`) it sets here, in attributes declared in
-        ``start_attrs`` (``state.py``); raising ValueError refuses to start (e.g. the privacy budget). A wrapper
-        that overrides it hands ``start`` to its inner protocol too."""
+        ``start_attrs`` (``state.py``); raising ValueError refuses to start (e.g. the privacy budget). The runtime
+        calls it on every layer, innermost first (``wrappers/base.py: start_server``): a wrapper never forwards it."""
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         """Who takes part in round ``rnd`` (:class:`~.session.Selection`; its ``stop`` ends the run before it):
@@ -96,7 +96,8 @@ class ServerHooks:
         return {}
 
     def server_summary(self) -> dict[str, Any]:
-        """Extra top-level fields of summary.json (e.g. ``privacy``)."""
+        """Extra top-level fields of summary.json (e.g. ``privacy``): this layer's own; the runtime merges every
+        layer's (``wrappers/base.py: server_summary``)."""
         return {}
 
 

@@ -1,6 +1,6 @@
 """What a protocol holds on the server across rounds, declared by its class, saved and restored generically.
 
-A protocol (or wrapper) class lists its attributes in two tuples:
+A protocol (or wrapper) class lists its attributes in these tuples:
 
 - ``state_attrs``: what a resumed server needs (FedAvg's last global model under client sampling, the coding
   layer's last aggregate, a DP accountant). They are saved in every round's checkpoint and restored on resume.
@@ -11,7 +11,9 @@ A protocol (or wrapper) class lists its attributes in two tuples:
   the coded layout, DP's σ. Set only in ``server_begin`` (or a helper only it calls); never saved, derived again at
   every start.
 - ``scratch_attrs``: what is set and used within one round (a per-round cache), or built at its first use. Never
-  saved.
+  saved. The product's protocols declare none: what one hook hands the next is a value or declared state.
+- ``hook_attrs``: an outside object the caller hands in at construction and the protocol reports to (an attack's
+  observer, an audit's canaries): set only in ``__init__``, never saved, and its content is not the run's state.
 
 Two checks keep a new attribute from becoming a silent resume bug:
 
@@ -34,8 +36,8 @@ import torch
 
 from ...errors import TrustformerError
 
-STATE, START, SCRATCH = "state_attrs", "start_attrs", "scratch_attrs"
-DECLARED = (STATE, START, SCRATCH)
+STATE, START, SCRATCH, HOOK = "state_attrs", "start_attrs", "scratch_attrs", "hook_attrs"
+DECLARED = (STATE, START, SCRATCH, HOOK)
 PURE_METHODS = frozenset({"expected_payload"})  # called on both halves: a layout from the configuration, no state
 ALWAYS_FIXED = frozenset({"cfg", "spec", "inner"})  # the configuration, the spec, a wrapper's inner protocol
 
@@ -100,7 +102,7 @@ def check_declared(cls: type) -> None:
     methods = _methods(cls)
     if not methods:  # defined where there is no source (an interactive session): nothing to scan
         return
-    start = set(declared(cls, START))
+    start, hooks = set(declared(cls, START)), set(declared(cls, HOOK))
     allowed = set(declared(cls, STATE)) | set(declared(cls, SCRATCH)) | start | ALWAYS_FIXED
     start_only = _start_only(methods)
     for method in methods:
@@ -112,6 +114,11 @@ def check_declared(cls: type) -> None:
                     raise UndeclaredStateError(
                         f"{cls.__qualname__}.{method.name}() sets self.{name}, but {method.name} runs on both halves "
                         "and returns a layout only: derive server state in server_begin (start_attrs)"
+                    )
+                if name in hooks:
+                    raise UndeclaredStateError(
+                        f"{cls.__qualname__}.{method.name}() sets self.{name}, which {cls.__qualname__} declares in "
+                        f"{HOOK}: an outside object handed in at construction is set only in __init__"
                     )
                 if name not in allowed:
                     raise UndeclaredStateError(
@@ -311,6 +318,7 @@ def undeclared_changes(before: dict[str, str], protocol: Any) -> list[str]:
 
 __all__ = [
     "CLIENT_METHODS",
+    "HOOK",
     "SCRATCH",
     "START",
     "ServerStateReadError",

@@ -4,8 +4,11 @@ The way Flower's DP strategies hold ``self.strategy``: the core hooks are writte
 ``inner``, so a debugger steps from the wrapper into the protocol it wraps, and ``type(wrapper)`` is the class in the
 source. The optional parts (``interface/parts.py``) are the inner protocol's, reached through it, unless the
 wrapper subclasses a part itself; then the part's methods it leaves alone forward to the inner protocol's part
-(:class:`InnerServerHooks`, :class:`InnerCatchUp`). A wrapper's server state is its own declared ``state_attrs``
-plus its inner protocol's, nested under ``inner`` (``interface/state.py``).
+(:class:`InnerServerHooks`, :class:`InnerCatchUp`). Two server hooks are never forwarded: the runtime calls
+``server_begin`` and ``server_summary`` on every layer itself, innermost first (:func:`start_server`,
+:func:`server_summary`), so a wrapper cannot leave the protocol inside it unstarted or its summary out. A wrapper's
+server state is its own declared ``state_attrs`` plus its inner protocol's, nested under ``inner``
+(``interface/state.py``).
 """
 
 from __future__ import annotations
@@ -58,14 +61,15 @@ class ProtocolWrapper(FederatedProtocol):
         return self.inner.payload_spec(session)
 
 
+EVERY_LAYER = ("server_begin", "server_summary")  # the server hooks the runtime calls on every layer: never forwarded
+
+
 class InnerServerHooks(ServerHooks):
     """:class:`ServerHooks` for a wrapper that changes some of them (``class W(ProtocolWrapper, InnerServerHooks)``):
-    every one it leaves alone is its inner protocol's."""
+    every one it leaves alone is its inner protocol's, but ``server_begin`` and ``server_summary``, which are the
+    wrapper's own (the runtime calls them on every layer)."""
 
     inner: FederatedProtocol
-
-    def server_begin(self, start: ServerStart) -> None:
-        self.inner.server().server_begin(start)
 
     def participants(self, rnd: int, clients: Sequence[int], exchange: bool) -> Selection:
         return self.inner.server().participants(rnd, clients, exchange)
@@ -75,9 +79,6 @@ class InnerServerHooks(ServerHooks):
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         return self.inner.server().exchange_done(rnd, delivered)
-
-    def server_summary(self) -> dict[str, Any]:
-        return self.inner.server().server_summary()
 
 
 class InnerCatchUp(CatchUp):
@@ -96,9 +97,45 @@ class InnerCatchUp(CatchUp):
         return self.inner.catching_up().catch_up_specs(session)
 
 
+def server_layers(protocol: FederatedProtocol) -> list[ServerHooks]:
+    """The server hooks of every layer of ``protocol``, innermost first: the innermost protocol's (its own or the
+    defaults), then each wrapper's that subclasses :class:`ServerHooks`."""
+    layers: list[ServerHooks] = []
+    while isinstance(protocol, ProtocolWrapper):
+        if isinstance(protocol, ServerHooks):
+            layers.append(protocol)
+        protocol = protocol.inner
+    layers.append(protocol.server())
+    return layers[::-1]
+
+
+def start_server(protocol: FederatedProtocol, start: ServerStart) -> None:
+    """Before round 1: ``server_begin`` on every layer, innermost first, so that a wrapper derives its start from a
+    started protocol (coding's reference from Trustformer's clusters)."""
+    for hooks in server_layers(protocol):
+        hooks.server_begin(start)
+
+
+def server_summary(protocol: FederatedProtocol) -> dict[str, Any]:
+    """Every layer's ``server_summary`` merged, innermost first (a wrapper's field replaces an inner one's)."""
+    out: dict[str, Any] = {}
+    for hooks in server_layers(protocol):
+        out.update(hooks.server_summary())
+    return out
+
+
 def bare(protocol: FederatedProtocol) -> FederatedProtocol:
     """The protocol inside every wrapper (coding, observer, differential privacy, defences)."""
     return protocol.innermost() if isinstance(protocol, ProtocolWrapper) else protocol
 
 
-__all__ = ["InnerCatchUp", "InnerServerHooks", "ProtocolWrapper", "bare"]
+__all__ = [
+    "EVERY_LAYER",
+    "InnerCatchUp",
+    "InnerServerHooks",
+    "ProtocolWrapper",
+    "bare",
+    "server_layers",
+    "server_summary",
+    "start_server",
+]

@@ -51,9 +51,8 @@ RESIDUAL, REFERENCE = "coded/residual/", "coded/reference/"  # client state: err
 class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     """``inner`` with its uploads coded to ``bits`` bits (see the module docstring)."""
 
-    state_attrs = ("reference",)  # server: the last aggregate, what the next round's payloads are decoded against
+    state_attrs = ("reference",)  # server: what the next exchange round's payloads are decoded against
     start_attrs = ("initial", "view_spec", "rest_spec")  # server: the initial model and the layout (server_begin)
-    scratch_attrs = ("_reference_round", "_round_reference")  # the reference of the round last decoded (once a round)
 
     def __init__(self, inner: FederatedProtocol, bits: int, scale: str = "row", rounding: str = "stochastic") -> None:
         super().__init__(inner)
@@ -67,7 +66,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         self.view_spec: dict[str, tuple[int, ...]] = {}  # server: the coded tensors' shapes, from the configuration
         self.rest_spec: TensorSpec = {}  # server: payload arrays that travel uncoded
         self.initial: Tensors = {}
-        self.reference: Tensors | None = None  # server: the last aggregate (when it has the payload's layout)
+        self.reference: Tensors = {}  # server: the reference of the next exchange round's payloads, in the view
 
     # ------------------------------------------------------------------ layout
     def _per_row(self, shape: Sequence[int]) -> bool:
@@ -143,7 +142,7 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     def server_begin(self, start: ServerStart) -> None:
         self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
         self.view_spec, self.rest_spec = self._layout(start.initial)
-        self.inner.server().server_begin(start)
+        self._next_reference(0, self._default_reference(self.initial, self.view_spec, self.initial))
 
     def _layout(self, initial: Tensors) -> tuple[dict[str, tuple[int, ...]], TensorSpec]:
         """The shapes of the coded view's tensors, and the payload arrays that travel uncoded."""
@@ -156,30 +155,33 @@ class CodedPayload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         view_spec, rest_spec = self._layout(initial)
         return {**rest_spec, **coded_spec(view_spec, self.bits, self.scale, CODES, GRID)}
 
-    def _server_reference(self, rnd: int) -> Tensors:
-        """The reference of round ``rnd``'s payloads (computed once per round)."""
-        if getattr(self, "_reference_round", None) != rnd:
-            reference = self.inner.coding().server_payload_reference(rnd)
-            if reference is None:
-                reference = self._default_reference(self.reference or self.initial, self.view_spec, self.initial)
-            self._reference_round, self._round_reference = rnd, reference
-        return self._round_reference
+    def _next_reference(self, rnd: int, default: Tensors) -> None:
+        """After round ``rnd`` (0: before the first): the reference of the next exchange round's payloads (rounds
+        r with r % federation.agg_every == 0), derived once, since the protocol's own may cluster rows, and kept with
+        the server's state: the protocol's own reference, else ``default`` (the last aggregate in the payload's view,
+        or the initial model's)."""
+        every = self.cfg.federation.agg_every
+        own = self.inner.coding().server_payload_reference((rnd // every + 1) * every)
+        self.reference = {n: t.detach().clone() for n, t in (default if own is None else own).items()}
 
     def decode(self, rnd: int, payload: Tensors) -> Tensors:
         """A client's payload of round ``rnd`` as the protocol sent it: reference + dequantized difference
         (PayloadError if malformed)."""
-        reference = self._server_reference(rnd)
-        view = decode(payload[CODES], payload[GRID], self.view_spec, reference, self.bits, self.scale, "coded payload")
+        view = decode(
+            payload[CODES], payload[GRID], self.view_spec, self.reference, self.bits, self.scale, "coded payload"
+        )
         return self.inner.coding().coding_unview(view, {n: payload[n] for n in self.rest_spec}, self.initial)
 
     def check_payload(self, rnd: int, payload: Tensors) -> None:
         self.inner.server().check_payload(rnd, self.decode(rnd, payload))
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
+        fields = self.inner.server().exchange_done(rnd, delivered)  # first: the protocol's own reference may move
+        held = self.reference  # nothing delivered: the clients still hold the last aggregate
         if delivered is not None:  # what the clients hold: the next round's payloads are coded against it
-            self.reference = {n: t.detach().clone() for n, t in delivered.items()}
-            self._reference_round = -1
-        return self.inner.server().exchange_done(rnd, delivered)
+            held = self._default_reference(delivered, self.view_spec, self.initial)
+        self._next_reference(rnd, held)
+        return fields
 
     def aggregate(self, rnd, payloads, num_examples):
         return self.inner.aggregate(rnd, [self.decode(rnd, p) for p in payloads], num_examples)

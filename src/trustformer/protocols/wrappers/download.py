@@ -114,7 +114,6 @@ class CodedDownload(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # ------------------------------------------------------------------ server
     def server_begin(self, start: ServerStart) -> None:
         self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
-        self.inner.server().server_begin(start)
 
     def exchange_done(self, rnd: int, delivered: Tensors | None) -> dict[str, float | None]:
         """The layers inside are handed what the clients decoded, not the coded message."""

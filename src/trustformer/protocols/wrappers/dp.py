@@ -122,7 +122,7 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # the accountant's releases and ε after each; adaptive clipping: the next bound C_t and the bounds so far
     state_attrs = ("ledger", "clip", "clip_history")
     start_attrs = ("population", "update_sigma", "count_stddev", "dim")  # N, σ_Δ, σ_b, the dimension (server_begin)
-    scratch_attrs = ("canaries",)  # an audit's canaries
+    hook_attrs = ("canaries",)  # an audit's canaries (set in __init__)
 
     def __init__(self, inner: FederatedProtocol, privacy: PrivacyConfig, *, spec: ProtocolSpec) -> None:
         super().__init__(inner)
@@ -177,7 +177,6 @@ class DifferentialPrivacy(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
 
     def server_begin(self, start: ServerStart) -> None:
         """Fix σ (given, or solved for the planned rounds) and check the budget before round 1."""
-        self.inner.server().server_begin(start)
         p = self.privacy
         self.population = start.clients
         self.dim = sum(t.numel() for t in start.initial.values())

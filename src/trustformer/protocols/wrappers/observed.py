@@ -34,7 +34,7 @@ class ProtocolObserver:
 class ObservedProtocol(ProtocolWrapper):
     """A protocol that behaves exactly as the one it wraps and reports to an observer."""
 
-    scratch_attrs = ("observer",)  # the harness's record of the run, not the run's state
+    hook_attrs = ("observer",)  # the harness's record of the run, not the run's state
 
     def __init__(self, protocol: FederatedProtocol, observer: ProtocolObserver) -> None:
         super().__init__(protocol)

@@ -98,17 +98,18 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     # model), so a resumed run checks directions as the uninterrupted one; the aggregations done (the seed of the
     # defences' noise and of FLTrust's root training), FLTrust's root optimizer state and the fine-tuning pass's
     state_attrs = ("_start", "_start_round", "_aggregations", "_root_optimizer", "_finetune_optimizer")
-    scratch_attrs = ("_root_update", "_finetune_training")  # the trainings on root data, built at their first use
+    start_attrs = ("_root_update", "_finetune_training")  # the trainings on root data (server_begin)
 
     def __init__(
         self, inner: FederatedProtocol, bound: str, aggregator: str, root_training: RootTraining | None = None
     ) -> None:
         super().__init__(inner)
         self.bound, self.aggregator = bound, aggregator
-        self._root_update = root_training
+        self._given_root_update = root_training  # FLTrust's root training when the caller brings its own
+        self._root_update: RootTraining | None = None  # FLTrust's, built in server_begin
         self._aggregations = 0
         self._root_optimizer: dict[str, Any] | None = None
-        self._finetune_training: RootTraining | None = None  # robust.root_finetune's, built at its first use
+        self._finetune_training: RootTraining | None = None  # robust.root_finetune's, built in server_begin
         self._finetune_optimizer: dict[str, Any] | None = None
         self.settings = inner.cfg.robust
         cfg = inner.cfg
@@ -337,7 +338,21 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     def server_begin(self, start: ServerStart) -> None:
         if self._start is None:  # the model every client starts round 1 from
             self._start = {n: t.detach().clone() for n, t in start.initial.items()}
-        self.inner.server().server_begin(start)
+        self._root_update, self._finetune_training = self._root_trainings()
+
+    def _root_trainings(self) -> tuple[RootTraining | None, RootTraining | None]:
+        """FLTrust's training on the root data and ``robust.root_finetune``'s, where this run uses them and the
+        runtime provided them (:func:`provide_root_training`; without it, the first use says so)."""
+        factory = _root_training[0] if _root_training else None
+        fltrust = self._given_root_update
+        if fltrust is None and factory is not None and self.aggregator == "fltrust":
+            fltrust = factory(self.cfg)
+        finetune = None
+        if factory is not None and self.settings.root_finetune:  # its recipe for robust.root_finetune epochs
+            finetune = factory(
+                replace(self.cfg, train=replace(self.cfg.train, local_epochs=self.settings.root_finetune))
+            )
+        return fltrust, finetune
 
     def expected_payload(self, initial: Tensors) -> TensorSpec:
         spec = self.inner.expected_payload(initial)
@@ -380,12 +395,10 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     def _server_update(self, start: Tensors) -> torch.Tensor:
         """FLTrust's g_0: the global model trained on the root data, minus the global model (flattened)."""
         if self._root_update is None:
-            if not _root_training:
-                raise RuntimeError(
-                    "robust.aggregator = 'fltrust' needs the server's training on root data, which the runtime "
-                    "provides (runtime/root_training.py); this process has none"
-                )
-            self._root_update = _root_training[0](self.cfg)
+            raise RuntimeError(
+                "robust.aggregator = 'fltrust' needs the server's training on root data, which the runtime "
+                "provides (runtime/root_training.py); this process had none when the server began"
+            )
         seed = derive_seed(self.cfg.seed, "fltrust-root", self._aggregations)
         trained, self._root_optimizer = self._root_update(start, self._root_optimizer, seed)
         return flatten({n: trained[n].to(torch.float64) - start[n].to(torch.float64) for n in start})
@@ -396,13 +409,10 @@ class RobustAggregation(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         by the aggregation's count); the protocol inside learns that the clients hold it (its catch-up model)."""
         epochs = self.settings.root_finetune
         if self._finetune_training is None:
-            if not _root_training:
-                raise RuntimeError(
-                    f"robust.root_finetune = {epochs} needs the server's training on root data, which the runtime "
-                    "provides (runtime/root_training.py); this process has none"
-                )
-            cfg = self.cfg  # one call of the training: the task's recipe for robust.root_finetune epochs
-            self._finetune_training = _root_training[0](replace(cfg, train=replace(cfg.train, local_epochs=epochs)))
+            raise RuntimeError(
+                f"robust.root_finetune = {epochs} needs the server's training on root data, which the runtime "
+                "provides (runtime/root_training.py); this process had none when the server began"
+            )
         seed = derive_seed(self.cfg.seed, "root-finetune", self._aggregations)
         trained, self._finetune_optimizer = self._finetune_training(aggregate, self._finetune_optimizer, seed)
         if set(trained) != set(aggregate):  # refused at load (composition.py, the protocol's check)

@@ -75,7 +75,6 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
     def server_begin(self, start: ServerStart) -> None:
         self.initial = {n: t.detach().clone() for n, t in start.initial.items()}
         self.dim = sum(t.numel() for t in start.initial.values())
-        self.inner.server().server_begin(start)
 
     def aggregate(self, rnd: int, payloads: Sequence[Tensors], num_examples: Sequence[int]) -> Aggregated:
         inner = self.inner.aggregate(rnd, payloads, num_examples)
@@ -137,7 +136,7 @@ class ServerOptimization(ProtocolWrapper, InnerServerHooks, InnerCatchUp):
         return self.inner.catching_up().catch_up(version)
 
     def server_summary(self) -> dict[str, Any]:
-        return {**self.inner.server().server_summary(), "server_optimizer": self.summary()}
+        return {"server_optimizer": self.summary()}
 
     def summary(self) -> dict[str, Any]:
         """summary.json["server_optimizer"]: the optimizer, its hyperparameters, its steps, what it stepped with, and
