@@ -405,9 +405,16 @@ def test_the_readmes_guarantee_and_robustness_prose_is_the_json():
         if k.startswith("dp ε=8") and k.endswith("+ fine-tuning") and "@" not in k
     ]
     seed1 = by_run("dp-pays-seed1.json")["dp ε=8 + fine-tuning"]["gain_loss"]
+    six = "dp ε=8 distributed + fine-tuning @ 6 owners"
+    once = [
+        by_run(f)[six][k]
+        for f in ("dp-pays-owners.json", "dp-pays-owners-seed2.json")
+        for k in ("gain_loss", "gain_own_loss")
+    ]
     assert (
         f"keeps {min(at8):.2f}–{max(at8):.2f} of FedAvg's gain at ε = 8 "
-        f"({pays['dp ε=8 + fine-tuning']['gain_loss']:.2f} plain, {seed1:.2f} on seed 1) and nothing at ε = 1"
+        f"({pays['dp ε=8 + fine-tuning']['gain_loss']:.2f} plain, {seed1:.2f} on seed 1), {min(once):.2f}–"
+        f"{max(once):.2f} with 6 owners of 1,500 and the noise added once (two seeds), and nothing at ε = 1"
     ) in text
     assert pays["dp ε=1 + fine-tuning"]["gain_loss"] <= 0
     assert f"ε = 8 at ε_lb = {bench('audit-ui-e8.json')['epsilon_lb']:.2f}" in text
@@ -592,6 +599,9 @@ def test_the_subspace_and_owners_tables_of_privacy_md_are_their_json():
     local = "dp ε=8 + fine-tuning @ 6 owners"
     names = {f"{local} (local noise: the recipe, 2 threads)": local}
     assert check_table(owners, by_run("dp-pays-owners.json"), columns, names=names) == 28
+    second = table(text, "| row (seed 2) | test loss | own loss | BLEU | share (test) |")
+    shares = {**columns, "share (test)": "gain_loss", "share (own)": "gain_own_loss"}
+    assert check_table(second, by_run("dp-pays-owners-seed2.json"), shares, names=names) == 30
 
 
 def test_the_robustness_table_is_the_bench_json():
