@@ -26,7 +26,10 @@ def test_the_advice_quotes_the_measured_curve():
 def test_the_advice_quotes_the_owners_axis():
     """The shares of FedAvg's gain at 6 owners, with the noise added once and at each owner, are the files' (both
     seeds, test and own data)."""
-    label = {"distributed": "dp ε=8 distributed + fine-tuning @ 6 owners", "local": "dp ε=8 + fine-tuning @ 6 owners"}
+    label = {
+        "distributed": "dp ε=8 distributed + fine-tuning @ 6 owners",
+        "per_owner": "dp ε=8 + fine-tuning @ 6 owners",
+    }
     for name in ("dp-pays-owners.json", "dp-pays-owners-seed2.json"):
         rows = json.loads((ROOT / "docs" / "bench" / name).read_text(encoding="utf-8"))["rows"]
         for noise, run in label.items():

@@ -16,7 +16,7 @@ from ..config import RunConfig
 MEASURED_AT_EPSILON_8 = {1000: (0.0087, -0.2610), 3000: (0.0179, 0.1792), 4584: (0.0162, 0.3973)}
 # 6 owners of 1,500 pairs, ε = 8: seed -> the share of FedAvg's gain kept (test, own data), with the noise added once
 # over secure aggregation and with each owner adding its own (docs/bench/dp-pays-owners*.json, "+ fine-tuning")
-SHARE_AT_6_OWNERS = {"distributed": {0: (0.15, 0.14), 2: (0.14, 0.13)}, "local": {0: (0.05, 0.04), 2: (0.03, 0.04)}}
+SHARE_AT_6_OWNERS = {"distributed": {0: (0.15, 0.14), 2: (0.14, 0.13)}, "per_owner": {0: (0.05, 0.04), 2: (0.03, 0.04)}}
 SECTION = "docs/privacy.md, 'Where a DP federation pays'"
 
 
@@ -37,7 +37,7 @@ def dp_advice(cfg: RunConfig) -> str | None:
     gains = [dp for dp, _ in MEASURED_AT_EPSILON_8.values()]
     held = f"{records:,} records per owner" if records else "whole shards per owner"
     once = [share for pair in SHARE_AT_6_OWNERS["distributed"].values() for share in pair]
-    local = [share for pair in SHARE_AT_6_OWNERS["local"].values() for share in pair]
+    local = [share for pair in SHARE_AT_6_OWNERS["per_owner"].values() for share in pair]
     seeds = len(SHARE_AT_6_OWNERS["distributed"])
     switch = ""
     if cfg.privacy.noise != "distributed":
