@@ -597,8 +597,12 @@ def test_the_subspace_and_owners_tables_of_privacy_md_are_their_json():
     assert check_table(subspace, by_run("dp-pays-subspace-seed1.json"), columns) == 42
     owners = table(text, "| row | test loss | own loss | BLEU | wall s |")
     local = "dp ε=8 + fine-tuning @ 6 owners"
-    names = {f"{local} (local noise: the recipe, 2 threads)": local}
-    assert check_table(owners, by_run("dp-pays-owners.json"), columns, names=names) == 28
+    banded = "dp ε=8 distributed b=8 + fine-tuning @ 6 owners"
+    names = {
+        f"{local} (local noise: the recipe, 2 threads)": local,
+        f"{banded} (the noise banded over 8 rounds)": banded,
+    }
+    assert check_table(owners, by_run("dp-pays-owners.json"), columns, names=names) == 32
     second = table(text, "| row (seed 2) | test loss | own loss | BLEU | share (test) |")
     shares = {**columns, "share (test)": "gain_loss", "share (own)": "gain_own_loss"}
     assert check_table(second, by_run("dp-pays-owners-seed2.json"), shares, names=names) == 30
