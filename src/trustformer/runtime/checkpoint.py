@@ -45,7 +45,7 @@ from ..protocols.interface.state import (
 
 CHECKPOINT_FILE = "checkpoint.json"
 STATE_PREFIX = "server-state-r"  # + the round, 5 digits, + ".pt": the protocol's server state of that round
-FORMAT = 2
+FORMAT = 3  # 3: payload coding keeps the next exchange round's reference, not the last aggregate
 # settings that change how a run is carried out, not what it computes: a resumed run may differ in these
 OPERATIONAL = {"out", "runtime", "federation.round_timeout_s", "federation.node_wait_s"}
 
@@ -163,7 +163,12 @@ def read_checkpoint(run_dir: str | Path) -> Checkpoint:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise CheckpointError(
             f"{path} is not a checkpoint of format {FORMAT}"
-            + (f" (format {found}, written by an older version: start the run again)" if found else f"; {UNREADABLE}")
+            + (
+                f" (format {found}, written by another version of trustformer); the run cannot be resumed from it; "
+                "start it again with --overwrite, or resume it with the version that wrote it"
+                if found
+                else f"; {UNREADABLE}"
+            )
         )
     names = {f.name for f in fields(Checkpoint) if f.init}
     required = {f.name for f in fields(Checkpoint) if f.init and f.default is MISSING and f.default_factory is MISSING}
